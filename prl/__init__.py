@@ -1,0 +1,1 @@
+"""prl: production-RL data pipelines."""

@@ -1,0 +1,48 @@
+"""Exceptions and the exit codes they map to (design.md §7). Every exit code means one thing."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    """Done, also when there was nothing new."""
+    DATA_PROBLEMS = 1
+    """Done, but quarantine or drift rates passed their threshold."""
+    USAGE = 2
+    """Usage or configuration error: nothing was written."""
+    LOCKED = 3
+    """Another run holds the lock for this step."""
+    RETRYABLE_IO = 5
+    """A storage or network error that a later run may not meet."""
+    INTERRUPTED = 130
+    """Stopped by a signal (Ctrl-C, SIGTERM); committed work stays, uncommitted work is invisible."""
+
+
+class PrlError(Exception):
+    """Base class; ``exit_code`` says what the CLI returns."""
+
+    exit_code: ExitCode = ExitCode.USAGE
+
+
+class UsageError(PrlError):
+    """Bad options, recipe or input selection (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class FormatDetectionError(UsageError):
+    """No known wire format matches a source file."""
+
+
+class LockedError(PrlError):
+    """Another run holds the lock (exit 3)."""
+
+    exit_code = ExitCode.LOCKED
+
+
+class RetryableIOError(PrlError):
+    """Storage or network trouble (exit 5); a rerun resumes safely."""
+
+    exit_code = ExitCode.RETRYABLE_IO

@@ -1,0 +1,262 @@
+"""What every wire-format reader shares: the parsed sample, the quarantine signal, and strict, vectorized
+converters from decoded JSON values to Arrow arrays.
+
+A format reader sees one decoded record (a dict) at a time and returns one :class:`Sample` per choice, or a
+:class:`Quarantined` for a choice (or record) it must not keep. Per-token values are never touched in Python:
+lists decoded from JSON go to Arrow in one C++ conversion each, and every per-token operation after that is an
+Arrow or numpy kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+class Quarantined(Exception):
+    """A record (or one choice of it) that must go to quarantine, with a reason code and a readable message."""
+
+    def __init__(self, reason: str, message: str, choice_index: int | None = None) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+        self.choice_index = choice_index
+
+
+@dataclass(slots=True)
+class Sample:
+    """One sampled completion as read from the wire, before validation and assembly into Arrow columns.
+
+    Token arrays are Arrow arrays: ``*_token_ids`` int64 (range-checked to int32 on assembly),
+    ``completion_logprobs`` float64 with nulls where the server gave none, ``topk_*`` list arrays of
+    ``[completion_len][k]``. ``created_at_ms`` is milliseconds since the Unix epoch, UTC.
+    """
+
+    request_id: str
+    choice_index: int
+    prompt_token_ids: pa.Array
+    completion_token_ids: pa.Array
+    completion_logprobs: pa.Array
+    finish_reason: str | None
+    session_id: str | None = None
+    turn: int | None = None
+    group_key: str | None = None
+    policy_version: str | None = None
+    policy_version_spans: list[dict[str, Any]] | None = None
+    model: str | None = None
+    created_at_ms: int | None = None
+    completion_mask: pa.Array | None = None
+    topk_ids: pa.Array | None = None
+    topk_logprobs: pa.Array | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    logprobs_mode: str | None = None
+    messages: str | None = None
+    completion_text: str | None = None
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """One framed record of a source: its 1-based line number, raw bytes, and decoded JSON (or the error)."""
+
+    line: int
+    raw: bytes
+    obj: Any = None
+    error: Quarantined | None = None
+
+
+@dataclass(slots=True)
+class ParseOptions:
+    """Options that apply to every record: a fixed policy version, or the field naming the centering group."""
+
+    policy_version: str | None = None
+    group_field: str | None = None
+
+
+class Format:
+    """Base class of a wire format. Subclasses set ``name``, implement :meth:`detect` and :meth:`parse`;
+    a format whose records span several lines (SSE streams) overrides :meth:`frame`."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def detect(self, obj: Any) -> bool:
+        """Whether a decoded record looks like this format."""
+        raise NotImplementedError
+
+    def sniff(self, head: list[RawRecord]) -> bool:
+        """Whether a file whose first framed records are ``head`` is in this format."""
+        decoded = [r.obj for r in head if r.error is None]
+        return bool(decoded) and self.detect(decoded[0])
+
+    def frame(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
+        """Turn numbered lines into records. Default: one JSON document per non-blank line."""
+        for line_no, raw in lines:
+            if not raw.strip():
+                continue
+            yield decode_json_line(line_no, raw)
+
+    def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
+        """Samples (one per choice) or quarantine signals for one decoded record."""
+        raise NotImplementedError
+
+
+def decode_json(raw: bytes | str) -> Any:
+    """Decode one JSON document. orjson first; the standard library (which accepts NaN / Infinity, as
+    Python-written JSONL often holds) only for what orjson refuses, so such values reach validation and get
+    their own reason code instead of ``malformed_json``."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        import json
+
+        return json.loads(raw)
+
+
+def decode_json_line(line_no: int, raw: bytes) -> RawRecord:
+    try:
+        return RawRecord(line_no, raw, decode_json(raw))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return RawRecord(line_no, raw, None, Quarantined("malformed_json", f"not valid JSON: {exc}"))
+
+
+# --- strict converters -----------------------------------------------------------------------------------
+
+TOKEN_ID_PREFIX = "token_id:"
+
+
+def token_id_array(values: Any, what: str) -> pa.Array:
+    """IDs as int64 from a JSON list of ints or of ``"token_id:N"`` strings (vLLM ``return_tokens_as_token_ids``).
+
+    Raises :class:`Quarantined` (``bad_token_id``) for floats, booleans, nulls, other strings or mixed lists;
+    Arrow would otherwise truncate ``1.5`` to ``1`` silently.
+    """
+    if not isinstance(values, list):
+        raise Quarantined("bad_token_id", f"{what} is {type(values).__name__}, expected a list of token IDs")
+    try:
+        array = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        raise Quarantined("bad_token_id", f"{what} is not a list of token IDs: {exc}") from None
+    if pa.types.is_null(array.type) and len(array) == 0:
+        return pa.array([], pa.int64())
+    if array.null_count:
+        raise Quarantined("bad_token_id", f"{what} has null entries")
+    if pa.types.is_integer(array.type):
+        return array.cast(pa.int64())
+    if pa.types.is_string(array.type):
+        return parse_token_id_strings(array, what)
+    raise Quarantined("bad_token_id", f"{what} holds {array.type} values, expected integers")
+
+
+def parse_token_id_strings(strings: pa.Array, what: str) -> pa.Array:
+    """``"token_id:N"`` strings → int64, vectorized. Any other string means the server sent token *text*
+    (no IDs), which prl never retokenizes: ``no_token_ids``."""
+    if strings.null_count:
+        raise Quarantined("bad_token_id", f"{what} has null entries")
+    if len(strings) and not pc.all(pc.starts_with(strings, TOKEN_ID_PREFIX)).as_py():
+        raise Quarantined(
+            "no_token_ids",
+            f"{what} holds token text, not IDs (start the server with return_tokens_as_token_ids or "
+            "return_token_ids); text is never retokenized",
+        )
+    digits = pc.utf8_slice_codeunits(strings, len(TOKEN_ID_PREFIX))
+    try:
+        return pc.cast(digits, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise Quarantined("bad_token_id", f"{what} has a malformed 'token_id:N' entry") from None
+
+
+def logprob_array(values: Any, what: str) -> pa.Array:
+    """Logprobs as float64 (nulls kept) from a JSON list of numbers and nulls. Booleans and strings are
+    ``bad_logprob``; NaN, infinities and positive values pass through to validation."""
+    if not isinstance(values, list):
+        raise Quarantined("bad_logprob", f"{what} is {type(values).__name__}, expected a list of numbers")
+    try:
+        array = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        raise Quarantined("bad_logprob", f"{what} is not a list of numbers: {exc}") from None
+    if pa.types.is_null(array.type):
+        return pa.nulls(len(array), pa.float64())
+    if pa.types.is_integer(array.type) or pa.types.is_floating(array.type):
+        return array.cast(pa.float64())
+    raise Quarantined("bad_logprob", f"{what} holds {array.type} values, expected numbers")
+
+
+def typed_array(values: list[Any], type_: pa.DataType, reason: str, what: str) -> pa.Array:
+    """Convert nested JSON (lists of dicts) to a declared Arrow type in one C++ pass; missing keys become
+    nulls, extra keys are ignored, anything else is quarantined with ``reason``."""
+    try:
+        return pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
+        raise Quarantined(reason, f"{what} has an unexpected shape: {exc}") from None
+
+
+def token_ids_from_mixed(values: pa.Array, what: str) -> pa.Array:
+    """IDs from a string array of ``"token_id:N"`` (as in ``logprobs.content[].token``)."""
+    return parse_token_id_strings(values, what)
+
+
+def sort_heads_descending(ids: pa.ListArray, logprobs: pa.ListArray) -> tuple[pa.ListArray, pa.ListArray]:
+    """Order each position's head by logprob, highest first (for heads that arrive as dicts, whose order
+    carries no meaning). ``ids``/``logprobs`` are ``[positions][k]`` lists with identical offsets."""
+    if len(ids) == 0:
+        return ids, logprobs
+    parents = pc.list_parent_indices(ids)
+    flat_lp = pc.list_flatten(logprobs)
+    order = pc.sort_indices(
+        pa.table({"p": parents, "lp": flat_lp}), sort_keys=[("p", "ascending"), ("lp", "descending")]
+    )
+    offsets = ids.offsets
+    return (
+        pa.ListArray.from_arrays(offsets, pc.take(pc.list_flatten(ids), order)),
+        pa.ListArray.from_arrays(offsets, pc.take(flat_lp, order)),
+    )
+
+
+def drop_extra_sampled(
+    head_ids: pa.ListArray, head_logprobs: pa.ListArray, sampled_ids: pa.Array, k: int | None = None
+) -> tuple[pa.ListArray, pa.ListArray]:
+    """vLLM returns the sampled token inside the top-k dict even when it ranked below k, giving k+1 entries.
+    Remove that extra entry so every position holds exactly the sampler's top k (``k`` defaults to the
+    smallest head size)."""
+    lengths = pc.list_value_length(head_ids)
+    if len(lengths) == 0:
+        return head_ids, head_logprobs
+    if k is None:
+        k = pc.min(lengths).as_py() or 0
+    if pc.all(pc.equal(lengths, k)).as_py():
+        return head_ids, head_logprobs
+    parents = pc.list_parent_indices(head_ids)
+    flat_ids = pc.list_flatten(head_ids)
+    row_long = pc.take(pc.equal(lengths, k + 1), parents)
+    is_sampled = pc.equal(flat_ids, pc.take(sampled_ids, parents))
+    keep = pc.invert(pc.and_(row_long, is_sampled))
+    kept_parents = pc.filter(parents, keep).to_numpy()
+    new_lengths = np.bincount(kept_parents, minlength=len(lengths))
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(new_lengths, out=offsets[1:])
+    return (
+        pa.ListArray.from_arrays(pa.array(offsets), pc.filter(flat_ids, keep)),
+        pa.ListArray.from_arrays(pa.array(offsets), pc.filter(pc.list_flatten(head_logprobs), keep)),
+    )
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text for ``messages`` and similar pass-through fields."""
+    return orjson.dumps(value).decode()
+
+
+def first_present(obj: dict[str, Any], *keys: str) -> Any:
+    """The first key of ``keys`` whose value is not None."""
+    for key in keys:
+        value = obj.get(key)
+        if value is not None:
+            return value
+    return None

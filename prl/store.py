@@ -1,0 +1,290 @@
+"""The trace store: Delta Lake tables under a folder or an ``s3://`` prefix.
+
+Every write goes through :meth:`Store.commit`: Parquet files are streamed into the table's folder first
+(invisible to readers), then one atomic Delta commit adds them all, carrying the caller's metadata (the source
+ledger) and Delta ``txn`` actions (app id → version) that make re-runs recognisable. A run killed before the
+commit leaves only unreferenced files, which readers never see and ``vacuum`` removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import TableNotFoundError
+from deltalake.transaction import AddAction
+
+from prl.errors import RetryableIOError
+from prl.schema import TABLES
+
+TARGET_FILE_BYTES = 128 * 1024 * 1024
+"""Uncompressed Arrow bytes after which a data file is closed and a new one begun."""
+
+
+def storage_options() -> dict[str, str]:
+    """Delta storage options from the standard AWS environment (never from flags; never printed).
+
+    Only non-secret switches are added here; credentials are read by the object store client itself from
+    ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` / profiles.
+    """
+    opts: dict[str, str] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        opts["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            opts["AWS_ALLOW_HTTP"] = "true"
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        opts["AWS_REGION"] = region
+    # S3 supports conditional writes (If-None-Match); delta-rs uses them for safe concurrent commits.
+    opts.setdefault("conditional_put", "etag")
+    return opts
+
+
+def is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem and the path inside it for a local path or an ``s3://`` URI."""
+    if uri.startswith("s3://"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        kwargs: dict[str, Any] = {}
+        if endpoint:
+            scheme, _, host = endpoint.partition("://")
+            kwargs["endpoint_override"] = host.rstrip("/")
+            kwargs["scheme"] = scheme
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if region:
+            kwargs["region"] = region
+        return pafs.S3FileSystem(**kwargs), uri[len("s3://") :].rstrip("/")
+    if uri.startswith("file://"):
+        uri = uri[len("file://") :]
+    return pafs.LocalFileSystem(), os.path.abspath(uri)
+
+
+@dataclass
+class CommitResult:
+    """What one :meth:`Store.commit` did. ``version`` is None when there was nothing to commit."""
+
+    table: str
+    version: int | None
+    rows: int
+    files: int
+    bytes: int
+
+
+@dataclass
+class Store:
+    """A folder or ``s3://`` prefix holding prl's Delta tables (``traces``, ``quarantine``, ``rewards``,
+    ``ref_logprobs``, ``checks``) and its locks (``_locks/``)."""
+
+    uri: str
+    _options: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.uri = self.uri.rstrip("/")
+        if not is_remote(self.uri):
+            self.uri = os.path.abspath(self.uri.removeprefix("file://"))
+        self._options = storage_options() if self.uri.startswith("s3://") else {}
+        self.fs, self.root = filesystem_for(self.uri)
+
+    # --- paths -------------------------------------------------------------------------------------------
+    def table_uri(self, name: str) -> str:
+        return f"{self.uri}/{name}"
+
+    def table_path(self, name: str) -> str:
+        """The table folder inside :attr:`fs`."""
+        return f"{self.root}/{name}"
+
+    @property
+    def options(self) -> dict[str, str]:
+        """Storage options for deltalake / polars (``storage_options=``)."""
+        return dict(self._options)
+
+    # --- reading -----------------------------------------------------------------------------------------
+    def open(self, name: str, version: int | None = None) -> DeltaTable | None:
+        """The table at its latest (or a given) version; None when it does not exist yet."""
+        try:
+            return DeltaTable(self.table_uri(name), version=version, storage_options=self._options or None)
+        except TableNotFoundError:
+            return None
+        except OSError as exc:  # network and permission errors from the object store
+            raise RetryableIOError(f"cannot open table {name!r} in {self.uri}: {exc}") from exc
+
+    def version(self, name: str) -> int | None:
+        table = self.open(name)
+        return None if table is None else table.version()
+
+    def versions(self) -> dict[str, int | None]:
+        """Current version of every table (None where a table does not exist yet)."""
+        return {name: self.version(name) for name in TABLES}
+
+    def dataset(self, name: str, version: int | None = None) -> ds.Dataset | None:
+        """A pyarrow dataset over the table's files at one version, for streaming scans."""
+        table = self.open(name, version)
+        if table is None:
+            return None
+        return table.to_pyarrow_dataset()
+
+    def scan(
+        self,
+        name: str,
+        columns: list[str] | None = None,
+        filter: ds.Expression | None = None,
+        batch_size: int = 4096,
+        version: int | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Stream record batches of a table (nothing when it does not exist). Memory is bounded by
+        ``batch_size`` rows, not by the table."""
+        dataset = self.dataset(name, version)
+        if dataset is None:
+            return
+        yield from dataset.to_batches(columns=columns, filter=filter, batch_size=batch_size)
+
+    def read(
+        self,
+        name: str,
+        columns: list[str] | None = None,
+        filter: ds.Expression | None = None,
+        version: int | None = None,
+    ) -> pa.Table:
+        """A (filtered, projected) table; for small selections only. Empty with the table schema if absent."""
+        dataset = self.dataset(name, version)
+        if dataset is None:
+            schema = TABLES[name]
+            if columns is not None:
+                schema = pa.schema([schema.field(c) for c in columns])
+            return schema.empty_table()
+        return dataset.to_table(columns=columns, filter=filter)
+
+    def transaction_version(self, name: str, app_id: str) -> int | None:
+        """The Delta ``txn`` version recorded for ``app_id`` in table ``name`` (None if never committed)."""
+        table = self.open(name)
+        return None if table is None else table.transaction_version(app_id)
+
+    # --- writing -----------------------------------------------------------------------------------------
+    def ensure(self, name: str) -> DeltaTable:
+        """Open the table, creating it empty with its schema when missing (idempotent, race-safe)."""
+        table = self.open(name)
+        if table is not None:
+            return table
+        try:
+            return DeltaTable.create(
+                self.table_uri(name),
+                TABLES[name],
+                mode="ignore",
+                storage_options=self._options or None,
+                name=name,
+            )
+        except Exception:
+            table = self.open(name)  # another process created it first
+            if table is None:
+                raise
+            return table
+
+    def commit(
+        self,
+        name: str,
+        batches: Iterable[pa.RecordBatch],
+        metadata: Mapping[str, Any] | None = None,
+        transactions: Mapping[str, int] | None = None,
+        dry_run: bool = False,
+    ) -> CommitResult:
+        """Append ``batches`` to table ``name`` in one atomic commit.
+
+        Files are streamed (memory bounded by one batch plus the Parquet writer's buffers), then committed
+        together with ``metadata`` (JSON-encoded into the commit info under ``prl.*`` keys) and ``transactions``
+        (Delta txn actions, app id → version). With nothing to write and no transactions, nothing is committed.
+        """
+        schema = TABLES[name]
+        adds: list[AddAction] = []
+        rows = total_bytes = 0
+        writer: pq.ParquetWriter | None = None
+        current: str | None = None
+        current_rows = current_bytes = 0
+        table_dir = self.table_path(name)
+        if not dry_run:
+            self.ensure(name)
+
+        def close_current() -> None:
+            nonlocal writer, current, current_rows, current_bytes, total_bytes
+            if writer is None or current is None:
+                return
+            writer.close()
+            size = self.fs.get_file_info(f"{table_dir}/{current}").size
+            adds.append(
+                AddAction(
+                    current, size, {}, int(time.time() * 1000), True, json.dumps({"numRecords": current_rows})
+                )
+            )
+            total_bytes += size
+            writer, current, current_rows, current_bytes = None, None, 0, 0
+
+        try:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                batch = batch.select(schema.names) if batch.schema != schema else batch
+                rows += batch.num_rows
+                if dry_run:
+                    continue
+                if writer is None:
+                    current = f"part-{uuid.uuid4().hex}.zstd.parquet"
+                    sink = self.fs.open_output_stream(f"{table_dir}/{current}")
+                    writer = pq.ParquetWriter(sink, schema, compression="zstd")
+                writer.write_batch(batch)
+                current_rows += batch.num_rows
+                current_bytes += batch.nbytes
+                if current_bytes >= TARGET_FILE_BYTES:
+                    close_current()
+            close_current()
+        except OSError as exc:
+            raise RetryableIOError(f"writing {name} in {self.uri} failed: {exc}") from exc
+        finally:
+            if writer is not None:  # an exception mid-file: close so the stray file is complete, never added
+                writer.close()
+
+        if dry_run or (not adds and not transactions):
+            return CommitResult(name, None, rows, len(adds), total_bytes)
+        custom = {f"prl.{key}": json.dumps(value, sort_keys=True) for key, value in (metadata or {}).items()}
+        props = CommitProperties(
+            custom_metadata=custom,
+            app_transactions=[Transaction(app_id, version) for app_id, version in (transactions or {}).items()],
+            max_commit_retries=50,
+        )
+        table = self.ensure(name)
+        try:
+            table.create_write_transaction(adds, "append", schema, commit_properties=props)
+        except OSError as exc:
+            raise RetryableIOError(f"committing to {name} in {self.uri} failed: {exc}") from exc
+        table = self.open(name)
+        assert table is not None
+        return CommitResult(name, table.version(), rows, len(adds), total_bytes)
+
+    def commit_info(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
+        """Commit infos, newest first, with ``prl.*`` metadata decoded from JSON."""
+        table = self.open(name)
+        if table is None:
+            return []
+        out = []
+        for entry in table.history(limit):
+            decoded = dict(entry)
+            for key, value in entry.items():
+                if key.startswith("prl.") and isinstance(value, str):
+                    try:
+                        decoded[key] = json.loads(value)
+                    except ValueError:
+                        pass
+            out.append(decoded)
+        return out

@@ -294,6 +294,10 @@ def _ingest_file(
     try:
         fmt, records = _framed(reader, format, src.uri)
     except FormatDetectionError as exc:
+        if reader.truncated:  # nothing decodable before the damage: record the damage, not a format error
+            _record_truncation(src, reader, report, state, now_ms, None)
+            state.ledger.append(_ledger_entry(src, reader, None, report))
+            return
         report.status, report.error = "failed", str(exc)
         return
     report.format = fmt.name
@@ -351,31 +355,33 @@ def _ingest_file(
     yield from flush()
     if progress is not None:
         progress(reader.bytes_read - last_progress)
-    if reader.truncated:
-        counts["truncated_input"] += 1
-        state.quarantine_rows.append(
-            _quarantine_row(
-                src.uri,
-                report.records + 1,
-                fmt.name,
-                b"",
-                Quarantined("truncated_input", reader.truncated),
-                now_ms,
-            )
-        )
     report.quarantined = dict(counts)
-    report.sha256 = reader.sha256
-    state.ledger.append(
-        {
-            "uri": src.uri,
-            "size": src.size,
-            "mtime_ns": src.mtime_ns,
-            "sha256": reader.sha256,
-            "format": fmt.name,
-            "records": report.records,
-            "samples": report.samples,
-        }
-    )
+    if reader.truncated:
+        _record_truncation(src, reader, report, state, now_ms, fmt.name)
+    state.ledger.append(_ledger_entry(src, reader, fmt.name, report))
+
+
+def _record_truncation(
+    src: SourceFile, reader: LineReader, report: FileReport, state: _GroupState, now_ms: int, fmt: str | None
+) -> None:
+    """A compressed stream that ends early or is corrupt: one quarantine row saying so, after the last line."""
+    assert reader.truncated is not None
+    q = Quarantined("truncated_input", reader.truncated)
+    state.quarantine_rows.append(_quarantine_row(src.uri, report.records + 1, fmt, b"", q, now_ms))
+    report.quarantined["truncated_input"] = report.quarantined.get("truncated_input", 0) + 1
+
+
+def _ledger_entry(src: SourceFile, reader: LineReader, fmt: str | None, report: FileReport) -> dict[str, Any]:
+    report.sha256 = reader.sha256 or None
+    return {
+        "uri": src.uri,
+        "size": src.size,
+        "mtime_ns": src.mtime_ns,
+        "sha256": reader.sha256,
+        "format": fmt,
+        "records": report.records,
+        "samples": report.samples,
+    }
 
 
 def _dedup_and_assemble(

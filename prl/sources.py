@@ -18,7 +18,7 @@ import pyarrow.fs as pafs
 import zstandard
 
 from prl.errors import RetryableIOError, UsageError
-from prl.store import filesystem_for
+from prl.store import aws_endpoint, filesystem_for
 
 READ_CHUNK = 4 * 1024 * 1024
 GZIP_MAGIC = b"\x1f\x8b"
@@ -42,8 +42,10 @@ class SourceFile:
 
 
 def _info_to_source(uri: str, info: pafs.FileInfo) -> SourceFile:
-    mtime = info.mtime_ns if info.mtime_ns is not None else 0
-    return SourceFile(uri, int(info.size or 0), int(mtime))
+    """An object's size and mtime. S3 gives ``LastModified`` in whole seconds on HEAD but some servers add
+    milliseconds in listings: the mtime is floored to the second so both spellings give one identity."""
+    mtime = int(info.mtime_ns) if info.mtime_ns is not None else 0
+    return SourceFile(uri, int(info.size or 0), mtime - mtime % 1_000_000_000)
 
 
 def expand(specs: list[str]) -> list[SourceFile]:
@@ -114,7 +116,20 @@ def _expand_remote(spec: str) -> list[SourceFile]:
         if pattern is not None and not fnmatch.fnmatch(item.path, pattern):
             continue
         out.append(_info_to_source(f"s3://{item.path}", item))
+    if not out:
+        _check_bucket(fs, spec, path.split("/", 1)[0])
     return out
+
+
+def _check_bucket(fs: pafs.FileSystem, spec: str, bucket: str) -> None:
+    """An empty listing of a missing bucket is an error of the storage setup (retryable), not of the spec."""
+    try:
+        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError as exc:
+        raise RetryableIOError(f"cannot list {spec}: {exc}") from exc
+    if missing:
+        where = aws_endpoint() or "the default AWS endpoint"
+        raise RetryableIOError(f"cannot list {spec}: bucket {bucket!r} does not exist at {where}")
 
 
 @dataclass

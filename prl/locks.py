@@ -3,18 +3,22 @@
 The lock is ``STORE/_locks/<step>.lock``, created exclusively (``O_EXCL`` locally; a conditional put on S3),
 holding JSON ``{holder, host, pid, run_id, started_at}``. The holder refreshes its mtime every
 ``HEARTBEAT_SECONDS``; a lock is stale when its holder's process is gone (same host) or its heartbeat is older
-than ``stale_after`` seconds (any host). A stale lock is taken over by renaming it away first, so two runs
-breaking the same stale lock cannot both win.
+than ``stale_after`` seconds (any host). A stale lock is judged and removed while holding a short ``flock`` on
+``<step>.lock.guard`` (released by the kernel if the process dies), and release happens under it too, so two runs
+breaking the same stale lock cannot both win. On S3 (:mod:`prl.s3lock`) conditional puts on the ETag do the same.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,19 +83,17 @@ class LocalLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                info = self._read()
-                if info is None:
-                    continue
-                if not self._is_stale(info):
-                    raise LockedError(
-                        f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
-                        f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); lock file {self.path}"
-                    ) from None
-                try:  # take a stale lock over atomically: only one renamer succeeds
-                    os.rename(self.path, f"{self.path}.stale-{self.run_id}")
-                    os.unlink(f"{self.path}.stale-{self.run_id}")
-                except FileNotFoundError:
-                    pass
+                with self._guard():  # judge and remove under the guard: the lock removed is the one judged stale
+                    info = self._read()
+                    if info is None:
+                        continue
+                    if not self._is_stale(info):
+                        raise LockedError(
+                            f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
+                            f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); "
+                            f"lock file {self.path}"
+                        ) from None
+                    os.unlink(self.path)
                 continue
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 json.dump(self.holder_info(), fh)
@@ -102,6 +104,16 @@ class LocalLock:
             return
         raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
 
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Hold an exclusive ``flock`` on ``<lock>.guard`` (a few file operations long)."""
+        fd = os.open(f"{self.path}.guard", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor drops the flock
+
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
             try:
@@ -111,12 +123,10 @@ class LocalLock:
 
     def release(self) -> None:
         self._stop.set()
-        info = self._read()
-        if info and info.get("run_id") == self.run_id:
-            try:
+        with self._guard():
+            info = self._read()
+            if info and info.get("run_id") == self.run_id:
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
     def __enter__(self) -> LocalLock:
         self.acquire()

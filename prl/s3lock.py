@@ -139,7 +139,7 @@ class S3Lock:
         age = now - response["LastModified"].timestamp()
         return info, response["ETag"], age
 
-    def _put(self, **condition: str) -> str | None:
+    def _put(self, action: str, **condition: str) -> str | None:
         """Put this run's holder info under ``condition``; its new ETag, or None when the condition failed."""
         client = self.client
         try:
@@ -149,9 +149,9 @@ class S3Lock:
         except ClientError as exc:
             if _code(exc) in CONDITION_FAILED | GONE:
                 return None
-            raise self._io_error("writing", exc) from exc
+            raise self._io_error(action, exc) from exc
         except BotoCoreError as exc:
-            raise self._io_error("writing", exc) from exc
+            raise self._io_error(action, exc) from exc
         return response["ETag"]
 
     def acquire(self) -> None:
@@ -161,7 +161,7 @@ class S3Lock:
         self._stop.clear()
         self.lost = False
         for _ in range(5):
-            etag = self._put(IfNoneMatch="*")
+            etag = self._put("taking", IfNoneMatch="*")
             if etag is None:
                 current = self._read()
                 if current is None:
@@ -179,7 +179,7 @@ class S3Lock:
                     info.get("holder", "unknown holder"),
                     age,
                 )
-                etag = self._put(IfMatch=stale_etag)  # only the first breaker's condition holds
+                etag = self._put("taking over", IfMatch=stale_etag)  # only the first breaker's condition holds
                 if etag is None:
                     continue
             self._etag = etag
@@ -194,7 +194,7 @@ class S3Lock:
             if self._etag is None or self.lost:
                 return False
             try:
-                etag = self._put(IfMatch=self._etag)
+                etag = self._put("refreshing", IfMatch=self._etag)
             except RetryableIOError as exc:  # a missed beat is survivable: the next one may get through
                 log.warning("%s", exc)
                 return True

@@ -131,6 +131,8 @@ class PendingCommit:
         if self.dry_run or (not self.adds and not transactions):
             return CommitResult(self.table, None, self.rows, len(self.adds), self.bytes)
         custom = {f"prl.{key}": json.dumps(value, sort_keys=True) for key, value in (metadata or {}).items()}
+        commit_id = uuid.uuid4().hex  # finds this commit's version when other writers commit right after it
+        custom["prl.commit_id"] = json.dumps(commit_id)
         props = CommitProperties(
             custom_metadata=custom,
             app_transactions=[
@@ -145,7 +147,8 @@ class PendingCommit:
             raise RetryableIOError(
                 f"committing to {self.table} in {self.store.uri} failed: {describe_error(exc)}"
             ) from exc
-        return CommitResult(self.table, self.store.version(self.table), self.rows, len(self.adds), self.bytes)
+        version = self.store.committed_version(self.table, commit_id)
+        return CommitResult(self.table, version, self.rows, len(self.adds), self.bytes)
 
 
 @dataclass
@@ -324,6 +327,24 @@ class Store:
         """Append ``batches`` to table ``name`` in one atomic commit (see :meth:`write_files` and
         :meth:`PendingCommit.commit`)."""
         return self.write_files(name, batches, dry_run=dry_run).commit(metadata, transactions)
+
+    def committed_version(self, name: str, commit_id: str, window: int = 256) -> int | None:
+        """The version of table ``name`` whose commit carries ``prl.commit_id``: the newest ``window`` commit
+        files are read from the newest down (other writers may have committed after it; ``history()`` numbers
+        entries unreliably while the log grows)."""
+        table = self.open(name)
+        if table is None:
+            return None
+        latest = table.version()
+        needle = commit_id.encode()
+        for version in range(latest, max(-1, latest - window), -1):
+            try:
+                with self.fs.open_input_stream(f"{self.table_path(name)}/_delta_log/{version:020d}.json") as log:
+                    if needle in log.read():
+                        return version
+            except FileNotFoundError:
+                continue
+        return latest
 
     def commit_info(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
         """Commit infos, newest first, with ``prl.*`` metadata decoded from JSON."""

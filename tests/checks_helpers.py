@@ -70,3 +70,7 @@ def make_store(path: str, rows: list[dict[str, Any]]) -> Store:
     store = Store(str(path))
     store.commit("traces", pa.Table.from_pylist(rows, schema=TRACES).to_batches())
     return store
+
+
+def TRACES_SCHEMA_TABLE(rows: list[dict[str, Any]]) -> pa.Table:  # noqa: N802
+    return pa.Table.from_pylist(rows, schema=TRACES)

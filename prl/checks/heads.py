@@ -68,7 +68,10 @@ def check_heads(batch: TokenBatch, vocab_size: int, opts: CheckOptions) -> tuple
     np.minimum.at(kmin, row_of_pos, k_ids)
     np.maximum.at(kmax, row_of_pos, k_ids)
     varies_R = present_R & ~shape_bad_R & (kmax > kmin) & (kmax >= 0)
-    first = first_per_row(k_ids != kmin[row_of_pos], pos_rag)
+    k_first = np.zeros(batch.rows, dtype=np.int64)
+    if len(k_ids):
+        k_first = np.where(P_ids > 0, k_ids[np.minimum(pos_rag.offsets[:-1], len(k_ids) - 1)], 0)
+    first = first_per_row(k_ids != k_first[row_of_pos], pos_rag)
     out.add(varies_R, "heads_k_varies", first)
 
     good_R = present_R & ~shape_bad_R & ~varies_R & (P_ids > 0) & (kmin > 0)

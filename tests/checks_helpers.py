@@ -1,4 +1,4 @@
-"""Helpers for the token-check tests: the real DeepSeek-V4 tokenizer, trace rows and stores built from them."""
+"""Token-check test helpers: the real DeepSeek-V4 tokenizer, trace rows and stores built from them."""
 
 from __future__ import annotations
 
@@ -72,5 +72,5 @@ def make_store(path: str, rows: list[dict[str, Any]]) -> Store:
     return store
 
 
-def TRACES_SCHEMA_TABLE(rows: list[dict[str, Any]]) -> pa.Table:  # noqa: N802
+def TRACES_SCHEMA_TABLE(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=TRACES)

@@ -9,7 +9,7 @@ from checks_helpers import EOS, chat_prompt, enc, make_store, row, tokenizer_dir
 from prl.checks import check_tokens
 
 PROMPT = chat_prompt("Count to five")
-COMPLETION = enc("one two three four five six seven eight") + [EOS]
+COMPLETION = [*enc("one two three four five six seven eight"), EOS]
 N = len(COMPLETION)
 
 
@@ -62,7 +62,7 @@ def test_logprob_checks(tmp_path):
 
 def test_masked_tool_tokens_may_carry_placeholder_zeros(tmp_path):
     tool = enc("<｜tool▁outputs▁begin｜>sunny, 21C<｜tool▁outputs▁end｜>")
-    answer = enc("It is sunny.") + [EOS]
+    answer = [*enc("It is sunny."), EOS]
     completion = enc("Checking.") + tool + answer
     mask = [True] * len(enc("Checking.")) + [False] * len(tool) + [True] * len(answer)
     logprobs = [-0.3 if m else 0.0 for m in mask]
@@ -77,7 +77,7 @@ def test_mask_of_wrong_length_is_invalid(tmp_path):
 
 def test_special_token_checks(tmp_path):
     no_eos = COMPLETION[:-1]
-    stray = COMPLETION[:3] + [2] + COMPLETION[3:]  # <｜▁pad▁｜> is special=True
+    stray = [*COMPLETION[:3], 2, *COMPLETION[3:]]  # <｜▁pad▁｜> is special=True
     rows = [
         row("no_stop", PROMPT, no_eos, lps(N - 1)),
         row("length_ok", PROMPT, no_eos, lps(N - 1), finish_reason="length"),
@@ -131,8 +131,14 @@ def test_head_checks(tmp_path):
         row("mass", PROMPT, COMPLETION, mass_logprobs, topk_ids=mass_ids, topk_logprobs=mass_lp),
         row("k_varies", PROMPT, COMPLETION, logprobs, topk_ids=varies_ids, topk_logprobs=varies_lp),
         row("short", PROMPT, COMPLETION, logprobs, topk_ids=ids[:-1], topk_logprobs=lp[:-1]),
-        row("out_of_vocab", PROMPT, COMPLETION, logprobs,
-            topk_ids=[ids[0], [ids[1][0], 129280, 5], *ids[2:]], topk_logprobs=lp),
+        row(
+            "out_of_vocab",
+            PROMPT,
+            COMPLETION,
+            logprobs,
+            topk_ids=[ids[0], [ids[1][0], 129280, 5], *ids[2:]],
+            topk_logprobs=lp,
+        ),
         row("no_heads", PROMPT, COMPLETION, logprobs),
     ]
     _, got = run(tmp_path, rows)

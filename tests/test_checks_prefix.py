@@ -10,9 +10,9 @@ from prl.checks import check_tokens
 
 SYSTEM = "You are helpful."
 P0 = chat_prompt("What is 2+2?", SYSTEM)
-C0 = enc("The answer is 4, because two plus two makes four.") + [EOS]
+C0 = [*enc("The answer is 4, because two plus two makes four."), EOS]
 NEXT_USER = enc("<｜User｜>And 3+3?<｜Assistant｜></think>")
-C1 = enc("6.") + [EOS]
+C1 = [*enc("6."), EOS]
 
 
 def turn(sample_id, session, n, prompt, completion, **kw):
@@ -38,11 +38,17 @@ def common(a, b):
 
 
 def test_clean_realign_and_fork(tmp_path):
-    forked_history = enc("The answer is four, because two plus two makes four.") + [EOS]
+    forked_history = [*enc("The answer is four, because two plus two makes four."), EOS]
     rows = [
         turn("clean0", "s-clean", 0, P0, C0),
         turn("clean1", "s-clean", 1, P0 + C0 + NEXT_USER, C1),
-        turn("clean2", "s-clean", 2, P0 + C0 + NEXT_USER + C1 + enc("<｜User｜>Thanks<｜Assistant｜></think>"), C1),
+        turn(
+            "clean2",
+            "s-clean",
+            2,
+            P0 + C0 + NEXT_USER + C1 + enc("<｜User｜>Thanks<｜Assistant｜></think>"),
+            C1,
+        ),
         turn("re0", "s-re", 0, P0, C0),
         # the previous completion's EOS was re-rendered away: only its last token differs
         turn("re1", "s-re", 1, P0 + C0[:-1] + NEXT_USER, C1),
@@ -66,10 +72,15 @@ def test_clean_realign_and_fork(tmp_path):
 
 
 def test_tool_call_json_reserialized_in_history_is_a_fork(tmp_path):
-    call = '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>'
-    sampled = enc(call.format('{"city":"Paris","unit":"C"}')) + [EOS]
-    rerendered = enc(call.format('{"city": "Paris", "unit": "C"}')) + [EOS]
-    output = enc("<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>21C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>")
+    call = (
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{}"
+        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+    )
+    sampled = [*enc(call.format('{"city":"Paris","unit":"C"}')), EOS]
+    rerendered = [*enc(call.format('{"city": "Paris", "unit": "C"}')), EOS]
+    output = enc(
+        "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>21C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"
+    )
     rows = [
         turn("t0", "s", 0, P0, sampled, finish_reason="tool_calls"),
         turn("t1", "s", 1, P0 + rerendered + output, C1),
@@ -82,7 +93,7 @@ def test_tool_call_json_reserialized_in_history_is_a_fork(tmp_path):
 
 
 def test_best_of_n_previous_choices_and_order_across_batches(tmp_path):
-    other = enc("It is 4.") + [EOS]
+    other = [*enc("It is 4."), EOS]
     rows = [
         # later turn first in the table, previous turn with two choices in a later batch
         turn("b1", "s", 1, P0 + C0 + NEXT_USER, C1),
@@ -112,7 +123,8 @@ KEEP_THINK = (
     "{% if m.role == 'system' %}{{ m.content }}"
     "{% elif m.role == 'user' %}<｜User｜>{{ m.content }}"
     "{% elif m.role == 'assistant' %}<｜Assistant｜>"
-    "{% if keep and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% else %}</think>{% endif %}"
+    "{% if keep and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>"
+    "{% else %}</think>{% endif %}"
     "{{ m.content }}<｜end▁of▁sentence｜>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<｜Assistant｜></think>{% endif %}"
 )
@@ -130,7 +142,10 @@ def test_template_that_strips_earlier_think_blocks_is_drift(tmp_path):
         {"role": "user", "content": "And 3+3?"},
     ]
     before = f"<｜begin▁of▁sentence｜>{SYSTEM}<｜User｜>What is 2+2?<｜Assistant｜>"
-    sent = enc(before + "<think>Two plus two.</think>4.<｜end▁of▁sentence｜><｜User｜>And 3+3?<｜Assistant｜></think>")
+    sent = enc(
+        before
+        + "<think>Two plus two.</think>4.<｜end▁of▁sentence｜><｜User｜>And 3+3?<｜Assistant｜></think>"
+    )
     rows = [row("think", sent, C1, messages=json.dumps(messages))]
     keep_file = tmp_path / "keep.jinja"
     keep_file.write_text(template(True))
@@ -154,7 +169,7 @@ def test_unrenderable_messages_are_a_warning(tmp_path):
     tpl = tmp_path / "t.jinja"
     tpl.write_text(template(True))
     rows = [row("bad", P0, C0, messages="{not json"), row("none", P0, C0)]
-    result, got = run(tmp_path / "s", rows, chat_template=str(tpl))
+    _result, got = run(tmp_path / "s", rows, chat_template=str(tpl))
     assert brief(got["bad"]) == ("warn", ["template_error"], None, None)
     assert json.loads(got["bad"]["detail"])["template_error"].startswith("JSONDecodeError")
     assert brief(got["none"]) == ("ok", [], None, None)

@@ -36,7 +36,9 @@ def test_non_canonical_split_is_drift_at_its_position(tmp_path):
     assert hello == [19923] and hel == [14505] and lo == [4979]
     assert enc("Sure:\nHello world!") == enc("Sure:\n") + hello + enc(" world!")
     completion = enc("Sure:\n") + hel + lo + enc(" world!") + [EOS]
-    store = make_store(tmp_path, [row("split", prompt, completion), row("clean", prompt, enc("Hello world!") + [EOS])])
+    store = make_store(
+        tmp_path, [row("split", prompt, completion), row("clean", prompt, [*enc("Hello world!"), EOS])]
+    )
     result = check_tokens(store, tokenizer_dir())
     got = verdicts(store)
     pos = len(enc("Sure:\n"))
@@ -55,10 +57,14 @@ def test_non_canonical_split_is_drift_at_its_position(tmp_path):
 def test_non_canonical_split_in_prompt_is_reported_as_prompt(tmp_path):
     user = enc("<｜begin▁of▁sentence｜>sys<｜User｜>")
     prompt = user + enc("Hel") + enc("lo") + enc("<｜Assistant｜></think>")
-    store = make_store(tmp_path, [row("p", prompt, enc("Hi.") + [EOS])])
+    store = make_store(tmp_path, [row("p", prompt, [*enc("Hi."), EOS])])
     check_tokens(store, tokenizer_dir())
     got = verdicts(store)["p"]
-    assert (got["verdict"], got["reasons"], got["first_divergence"]) == ("drift", ["roundtrip_prompt"], len(user))
+    assert (got["verdict"], got["reasons"], got["first_divergence"]) == (
+        "drift",
+        ["roundtrip_prompt"],
+        len(user),
+    )
 
 
 def test_completion_cut_mid_character_is_only_a_warning(tmp_path):
@@ -80,7 +86,7 @@ def test_id_out_of_vocabulary_is_invalid_and_not_decoded(tmp_path):
     prompt = chat_prompt("Hi")
     store = make_store(
         tmp_path,
-        [row("oov", prompt, [*enc("Hello"), 129280, EOS]), row("ok", prompt, enc("Hello") + [EOS])],
+        [row("oov", prompt, [*enc("Hello"), 129280, EOS]), row("ok", prompt, [*enc("Hello"), EOS])],
     )
     check_tokens(store, tokenizer_dir())
     got = verdicts(store)

@@ -16,7 +16,7 @@ from prl.errors import UsageError
 from prl.store import Store
 
 PROMPT = chat_prompt("Greet")
-GOOD = enc("Hello world.") + [EOS]
+GOOD = [*enc("Hello world."), EOS]
 SPLIT = enc("Hel") + enc("lo world.") + [EOS]
 
 
@@ -84,7 +84,7 @@ def test_usage_errors(tmp_path):
     store = make_store(tmp_path, rows(1, 0))
     with pytest.raises(UsageError, match="tokenizer not found"):
         check_tokens(store, str(tmp_path / "nope"))
-    with pytest.raises(UsageError, match="no tokenizer.json"):
+    with pytest.raises(UsageError, match=r"no tokenizer\.json"):
         check_tokens(store, str(tmp_path))
     with pytest.raises(UsageError, match="chat template file not found"):
         check_tokens(store, tokenizer_dir(), chat_template=str(tmp_path / "missing.jinja"))

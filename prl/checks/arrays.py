@@ -1,7 +1,8 @@
 """Ragged-array helpers shared by the checks: Arrow list columns as flat numpy values plus offsets, and the
 per-row reductions the checks use. Everything is vectorized; no per-token Python.
 
-A ragged column of ``R`` rows is ``(values_T, offsets_R1)``: row ``r`` holds ``values[offsets[r]:offsets[r+1]]``.
+A ragged column of ``R`` rows is ``(values_T, offsets_R1)``: row ``r`` holds
+``values[offsets[r]:offsets[r+1]]``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class Ragged:
 
 
 def ragged(column: pa.Array | pa.ChunkedArray, dtype: type | np.dtype, fill: float | int = 0) -> Ragged:
-    """Flatten a ``list<T>`` column. Null lists become empty rows; null values become ``fill`` (see ``nulls``)."""
+    """Flatten a ``list<T>`` column. Null lists become empty rows; null values become ``fill`` (see
+    ``nulls``)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)

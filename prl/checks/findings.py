@@ -1,7 +1,8 @@
 """Per-sample findings: what each check reports, before verdicts are assembled.
 
 A check returns a :class:`Findings` for a batch of ``R`` rows: sparse (row, reason code, position, evidence)
-entries. Most samples are clean, so findings are stored as lists built from numpy masks in one call per reason.
+entries. Most samples are clean, so findings are stored as lists built from numpy masks in one call per
+reason.
 """
 
 from __future__ import annotations

@@ -2,15 +2,15 @@
 
 Reasons and verdicts (positions are completion positions):
 
-- ``logprob_count`` (invalid): ``len(completion_logprobs) != len(completion_token_ids)``, at the shorter length.
-  The per-token tests below are skipped for such rows (alignment is unknown).
+- ``logprob_count`` (invalid): ``len(completion_logprobs) != len(completion_token_ids)``, at the shorter
+  length. The per-token tests below are skipped for such rows (alignment is unknown).
 - ``mask_count`` (invalid): ``completion_mask`` present with a different length.
 - ``logprob_missing`` (invalid): a null logprob on a scored token (mask true).
 - ``logprob_nonfinite`` (invalid): NaN or ±inf.
 - ``logprob_positive`` (invalid): above ``positive_atol``.
-- ``logprob_placeholder`` (drift): exact 0.0 on at least ``placeholder_fraction`` of the scored tokens (with at
-  least ``placeholder_min_tokens``), or a run of ``placeholder_run`` exact zeros; not applied to greedy rows
-  (temperature 0), whose processed logprobs are legitimately 0.
+- ``logprob_placeholder`` (drift): exact 0.0 on at least ``placeholder_fraction`` of the scored tokens (with
+  at least ``placeholder_min_tokens``), or a run of ``placeholder_run`` exact zeros; not applied to greedy
+  rows (temperature 0), whose processed logprobs are legitimately 0.
 - ``logprob_low`` (drift): many sampled tokens below ``low_logprob`` — a sampler almost never draws them, text
   that was re-tokenized after sampling produces them.
 """

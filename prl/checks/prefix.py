@@ -4,8 +4,9 @@ bit-exact prefix of this turn's prompt.
 Status per multi-turn sample (null for a session's first turn and for samples without a session):
 
 - ``CLEAN``: the previous sequence is a prefix of this prompt.
-- ``REALIGN`` (reason ``prefix_realign``, warn): the first difference lies in the last ``realign_window`` tokens
-  of the previous completion, e.g. a re-rendered end-of-turn; a trainer can splice the turns after trimming.
+- ``REALIGN`` (reason ``prefix_realign``, warn): the first difference lies in the last ``realign_window``
+  tokens of the previous completion, e.g. a re-rendered end-of-turn; a trainer can splice the turns after
+  trimming.
 - ``FORK`` (reason ``prefix_fork``, drift): the history was re-rendered or edited earlier (re-serialized tool
   calls, stripped reasoning, truncation): a new trajectory starts here.
 
@@ -55,7 +56,8 @@ def check_prefix(
     window: int,
 ) -> tuple[Findings, list[str | None]]:
     """``previous_R[r]``: sample_ids of the previous step of row r's session (None: no previous step);
-    ``sequences``: sample_id → (prompt + completion IDs, prompt length). Returns findings and status per row."""
+    ``sequences``: sample_id → (prompt + completion IDs, prompt length). Returns findings and status per
+    row."""
     out = Findings()
     status: list[str | None] = [None] * batch.rows
     for r, candidates in enumerate(previous_R):

@@ -66,8 +66,9 @@ def render(result: CheckResult, console: Console | None = None) -> None:
     summary.add_row("store", result.store)
     summary.add_row("tokenizer", f"{result.tokenizer}  ({result.fingerprint[:12]})")
     summary.add_row("chat template", "yes" if result.template else "none: template check skipped")
-    summary.add_row("checked", f"{total}  (already checked: {result.skipped_existing}, "
-                    f"sampled out: {result.sampled_out})")
+    summary.add_row(
+        "checked", f"{total}  (already checked: {result.skipped_existing}, sampled out: {result.sampled_out})"
+    )
     for verdict, n in result.verdicts.items():
         summary.add_row(Text(verdict, style=VERDICT_STYLE[verdict]), f"{n}  ({_pct(n, total)})")
     threshold = "none" if result.max_drift_rate is None else f"{100 * result.max_drift_rate:.2f}%"

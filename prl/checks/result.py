@@ -14,7 +14,7 @@ GROUP_COLUMNS = ("source_format", "model", "policy_version")
 
 @dataclass
 class Example:
-    """One of the worst samples: its verdict, reasons, first divergence and the evidence with decoded pieces."""
+    """One of the worst samples: verdict, reasons, first divergence and the evidence with decoded pieces."""
 
     sample_id: str
     verdict: str
@@ -30,8 +30,8 @@ class Example:
 class CheckResult:
     """Summary of one ``check_tokens`` run over the samples it checked (not the whole table).
 
-    ``drift_rate`` = (drift + invalid, plus warn when ``allow_warn`` is False) / checked. ``exit_code`` is 1 when
-    ``max_drift_rate`` is set and the rate passes it, else 0.
+    ``drift_rate`` = (drift + invalid, plus warn when ``allow_warn`` is False) / checked. ``exit_code`` is 1
+    when ``max_drift_rate`` is set and the rate passes it, else 0.
     """
 
     store: str

@@ -1,11 +1,11 @@
-"""``roundtrip`` check: ``encode(decode(ids)) == ids`` over prompt + completion, no special tokens added and none
-skipped.
+"""``roundtrip`` check: ``encode(decode(ids)) == ids`` over prompt + completion, no special tokens added
+and none skipped.
 
-Shared work is done once. The tokenizer splits text at added tokens (``<｜User｜>``, ``<｜Assistant｜>``, EOS…)
-before pre-tokenization, so the text between two of them is tokenized independently of everything else: each
-sequence is cut at those tokens into *segments*, and a segment's result is cached by a digest of its IDs. A
-system prompt shared by a thousand samples, a group's prompt, or a multi-turn history repeated in every later
-turn is decoded and encoded once; only new segments reach the tokenizer.
+Shared work is done once. The tokenizer splits text at added tokens (``<｜User｜>``, ``<｜Assistant｜>``,
+EOS…) before pre-tokenization, so the text between two of them is tokenized independently of everything
+else: each sequence is cut at those tokens into *segments*, and a segment's result is cached by a digest of
+its IDs. A system prompt shared by a thousand samples, a group's prompt, or a multi-turn history repeated in
+every later turn is decoded and encoded once; only new segments reach the tokenizer.
 
 Reasons (positions are prompt or completion positions, by reason):
 
@@ -175,7 +175,7 @@ def check_roundtrip(batch: TokenBatch, seq: Ragged, use_R: np.ndarray, rt: Round
 
 
 def _segment_reaches(seq: Ragged, seg_start: int, row_end: int, rt: RoundTripper) -> bool:
-    """True when the segment starting at ``seg_start`` runs to the end of its row (no boundary token after)."""
+    """True when the segment starting at ``seg_start`` runs to its row's end (no boundary token after)."""
     tail = seq.values[seg_start:row_end]
     lut = rt.tok.boundary_lut
     return not bool(lut[np.clip(tail, 0, len(lut) - 1)].any())

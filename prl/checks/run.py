@@ -1,16 +1,18 @@
 """``check_tokens``: stream the traces table, run every check on each batch, append verdict rows to
 ``STORE/checks`` and return a :class:`~prl.checks.result.CheckResult`.
 
-Incremental: samples already checked under the same tokenizer fingerprint (tokenizer.json bytes, chat template,
-options) are left out of the scan (an anti-join on ``sample_id``); a run killed at any point loses at most its
-uncommitted chunk, and the next run picks up there. Memory is bounded by one batch, the segment and template
-caches, the multi-turn sequence cache (a token budget) and the key columns of multi-turn rows.
+Incremental: samples already checked under the same tokenizer fingerprint (tokenizer.json bytes, chat
+template, options) are left out of the scan (an anti-join on ``sample_id``); a run killed at any point
+loses at most its uncommitted chunk, and the next run picks up there. Memory is bounded by one batch, the
+segment and template caches, the multi-turn sequence cache (a token budget) and the key columns of
+multi-turn rows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -82,8 +84,8 @@ class BatchChecker:
             bad = int((~vocab_ok).sum())
             if bad >= 2 and bad > MISMATCH_FRACTION * tb.rows:
                 raise UsageError(
-                    f"tokenizer {self.tok.path} does not match the data: {bad} of {tb.rows} samples hold token "
-                    f"IDs outside its vocabulary of {vocab_size} (largest ID {max_id(tb)})"
+                    f"tokenizer {self.tok.path} does not match the data: {bad} of {tb.rows} samples hold "
+                    f"token IDs outside its vocabulary of {vocab_size} (largest ID {max_id(tb)})"
                 )
         findings.extend(check_logprobs(tb, self.opts))
         findings.extend(check_roundtrip(tb, tb.sequence(), vocab_ok, self.roundtrip))
@@ -129,12 +131,13 @@ def check_tokens(
 ) -> CheckResult:
     """Check every not-yet-checked sample of ``store``'s traces against ``tokenizer``.
 
-    ``tokenizer``: a tokenizer.json or a folder holding one; ``chat_template``: a Jinja file (or source) for the
-    ``template`` check, default the folder's tokenizer_config.json template; ``max_drift_rate``: the problem rate
-    above which ``exit_code`` is 1; ``sample_rate``: fraction of samples checked, picked by sample_id hash;
-    ``allow_warn``: when False, warn verdicts count as problems; ``dry_run``: check and report, write nothing.
-    Verdict rows are committed every ``commit_rows`` rows. Raises :class:`UsageError` for a missing tokenizer or
-    template, bad options, or a tokenizer that does not match the data.
+    ``tokenizer``: a tokenizer.json or a folder holding one; ``chat_template``: a Jinja file (or source)
+    for the ``template`` check, default the folder's tokenizer_config.json template; ``max_drift_rate``: the
+    problem rate above which ``exit_code`` is 1; ``sample_rate``: fraction of samples checked, picked by
+    sample_id hash; ``allow_warn``: when False, warn verdicts count as problems; ``dry_run``: check and
+    report, write nothing. Verdict rows are committed every ``commit_rows`` rows. Raises
+    :class:`UsageError` for a missing tokenizer or template, bad options, or a tokenizer that does not match
+    the data.
     """
     if not 0.0 < sample_rate <= 1.0:
         raise UsageError(f"sample rate must be in (0, 1], got {sample_rate}")
@@ -203,7 +206,9 @@ def check_tokens(
         "sample_rate": sample_rate,
     }
     stream = verdict_batches()
-    exhausted = False
+    head = next(stream, None)  # the tokenizer/data mismatch guard runs before anything is written
+    exhausted = head is None
+    stream = itertools.chain([head] if head is not None else [], stream)
 
     def chunk() -> Iterator[pa.RecordBatch]:
         nonlocal exhausted

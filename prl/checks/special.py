@@ -4,8 +4,8 @@ Reasons (both ``warn``; completion positions):
 
 - ``special_no_stop``: ``finish_reason == "stop"`` but the last token is not EOS or another stop / end-of-turn
   token (a stop string, or a lost EOS), at the last position.
-- ``special_mid_completion``: a special added token (``special=True``) inside the completion, other than at its
-  end or at the end of a scored span of a stitched multi-turn completion (where ``completion_mask`` turns
+- ``special_mid_completion``: a special added token (``special=True``) inside the completion, other than at
+  its end or at the end of a scored span of a stitched multi-turn completion (where ``completion_mask`` turns
   false), at the first such position.
 """
 

@@ -4,9 +4,9 @@ add_generation_prompt=True)`` encoded without added special tokens must equal ``
 ``messages`` is the JSON the server received: a list of messages, or an object with ``messages`` (and optional
 ``tools``). Rendering happens once per distinct ``messages`` text (samples of a group share it).
 
-Reasons: ``template_prompt`` (drift) at the first prompt position where the rendered IDs differ (e.g. a reasoning
-template that strips earlier ``<think>`` blocks); ``template_error`` (warn) when the messages cannot be parsed or
-rendered.
+Reasons: ``template_prompt`` (drift) at the first prompt position where the rendered IDs differ (e.g. a
+reasoning template that strips earlier ``<think>`` blocks); ``template_error`` (warn) when the messages cannot
+be parsed or rendered.
 """
 
 from __future__ import annotations

@@ -78,8 +78,8 @@ class CheckTokenizer:
         chat_template: str | None = None,
         stop_token_ids: Sequence[int] = (),
     ) -> CheckTokenizer:
-        """Load ``path`` (a tokenizer.json or a folder with one). ``chat_template`` is a file or template source;
-        without it the folder's ``tokenizer_config.json`` template is used when present.
+        """Load ``path`` (a tokenizer.json or a folder with one). ``chat_template`` is a file or template
+        source; without it the folder's ``tokenizer_config.json`` template is used when present.
 
         Raises :class:`UsageError` when the path or template is missing or unreadable.
         """
@@ -118,7 +118,7 @@ class CheckTokenizer:
             extra_stop_ids=tuple(int(i) for i in stop_token_ids),
         )
 
-    # --- vocabulary facts -------------------------------------------------------------------------------------
+    # --- vocabulary facts ---------------------------------------------------------------------------------
     @cached_property
     def vocab_size(self) -> int:
         added = self.tokenizer.get_added_tokens_decoder()
@@ -156,7 +156,7 @@ class CheckTokenizer:
 
     @cached_property
     def stop_ids(self) -> np.ndarray:
-        """Sorted int64 IDs that may end a completion stopped by the model (EOS, end-of-turn tokens, extras)."""
+        """Sorted int64 IDs that may end a completion the model stopped (EOS, end-of-turn tokens, extras)."""
         ids = set(self.extra_stop_ids)
         if self.eos_id is not None:
             ids.add(self.eos_id)
@@ -190,7 +190,7 @@ class CheckTokenizer:
         """Each token decoded alone (partial UTF-8 shows as U+FFFD), for showing a divergence."""
         return self.tokenizer.decode_batch([[int(i)] for i in ids], skip_special_tokens=False)
 
-    # --- chat templates --------------------------------------------------------------------------------------
+    # --- chat templates -----------------------------------------------------------------------------------
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """Render ``messages`` with the chat template (``add_generation_prompt=True``) in transformers'
         sandboxed Jinja environment. Raises ValueError without a template."""

@@ -62,7 +62,9 @@ def _main(
 
 @app.command()
 def ingest(
-    sources: Annotated[list[str], typer.Argument(help="Files, folders, globs or s3:// prefixes (.gz/.zst read transparently).")],
+    sources: Annotated[
+        list[str], typer.Argument(help="Files, folders, globs or s3:// prefixes (.gz/.zst read transparently).")
+    ],
     store: StoreOpt,
     format: Annotated[str, typer.Option("--format", help="Wire format, or 'auto' to detect it per file.")] = "auto",
     kind: Annotated[
@@ -127,4 +129,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -53,7 +53,9 @@ def ingest_table(result: Any) -> Table:
     """The ingest summary: one row per file, then totals and quarantine reasons."""
     table = Table(title=f"prl ingest → {result.store}" + ("  (dry run)" if result.dry_run else ""))
     for column in ("file", "format", "status", "records", "samples", "tokens", "quarantined"):
-        table.add_column(column, justify="right" if column in ("records", "samples", "tokens", "quarantined") else "left")
+        table.add_column(
+            column, justify="right" if column in ("records", "samples", "tokens", "quarantined") else "left"
+        )
     for f in result.files:
         quarantined = sum(f.quarantined.values())
         table.add_row(

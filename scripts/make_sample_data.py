@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import io
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +133,6 @@ class Completion:
     tool_calls: list[dict] | None
     finish: str
     correct: bool | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def draw_logprobs(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -363,7 +361,7 @@ class Writer:
         # (request_id, choice_index, completion, source file) of every sample that gets rewards.
         self.rewardable: list[tuple[str, int, Completion, str]] = []
 
-    def messages(self, user: str, tools: bool = False) -> list[dict]:
+    def messages(self, user: str) -> list[dict]:
         return [{"role": "system", "content": T.SYSTEM}, {"role": "user", "content": user}]
 
     # vLLM chat ----------------------------------------------------------------------------------------------
@@ -1364,10 +1362,6 @@ def make_sample_data(outdir: str | Path = "sample_data") -> dict:
     checks = self_check(tok, w)
     write_readme(w, checks)
     return {**w.facts, "checks": checks}
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def render_ingest(result: Any, console: Console = stdout) -> None:
     console.print(ingest_table(result))
     for f in result.files:
         if f.error:
-            console.print(f"[red]error[/red] {f.uri}: {f.error}")
+            console.print(f"[red]error[/red] {f.error}")
     if result.quarantined:
         reasons = Table(title="quarantined by reason")
         reasons.add_column("reason")

@@ -38,6 +38,7 @@ from prl.formats.common import (
     epoch_ms,
     finish_reason,
     group_key_of,
+    messages_of,
     metadata_of,
     policy_version_of,
     require_dict,
@@ -183,6 +184,7 @@ class VllmChat(Format):
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
             completion_text=message.get("content") if isinstance(message.get("content"), str) else None,
+            messages=messages_of(obj),
         )
 
 
@@ -282,5 +284,5 @@ class VllmCompletions(Format):
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
             completion_text=choice.get("text") if isinstance(choice.get("text"), str) else None,
-            temperature=as_float(obj.get("temperature")),
+            messages=messages_of(obj),
         )

@@ -353,8 +353,9 @@ def _ref_filter(options: ShardOptions) -> ds.Expression | None:
     return pc.field("ref_model") == options.ref_model if options.ref_model else None
 
 
-def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> pl.DataFrame:
-    """The winning reference row per sample (latest ingest): its scan row number and length."""
+def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> tuple[pl.DataFrame, int]:
+    """The winning reference row per sample (latest ingest) with its scan row number and length, and the
+    number of rows the scan yields."""
     frames = []
     row = 0
     cols = ["sample_id", "ingested_at", "source_uri", "source_line", "ref_logprobs"]
@@ -382,19 +383,14 @@ def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> pl.Dat
         )
         row += n
     if not frames:
-        return pl.DataFrame(
-            {
-                "sample_id": pl.Series([], dtype=pl.String),
-                "ref_row": pl.Series([], dtype=pl.Int64),
-                "ref_len": pl.Series([], dtype=pl.Int64),
-            }
-        )
+        empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64}
+        return pl.DataFrame(schema=empty), 0
     return (
         pl.concat(frames)
         .sort(["sample_id", "ingested_at", "source_uri", "source_line", "ref_row"])
         .unique(subset=["sample_id"], keep="last", maintain_order=True)
         .select("sample_id", "ref_row", "ref_len")
-    )
+    ), row
 
 
 def _drop_reasons(options: ShardOptions, with_ref: bool) -> pl.Expr:
@@ -459,10 +455,12 @@ class _Plan:
     k: int | None
     reward_names_seen: list[str]
     constant_groups: int = 0
+    ref_scan_rows: int = 0
 
 
 def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, shipped: set[str]) -> _Plan:
     with_ref = options.kl != "none"
+    ref_scan_rows = 0
     traces = _scan_plan_traces(store, versions["traces"], options)  # type: ignore[arg-type]
     if traces.is_empty():
         return _Plan(traces, 0, 0, {}, 0, None, None, [])  # noqa: RUF100
@@ -478,7 +476,9 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
 
     already = 0
     if shipped:
-        is_shipped = traces["sample_id"].is_in(pl.Series(list(shipped), dtype=pl.String))
+        is_shipped = pl.Series(
+            pc.is_in(traces["sample_id"].to_arrow(), value_set=pa.array(sorted(shipped), pa.large_string()))
+        )
         already = int(is_shipped.sum())
         traces = traces.filter(~is_shipped)
 
@@ -487,7 +487,7 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
     verdicts = _latest_verdicts(store, versions["checks"], options.tokenizer_fingerprint)
     plan = traces.join(rewards, on="sample_id", how="left").join(verdicts, on="sample_id", how="left")
     if with_ref:
-        refs = _scan_plan_refs(store, versions["ref_logprobs"], options)  # type: ignore[arg-type]
+        refs, ref_scan_rows = _scan_plan_refs(store, versions["ref_logprobs"], options)  # type: ignore[arg-type]
         plan = plan.join(refs, on="sample_id", how="left")
     plan = plan.sort("row")
     components = {n: plan[f"r::{n}"].to_numpy().astype(np.float64) for n in names}
@@ -517,8 +517,9 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
         const_G = adv.constant_groups(keep["score"].to_numpy(), gidx, num_g)
         constant = int(const_G.sum())
         const_N = const_G[gidx]
+        const_rows = np.isin(plan["row"].to_numpy(), keep["row"].to_numpy()[const_N])
         plan = plan.with_columns(
-            pl.when(pl.col("drop").is_null() & pl.col("row").is_in(keep.filter(pl.Series(const_N))["row"]))
+            pl.when(pl.col("drop").is_null() & pl.Series(const_rows))
             .then(pl.lit("constant_group"))
             .otherwise(pl.col("drop"))
             .alias("drop")
@@ -539,7 +540,7 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
 
     ship = _pack(keep, options)
     seen = [n for n in names if plan[f"r::{n}"].is_not_null().any()]
-    return _Plan(ship, plan.height + already, already, drops, trace_rows, current, k, seen, constant)
+    return _Plan(ship, plan.height + already, already, drops, trace_rows, current, k, seen, constant, ref_scan_rows)
 
 
 def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
@@ -912,7 +913,7 @@ def build_shards(
             ref_schema = None
             if with_ref:
                 ref_rows = ship["ref_row"].to_numpy()
-                n_ref = int(ref_rows.max()) + 1
+                n_ref = plan.ref_scan_rows
                 rdest_shard = np.full(n_ref, -1, dtype=np.int32)
                 rdest_pos = np.zeros(n_ref, dtype=np.int64)
                 rdest_shard[ref_rows] = shard_N

@@ -44,7 +44,9 @@ def kl_estimate(d_T: np.ndarray, estimator: str = "k3") -> np.ndarray:
         return 0.5 * d_T * d_T
     if estimator == "k3":
         x_T = np.clip(-d_T, -K3_CLAMP_X, K3_CLAMP_X)
-        return np.minimum(np.expm1(x_T) - x_T, K3_MAX)
+        k_T = np.expm1(x_T)
+        k_T -= x_T
+        return np.minimum(k_T, K3_MAX, out=k_T)
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
 
 
@@ -76,9 +78,13 @@ def masked_kl(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(d_T, kl_T, valid_T)``: the log ratio and KL estimate, both 0.0 where a token is not valid."""
     valid_T = valid_tokens(logprobs_T, ref_logprobs_T, mask_T)
-    with np.errstate(invalid="ignore"):
-        d_T = np.where(valid_T, log_ratio(logprobs_T, ref_logprobs_T), 0.0)
-    return d_T, np.where(valid_T, kl_estimate(d_T, estimator), 0.0), valid_T
+    d_T = log_ratio(logprobs_T, ref_logprobs_T)
+    if valid_T.all():  # the common case: no masked or missing tokens, no extra passes
+        return d_T, kl_estimate(d_T, estimator), valid_T
+    d_T[~valid_T] = 0.0
+    k_T = kl_estimate(d_T, estimator)
+    k_T[~valid_T] = 0.0
+    return d_T, k_T, valid_T
 
 
 def kl_into_reward(

@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -655,16 +656,13 @@ def _flat_values(column: pa.ChunkedArray | pa.Array, dtype: Any) -> tuple[np.nda
 def _concat_lists(
     a_T: np.ndarray, a_off: np.ndarray, b_T: np.ndarray, b_off: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Row-wise concatenation of two flat list columns: ``(values, offsets)``."""
+    """Row-wise concatenation of two flat list columns: ``(values, offsets)`` (two scatters, no per-row work)."""
     a_len = np.diff(a_off)
     b_len = np.diff(b_off)
-    out_off = np.concatenate(([0], np.cumsum(a_len + b_len)))
+    out_off = np.concatenate(([0], np.cumsum(a_len + b_len))).astype(np.int64)
     out = np.empty(int(out_off[-1]), dtype=a_T.dtype)
-    row_T = np.repeat(np.arange(len(a_len)), a_len + b_len)
-    j_T = np.arange(len(out)) - out_off[:-1][row_T]
-    in_a = j_T < a_len[row_T]
-    out[in_a] = a_T[(a_off[:-1][row_T] + j_T)[in_a]]
-    out[~in_a] = b_T[(b_off[:-1][row_T] + j_T - a_len[row_T])[~in_a]]
+    out[np.arange(len(a_T)) + np.repeat(out_off[:-1] - a_off[:-1], a_len)] = a_T
+    out[np.arange(len(b_T)) + np.repeat(out_off[:-1] + a_len - b_off[:-1], b_len)] = b_T
     return out, out_off
 
 
@@ -949,34 +947,44 @@ def build_shards(
                 d_count += int(valid_T.sum())
         scores = _scores(ship, options, kl_sum_N, kl_tokens_N, d_sum, d_count)
 
-        shard_entries = []
+        shard_entries: list[dict[str, Any]] = []
         kl_tok_sum, kl_tok_n = 0.0, 0
-        for s in range(num_shards):
-            table = trace_spill.read(s, trace_schema)
-            refs = ref_spill.read(s, ref_schema) if with_ref else None  # type: ignore[arg-type]
-            meta = ship[table["_pos"].to_numpy()]
-            shard = _assemble(table, refs, meta, scores, options, plan.k)
-            if with_ref:
-                kl_vals = pc.list_flatten(shard["kl"]).drop_null()
-                kl_tok_sum += float(pc.sum(kl_vals.cast(pa.float64())).as_py() or 0.0)
-                kl_tok_n += len(kl_vals)
-            name = f"part-{s:05d}.parquet"
+
+        def write_one(shard: pa.Table, name: str, groups: int) -> dict[str, Any]:
             path = os.path.join(staging, name)
             _write_parquet(shard, path)
-            os.remove(trace_spill.path(s))
-            if with_ref and os.path.exists(ref_spill.path(s)):
-                os.remove(ref_spill.path(s))
-            shard_entries.append(
-                {
-                    "file": name,
-                    "rows": shard.num_rows,
-                    "groups": int(meta["group_id"].n_unique()),
-                    "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py()),
-                    "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py()),
-                    "bytes": os.path.getsize(path),
-                    "sha256": _sha256(path),
-                }
-            )
+            return {
+                "file": name,
+                "rows": shard.num_rows,
+                "groups": groups,
+                "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
+                "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
+                "bytes": os.path.getsize(path),
+                "sha256": _sha256(path),
+            }
+
+        # Writing (zstd, fsync, sha256) releases the GIL: shard s is written while shard s + 1 is assembled.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending: Future | None = None
+            for s in range(num_shards):
+                table = trace_spill.read(s, trace_schema)
+                refs = ref_spill.read(s, ref_schema) if with_ref else None  # type: ignore[arg-type]
+                meta = ship[table["_pos"].to_numpy()]
+                shard = _assemble(table, refs, meta, scores, options, plan.k)
+                del table, refs
+                if with_ref:
+                    kl_vals = pc.list_flatten(shard["kl"]).drop_null()
+                    kl_tok_sum += float(pc.sum(kl_vals.cast(pa.float64())).as_py() or 0.0)
+                    kl_tok_n += len(kl_vals)
+                if pending is not None:
+                    shard_entries.append(pending.result())
+                pending = pool.submit(write_one, shard, f"part-{s:05d}.parquet", int(meta["group_id"].n_unique()))
+                del shard
+                os.remove(trace_spill.path(s))
+                if with_ref and os.path.exists(ref_spill.path(s)):
+                    os.remove(ref_spill.path(s))
+            if pending is not None:
+                shard_entries.append(pending.result())
         shutil.rmtree(spill_dir, ignore_errors=True)
 
         samples_path = os.path.join(staging, SAMPLES_FILE)

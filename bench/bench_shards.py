@@ -108,8 +108,12 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
                 "checked_at": pa.array([now] * n, pa.timestamp("ms", tz="UTC")),
             }
         )
-        store.commit("checks", pa.table({f.name: c[f.name] if f.name in c.column_names else pa.nulls(n, f.type)
-                                         for f in CHECKS}, schema=CHECKS).to_batches())
+        store.commit(
+            "checks",
+            pa.table(
+                {f.name: c[f.name] if f.name in c.column_names else pa.nulls(n, f.type) for f in CHECKS}, schema=CHECKS
+            ).to_batches(),
+        )
         rf = pa.table(
             {
                 "sample_id": pa.array(ids),
@@ -184,8 +188,9 @@ def main() -> None:
         t = time.perf_counter()
         tokens = make_store(os.path.join(work, "store"), args.samples, args.prompt, args.completion, args.group)
         setup = time.perf_counter() - t
-        build = _child(BUILD.format(store=os.path.join(work, "store"), out=os.path.join(work, "out"),
-                                    target=args.target_tokens))
+        build = _child(
+            BUILD.format(store=os.path.join(work, "store"), out=os.path.join(work, "out"), target=args.target_tokens)
+        )
         numerics = _child(NUMERICS.format(samples=args.samples, completion=args.completion))
         result = {
             "store_tokens": tokens,

@@ -76,9 +76,7 @@ def constant_groups(rewards_N: np.ndarray, group_index_N: np.ndarray, num_groups
     return (count_G >= 2) & (max_G == min_G)
 
 
-def _centered(
-    rewards_N: np.ndarray, index_N: np.ndarray, num: int, method: str
-) -> tuple[np.ndarray, np.ndarray]:
+def _centered(rewards_N: np.ndarray, index_N: np.ndarray, num: int, method: str) -> tuple[np.ndarray, np.ndarray]:
     """Advantages of every sample against its own segment, and the segment sizes per sample."""
     count_S = np.bincount(index_N, minlength=num).astype(np.float64)
     sum_S = np.bincount(index_N, weights=rewards_N, minlength=num)

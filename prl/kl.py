@@ -87,9 +87,7 @@ def masked_kl(
     return d_T, k_T, valid_T
 
 
-def kl_into_reward(
-    rewards_N: np.ndarray, kl_T: np.ndarray, offsets_N1: np.ndarray, beta: float
-) -> np.ndarray:
+def kl_into_reward(rewards_N: np.ndarray, kl_T: np.ndarray, offsets_N1: np.ndarray, beta: float) -> np.ndarray:
     """``rewards_N − β·Σ_t kl_t`` (``kl_T`` already 0 on invalid tokens)."""
     return np.asarray(rewards_N, dtype=np.float64) - beta * segment_sum(kl_T, offsets_N1)
 

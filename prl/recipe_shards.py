@@ -107,6 +107,7 @@ class ShardOptions:
     def _validate(self) -> None:
         object.__setattr__(self, "finish_reasons", tuple(sorted(set(self.finish_reasons))))
         object.__setattr__(self, "rewards", dict(sorted(self.rewards.items())))
+
         def bad(key: str, message: str) -> UsageError:
             return UsageError(f"[shards] {key}: {message}")
 

@@ -330,9 +330,7 @@ def _latest_rewards(store: Store, version: int | None, names: list[str]) -> pl.D
 
 def _latest_verdicts(store: Store, version: int | None, fingerprint: str | None) -> pl.DataFrame:
     if version is None:
-        return pl.DataFrame(
-            {"sample_id": pl.Series([], dtype=pl.String), "verdict": pl.Series([], dtype=pl.String)}
-        )
+        return pl.DataFrame({"sample_id": pl.Series([], dtype=pl.String), "verdict": pl.Series([], dtype=pl.String)})
     flt = pc.field("tokenizer_fingerprint") == fingerprint if fingerprint else None
     table = store.read(
         "checks",
@@ -464,15 +462,10 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
     ref_scan_rows = 0
     traces = _scan_plan_traces(store, versions["traces"], options)  # type: ignore[arg-type]
     if traces.is_empty():
-        return _Plan(traces, 0, 0, {}, 0, None, None, [])  # noqa: RUF100
+        return _Plan(traces, 0, 0, {}, 0, None, None, [])
     trace_rows = traces.height
-    traces = traces.with_columns(
-        pl.col("policy_version").str.extract(_VERSION_RE, 1).cast(pl.Int64).alias("_v")
-    )
-    if options.current_version is not None:
-        current = parse_version(options.current_version)
-    else:
-        current = traces["_v"].max()  # type: ignore[assignment]
+    traces = traces.with_columns(pl.col("policy_version").str.extract(_VERSION_RE, 1).cast(pl.Int64).alias("_v"))
+    current = parse_version(options.current_version) if options.current_version else traces["_v"].max()
     traces = traces.with_columns((pl.lit(current, dtype=pl.Int64) - pl.col("_v")).alias("staleness"))
 
     already = 0
@@ -496,9 +489,7 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
     for n in names:
         missing |= plan[f"r::{n}"].is_null().to_numpy()
     score = adv.combine_rewards(components, options.rewards)
-    plan = plan.with_columns(
-        pl.Series("score", np.where(missing, np.nan, score)), pl.Series("_score_missing", missing)
-    )
+    plan = plan.with_columns(pl.Series("score", np.where(missing, np.nan, score)), pl.Series("_score_missing", missing))
     plan = plan.with_columns(_drop_reasons(options, with_ref).alias("drop"))
     if with_ref and options.missing_ref == "error":
         lacking = plan.filter(pl.col("drop") == "missing_ref")
@@ -549,9 +540,7 @@ def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
     if keep.is_empty():
         return keep.with_columns(pl.lit(0, dtype=pl.Int32).alias("shard"))
     keep = keep.sort(["group_id", "sample_id"])
-    gidx, num_g = adv.dense_index(
-        keep["group_id"].to_arrow()
-    )  # sorted → group numbers increase with group_id
+    gidx, num_g = adv.dense_index(keep["group_id"].to_arrow())  # sorted → group numbers increase with group_id
     perm_G = np.random.default_rng(options.seed).permutation(num_g)
     rank_G = np.empty(num_g, dtype=np.int64)
     rank_G[perm_G] = np.arange(num_g)
@@ -631,9 +620,7 @@ def _route(
         schema = picked.schema
         shards = shard_n[order]
         bounds = np.flatnonzero(np.diff(shards)) + 1
-        for start, stop in zip(
-            np.concatenate(([0], bounds)), np.concatenate((bounds, [len(order)])), strict=True
-        ):
+        for start, stop in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(order)])), strict=True):
             spill.write(int(shards[start]), picked.slice(int(start), int(stop - start)))
     if row != len(dest_shard_R):
         raise RuntimeError(f"table {table} changed while it was read at version {version}")
@@ -666,9 +653,7 @@ def _concat_lists(
     return out, out_off
 
 
-def _list_array(
-    values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, valid: np.ndarray | None = None
-):
+def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, valid: np.ndarray | None = None):
     arr = pa.array(values, type=value_type, mask=None if valid is None else ~valid)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), arr)
 
@@ -831,9 +816,7 @@ def build_shards(
     shipped: set[str] = set()
     for manifest in prior:
         shipped.update(
-            pq.read_table(os.path.join(out, manifest["set_id"], manifest["samples"]["file"]))[
-                "sample_id"
-            ].to_pylist()
+            pq.read_table(os.path.join(out, manifest["set_id"], manifest["samples"]["file"]))["sample_id"].to_pylist()
         )
     plan = _plan(store, versions, options, shipped)
     ship = plan.ship
@@ -1044,11 +1027,7 @@ def build_shards(
                     "topk_logprobs",
                 ],
                 "token_advantages": "advantage on loss_mask tokens, 0 elsewhere"
-                + (
-                    " , plus kl_coef·(mean_log_ratio − d_t) on valid tokens"
-                    if options.kl == "advantages"
-                    else ""
-                ),
+                + (" , plus kl_coef·(mean_log_ratio − d_t) on valid tokens" if options.kl == "advantages" else ""),
                 "kl": "per-token estimate; null where the token is outside loss_mask or a logprob is missing",
                 "behavior_logprobs": "as sampled; null where the server gave none (never 0.0)",
             },

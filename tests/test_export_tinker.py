@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,14 @@ def f32(v):
 
 def test_exact_datum(tmp_path):
     traces = [
-        trace("a:0", "g", [1, 2], [10, 11, 12], completion_logprobs=[-0.5, None, -1.5], completion_mask=[True, True, False]),
+        trace(
+            "a:0",
+            "g",
+            [1, 2],
+            [10, 11, 12],
+            completion_logprobs=[-0.5, None, -1.5],
+            completion_mask=[True, True, False],
+        ),
         trace("b:0", "g", [3], [20]),
     ]
     store = make_store(str(tmp_path / "s"), traces, [reward("a:0", 1.0), reward("b:0", 0.0)])
@@ -30,7 +38,10 @@ def test_exact_datum(tmp_path):
     out = str(tmp_path / "d.jsonl")
     result = export_tinker(res.set_dir, out)
     assert (result.rows, result.skipped) == (2, 0)
-    lines = {tuple(json.loads(l)["loss_fn_inputs"]["target_tokens"]["data"]): json.loads(l) for l in open(out)}
+    lines = {
+        tuple(json.loads(line)["loss_fn_inputs"]["target_tokens"]["data"]): json.loads(line)
+        for line in Path(out).read_text().splitlines()
+    }
     a = lines[(2, 10, 11, 12)]
     assert a == {
         "model_input": {"chunks": [{"type": "encoded_text", "tokens": [1, 2, 10, 11]}]},
@@ -56,7 +67,7 @@ def test_prompt_len_zero_and_short_rows():
             "token_advantages": pa.array([[1.0, 2.0, 3.0], [1.0]], pa.list_(pa.float32())),
         }
     )
-    tokens, tok_off, lp, adv, j_off = datum_arrays(batch)
+    _tokens, _tok_off, lp, adv, j_off = datum_arrays(batch)
     assert j_off.tolist() == [0, 2, 2]
     assert lp.tolist() == [-2.0, -3.0] and adv.tolist() == [2.0, 3.0]
 
@@ -70,14 +81,14 @@ def test_matches_loop_on_random_set(tmp_path):
 
     for s in res.shards:
         shard_rows += pq.read_table(os.path.join(res.set_dir, s["file"])).to_pylist()
-    lines = [json.loads(line) for line in open(out)]
+    lines = [json.loads(line) for line in Path(out).read_text().splitlines()]
     assert len(lines) == len(shard_rows) == 24
     for row, datum in zip(shard_rows, lines, strict=True):
         toks, p = row["input_ids"], row["prompt_len"]
         lp = [0.0] * (len(toks) - 1)
         ad = [0.0] * (len(toks) - 1)
-        for c, (l, a) in enumerate(zip(row["behavior_logprobs"], row["token_advantages"], strict=True)):
-            lp[p + c - 1], ad[p + c - 1] = l, a
+        for c, (lq, a) in enumerate(zip(row["behavior_logprobs"], row["token_advantages"], strict=True)):
+            lp[p + c - 1], ad[p + c - 1] = lq, a
         assert datum["model_input"]["chunks"][0]["tokens"] == toks[:-1]
         assert datum["loss_fn_inputs"]["target_tokens"]["data"] == toks[1:]
         got_lp = np.asarray(datum["loss_fn_inputs"]["logprobs"]["data"], dtype=np.float32)
@@ -88,7 +99,7 @@ def test_matches_loop_on_random_set(tmp_path):
 
 def test_tampered_shard_and_missing_manifest(tmp_path):
     res = build_shards(random_store(str(tmp_path / "s"), 2, 2), str(tmp_path / "out"))
-    with pytest.raises(UsageError, match="no manifest.json"):
+    with pytest.raises(UsageError, match=r"no manifest\.json"):
         export_tinker(str(tmp_path), str(tmp_path / "x.jsonl"))
     path = os.path.join(res.set_dir, res.shards[0]["file"])
     with open(path, "ab") as fh:

@@ -41,16 +41,12 @@ def test_empty():
 
 @settings(max_examples=100, deadline=None)
 @given(
-    st.lists(
-        st.one_of(st.none(), st.lists(st.lists(st.integers(0, 100), max_size=6), max_size=5)), max_size=6
-    ),
+    st.lists(st.one_of(st.none(), st.lists(st.lists(st.integers(0, 100), max_size=6), max_size=5)), max_size=6),
     st.integers(1, 5),
 )
 def test_matches_loop(rows, k):
     arr = pa.array(rows, IDS)
-    expected = [
-        None if r is None else [(p[:k] + [PAD_ID] * max(0, k - len(p))) for p in r] for r in rows
-    ]
+    expected = [None if r is None else [(p[:k] + [PAD_ID] * max(0, k - len(p))) for p in r] for r in rows]
     assert fixed_k(arr, k, PAD_ID).to_pylist() == expected
     widths = min_head_width(arr).tolist()
     for r, w in zip(rows, widths, strict=True):

@@ -68,9 +68,7 @@ def test_empty_batch():
 @given(
     st.lists(
         st.lists(
-            st.tuples(
-                st.floats(-30, 0, allow_nan=False), st.floats(-30, 0, allow_nan=False), st.booleans()
-            ),
+            st.tuples(st.floats(-30, 0, allow_nan=False), st.floats(-30, 0, allow_nan=False), st.booleans()),
             max_size=6,
         ),
         max_size=6,

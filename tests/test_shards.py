@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -21,7 +22,7 @@ from tests.shards_fixtures import make_store, random_store, ref, reward, table, 
 
 
 def read_set(result) -> pa.Table:
-    manifest = json.load(open(os.path.join(result.set_dir, "manifest.json")))
+    manifest = json.loads(Path(os.path.join(result.set_dir, "manifest.json")).read_text())
     return pa.concat_tables(pq.read_table(os.path.join(result.set_dir, s["file"])) for s in manifest["shards"])
 
 
@@ -57,32 +58,36 @@ def test_basic_columns_values_and_manifest(tmp_path):
     assert a0["behavior_logprobs"] == pytest.approx([-0.1, -0.2, -0.3], rel=1e-6)
     assert a0["kl"] is None and a0["ref_logprobs"] is None and a0["topk_ids"] is None
     assert a0["staleness"] == 0 and a0["policy_version"] == "step-10"
-    manifest = json.load(open(os.path.join(res.set_dir, "manifest.json")))
+    manifest = json.loads(Path(os.path.join(res.set_dir, "manifest.json")).read_text())
     assert manifest["schema_version"] == "1" and manifest["columns"] == SHARD.names
     assert manifest["source"]["versions"]["traces"] == store.version("traces")
     assert manifest["statistics"]["groups_of_one"] == 1
     assert manifest["statistics"]["groups_of_one_fell_back"] == 1
     for entry in manifest["shards"] + [manifest["samples"]]:
         path = os.path.join(res.set_dir, entry["file"])
-        assert hashlib.sha256(open(path, "rb").read()).hexdigest() == entry["sha256"]
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == entry["sha256"]
         assert os.path.getsize(path) == entry["bytes"]
     assert sum(s["tokens"] for s in manifest["shards"]) == 5 + 4 + 2
-    index = json.load(open(tmp_path / "out" / "_index.json"))
+    index = json.loads(Path(tmp_path / "out" / "_index.json").read_text())
     assert [s["set_id"] for s in index["sets"]] == [res.set_id]
     assert sorted(os.listdir(tmp_path / "out")) == ["_index.json", res.set_id]
 
 
 def test_polars_and_pyarrow_read_shards(tmp_path):
-    res = build_shards(random_store(str(tmp_path / "s"), 10, 3, with_ref=True), str(tmp_path / "out"),
-                       ShardOptions(kl="column", target_tokens=60))
+    res = build_shards(
+        random_store(str(tmp_path / "s"), 10, 3, with_ref=True),
+        str(tmp_path / "out"),
+        ShardOptions(kl="column", target_tokens=60),
+    )
     files = sorted(os.path.join(res.set_dir, s["file"]) for s in res.shards)
     assert len(files) > 1
     df = pl.read_parquet(files)
     assert df.height == 30 and df.columns == SHARD.names
     assert pq.ParquetDataset(files).read().num_rows == 30
     md = pq.ParquetFile(files[0]).metadata
-    encodings = {md.row_group(0).column(i).path_in_schema: md.row_group(0).column(i).encodings
-                 for i in range(md.num_columns)}
+    encodings = {
+        md.row_group(0).column(i).path_in_schema: md.row_group(0).column(i).encodings for i in range(md.num_columns)
+    }
     assert "BYTE_STREAM_SPLIT" in encodings["behavior_logprobs.list.element"]
     assert md.row_group(0).column(0).compression == "ZSTD"
 
@@ -97,7 +102,9 @@ def test_rebuild_is_byte_identical(tmp_path):
     names = sorted(os.listdir(first.set_dir))
     assert names == sorted(os.listdir(other.set_dir))
     for name in names:
-        assert open(os.path.join(first.set_dir, name), "rb").read() == open(os.path.join(other.set_dir, name), "rb").read()
+        assert (
+            Path(os.path.join(first.set_dir, name)).read_bytes() == Path(os.path.join(other.set_dir, name)).read_bytes()
+        )
     assert [s["sha256"] for s in first.shards] == [s["sha256"] for s in again.shards]
 
 
@@ -114,7 +121,7 @@ def test_incremental_ships_each_sample_once(tmp_path):
     assert third.status == "built" and third.rows == 1 and third.already_shipped == 3
     assert list(by_id(read_set(third))) == ["c0:0"]
     assert third.set_id != first.set_id
-    index = json.load(open(os.path.join(out, "_index.json")))
+    index = json.loads(Path(os.path.join(out, "_index.json")).read_text())
     assert {s["set_id"] for s in index["sets"]} == {first.set_id, third.set_id}
     rebuilt = build_shards(store, out, rebuild=True)
     assert rebuilt.rows == 4
@@ -194,7 +201,12 @@ def test_constant_groups_dropped(tmp_path):
 
 def test_weighted_reward_components(tmp_path):
     traces = [trace("x:0", "g", [1], [2]), trace("y:0", "g", [1], [3])]
-    rewards = [reward("x:0", 1.0, "acc"), reward("x:0", 2.0, "fmt"), reward("y:0", 0.0, "acc"), reward("y:0", 1.0, "fmt")]
+    rewards = [
+        reward("x:0", 1.0, "acc"),
+        reward("x:0", 2.0, "fmt"),
+        reward("y:0", 0.0, "acc"),
+        reward("y:0", 1.0, "fmt"),
+    ]
     store = make_store(str(tmp_path / "s"), traces, rewards)
     res = build_shards(store, str(tmp_path / "out"), ShardOptions.from_mapping({"rewards": {"acc": 1.0, "fmt": 0.5}}))
     rows = by_id(read_set(res))
@@ -216,7 +228,9 @@ def test_kl_into_reward_matches_loop(tmp_path):
         return min(math.exp(x) - x - 1, 10)
 
     f32 = lambda v: float(np.float32(v))  # noqa: E731
-    expected = {s: (1.0 if s == "a:0" else 0.0) - 0.1 * sum(k3(f32(a) - f32(b)) for a, b in zip(lp[s], rf[s])) for s in lp}
+    expected = {
+        s: (1.0 if s == "a:0" else 0.0) - 0.1 * sum(k3(f32(a) - f32(b)) for a, b in zip(lp[s], rf[s])) for s in lp
+    }
     for s in lp:
         assert rows[s]["reward"] == pytest.approx(expected[s], rel=1e-12)
         assert rows[s]["kl"] == pytest.approx([k3(f32(a) - f32(b)) for a, b in zip(lp[s], rf[s])], rel=1e-6)
@@ -247,7 +261,9 @@ def test_kl_without_refs_is_usage_error(tmp_path):
     store = small_store(tmp_path)
     with pytest.raises(UsageError, match="no ref_logprobs table"):
         build_shards(store, str(tmp_path / "out"), ShardOptions(kl="column"))
-    store.commit("ref_logprobs", table(REF_LOGPROBS, [ref("a0:0", [-1.0, -1.0, -1.0]), ref("a1:0", [-1.0])]).to_batches())
+    store.commit(
+        "ref_logprobs", table(REF_LOGPROBS, [ref("a0:0", [-1.0, -1.0, -1.0]), ref("a1:0", [-1.0])]).to_batches()
+    )
     with pytest.raises(UsageError, match=r"1 sample\(s\) have no reference logprobs \(e.g. b0:0\)"):
         build_shards(store, str(tmp_path / "out"), ShardOptions(kl="column"))
     res = build_shards(store, str(tmp_path / "out"), ShardOptions(kl="column", missing_ref="drop"))
@@ -289,7 +305,7 @@ def test_heads_auto_and_explicit_k(tmp_path):
     assert rows["h3:0"]["topk_ids"] == [[5, 6]] and rows["h2:0"]["topk_ids"] == [[5, 6], [6, 9]]
     got = rows["h2:0"]["topk_logprobs"]
     assert [[float(np.float32(v)) for v in p] for p in ([-0.1, -2.0], [-0.2, -1.0])] == got
-    manifest = json.load(open(os.path.join(res.set_dir, "manifest.json")))
+    manifest = json.loads(Path(os.path.join(res.set_dir, "manifest.json")).read_text())
     assert manifest["heads"]["k"] == 2 and manifest["heads"]["sampling"]["temperature"] == [1.0]
     res3 = build_shards(store, str(tmp_path / "out3"), ShardOptions(topk=3))
     assert res3.drops["heads_too_narrow"] == 1 and by_id(read_set(res3))["h3:0"]["topk_ids"] == ids3

@@ -33,7 +33,6 @@ from prl.formats.base import (
     typed_array,
 )
 from prl.formats.common import (
-    as_float,
     as_int,
     epoch_ms,
     finish_reason,

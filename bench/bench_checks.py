@@ -103,9 +103,7 @@ def multi_turn(tok: CheckTokenizer, text: str, sessions: int, turns: int) -> tup
     for s in range(sessions):
         history = list(system)
         for t in range(turns):
-            question, answer = tok.encode_batch(
-                [take(int(rng.integers(200, 600))), take(int(rng.integers(400, 1200)))]
-            )
+            question, answer = tok.encode_batch([take(int(rng.integers(200, 600))), take(int(rng.integers(400, 1200)))])
             prompt = [*history, user, *question, assistant, end_think]
             completion = [*answer, eos]
             rows.append(
@@ -143,9 +141,7 @@ def bench_multi_turn(tok: CheckTokenizer, rows: list[dict], n_tokens: int) -> No
         runs.append(RoundTripper(tok))  # a fresh cache each time: only sharing inside the data counts
         assert not runs[-1].check_sequences(seq, use), "canonical bench data must round-trip"
 
-    t_base, t_ours = best_of_pair(
-        lambda: tok.tokenizer.encode_batch(decoded, add_special_tokens=False), ours, repeat=2
-    )
+    t_base, t_ours = best_of_pair(lambda: tok.tokenizer.encode_batch(decoded, add_special_tokens=False), ours, repeat=2)
     rt = runs[-1]
     base, ours = n_tokens / t_base, n_tokens / t_ours
     print(
@@ -163,13 +159,8 @@ def bench_end_to_end(rows: list[dict], n_tokens: int) -> None:
         t0 = time.perf_counter()
         result = check_tokens(store, tokenizer_dir())
         elapsed = time.perf_counter() - t0
-    print(
-        f"[check_tokens end to end] {result.checked} samples, verdicts {result.verdicts}, "
-        f"prefix {result.prefix}"
-    )
-    print(
-        f"  {result.checked / elapsed:10.1f} samples/s   {n_tokens / elapsed / 1e6:8.3f} M tokens/s effective"
-    )
+    print(f"[check_tokens end to end] {result.checked} samples, verdicts {result.verdicts}, prefix {result.prefix}")
+    print(f"  {result.checked / elapsed:10.1f} samples/s   {n_tokens / elapsed / 1e6:8.3f} M tokens/s effective")
 
 
 def main() -> None:

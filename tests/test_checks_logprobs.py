@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-from checks_helpers import EOS, chat_prompt, enc, make_store, row, tokenizer_dir
-
 from prl.checks import check_tokens
+from tests.checks_helpers import EOS, chat_prompt, enc, make_store, row, tokenizer_dir
 
 PROMPT = chat_prompt("Count to five")
 COMPLETION = [*enc("one two three four five six seven eight"), EOS]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from checks_helpers import EOS, THINK, chat_prompt, enc, make_store, row, tokenizer_dir
-
 from prl.checks import check_tokens
+from tests.checks_helpers import EOS, THINK, chat_prompt, enc, make_store, row, tokenizer_dir
 
 SYSTEM = "You are helpful."
 P0 = chat_prompt("What is 2+2?", SYSTEM)
@@ -73,14 +72,11 @@ def test_clean_realign_and_fork(tmp_path):
 
 def test_tool_call_json_reserialized_in_history_is_a_fork(tmp_path):
     call = (
-        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{}"
-        "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
     )
     sampled = [*enc(call.format('{"city":"Paris","unit":"C"}')), EOS]
     rerendered = [*enc(call.format('{"city": "Paris", "unit": "C"}')), EOS]
-    output = enc(
-        "<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>21C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"
-    )
+    output = enc("<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>21C<｜tool▁output▁end｜><｜tool▁outputs▁end｜>")
     rows = [
         turn("t0", "s", 0, P0, sampled, finish_reason="tool_calls"),
         turn("t1", "s", 1, P0 + rerendered + output, C1),
@@ -109,7 +105,7 @@ def test_best_of_n_previous_choices_and_order_across_batches(tmp_path):
 def test_new_turn_of_an_already_checked_session(tmp_path):
     store = make_store(tmp_path, [turn("a0", "s", 0, P0, C0)])
     check_tokens(store, tokenizer_dir())
-    from checks_helpers import TRACES_SCHEMA_TABLE
+    from tests.checks_helpers import TRACES_SCHEMA_TABLE
 
     store.commit("traces", TRACES_SCHEMA_TABLE([turn("a1", "s", 1, P0 + C0[:2], C1)]).to_batches())
     result = check_tokens(store, tokenizer_dir())
@@ -142,10 +138,7 @@ def test_template_that_strips_earlier_think_blocks_is_drift(tmp_path):
         {"role": "user", "content": "And 3+3?"},
     ]
     before = f"<｜begin▁of▁sentence｜>{SYSTEM}<｜User｜>What is 2+2?<｜Assistant｜>"
-    sent = enc(
-        before
-        + "<think>Two plus two.</think>4.<｜end▁of▁sentence｜><｜User｜>And 3+3?<｜Assistant｜></think>"
-    )
+    sent = enc(before + "<think>Two plus two.</think>4.<｜end▁of▁sentence｜><｜User｜>And 3+3?<｜Assistant｜></think>")
     rows = [row("think", sent, C1, messages=json.dumps(messages))]
     keep_file = tmp_path / "keep.jinja"
     keep_file.write_text(template(True))
@@ -173,3 +166,49 @@ def test_unrenderable_messages_are_a_warning(tmp_path):
     assert brief(got["bad"]) == ("warn", ["template_error"], None, None)
     assert json.loads(got["bad"]["detail"])["template_error"].startswith("JSONDecodeError")
     assert brief(got["none"]) == ("ok", [], None, None)
+
+
+def test_packaged_templates_catch_stripped_reasoning_and_reserialized_tool_calls(tmp_path):
+    from prl.checks import CheckTokenizer
+
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "Use the tool.",
+            "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+        },
+        {"role": "tool", "content": "21C"},
+        {"role": "assistant", "content": "It is 21C.", "reasoning_content": "Report it."},
+        {"role": "user", "content": "Thanks!"},
+    ]
+    keep = CheckTokenizer.load(tokenizer_dir(), "deepseek_v4_keep_think")
+    sent = enc(keep.render(messages))  # what a token-in/token-out agent sent: reasoning kept
+    rows = [row("m", sent, C1, messages=json.dumps(messages))]
+    _, got = run(tmp_path / "keep", rows, chat_template="deepseek_v4_keep_think")
+    assert brief(got["m"]) == ("ok", [], None, None)
+    _, got = run(tmp_path / "strip", rows, chat_template="deepseek_v4")
+    at = len(enc(f"<｜begin▁of▁sentence｜>{SYSTEM}<｜User｜>Weather in Paris?<｜Assistant｜>"))
+    assert sent[at] == THINK
+    assert brief(got["m"]) == ("drift", ["template_prompt"], at, None)
+
+    # the agent sent compact tool-call JSON; the template re-serializes the arguments with spaces
+    compact = keep.render(messages).replace('{"city": "Paris"}', '{"city":"Paris"}')
+    assert compact != keep.render(messages)
+    sent_compact = enc(compact)
+    _, got = run(
+        tmp_path / "json",
+        [row("j", sent_compact, C1, messages=json.dumps(messages))],
+        chat_template="deepseek_v4_keep_think",
+    )
+    k = common(sent_compact, enc(keep.render(messages)))
+    assert brief(got["j"]) == ("drift", ["template_prompt"], k, None)
+    assert raw_piece(sent_compact[k]) != raw_piece(enc(keep.render(messages))[k])
+
+
+def raw_piece(token_id):
+    from tests.checks_helpers import raw_tokenizer
+
+    return raw_tokenizer().decode([token_id])

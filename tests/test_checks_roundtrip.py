@@ -6,13 +6,13 @@ from functools import lru_cache
 
 import numpy as np
 import pytest
-from checks_helpers import EOS, chat_prompt, enc, make_store, row, tokenizer_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prl.checks import CheckTokenizer, check_tokens
 from prl.checks.arrays import Ragged
 from prl.checks.roundtrip import RoundTripper
+from tests.checks_helpers import EOS, chat_prompt, enc, make_store, row, tokenizer_dir
 
 
 def verdicts(store):
@@ -36,9 +36,7 @@ def test_non_canonical_split_is_drift_at_its_position(tmp_path):
     assert hello == [19923] and hel == [14505] and lo == [4979]
     assert enc("Sure:\nHello world!") == enc("Sure:\n") + hello + enc(" world!")
     completion = enc("Sure:\n") + hel + lo + enc(" world!") + [EOS]
-    store = make_store(
-        tmp_path, [row("split", prompt, completion), row("clean", prompt, [*enc("Hello world!"), EOS])]
-    )
+    store = make_store(tmp_path, [row("split", prompt, completion), row("clean", prompt, [*enc("Hello world!"), EOS])])
     result = check_tokens(store, tokenizer_dir())
     got = verdicts(store)
     pos = len(enc("Sure:\n"))

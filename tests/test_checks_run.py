@@ -7,13 +7,13 @@ import io
 import json
 
 import pytest
-from checks_helpers import EOS, TRACES_SCHEMA_TABLE, chat_prompt, enc, make_store, row, tokenizer_dir
 from rich.console import Console
 
 from prl.checks import CheckOptions, check_tokens
 from prl.checks.report import render
 from prl.errors import UsageError
 from prl.store import Store
+from tests.checks_helpers import EOS, TRACES_SCHEMA_TABLE, chat_prompt, enc, make_store, row, tokenizer_dir
 
 PROMPT = chat_prompt("Greet")
 GOOD = [*enc("Hello world."), EOS]
@@ -110,7 +110,7 @@ def test_empty_store(tmp_path):
 def test_json_and_report(tmp_path):
     store = make_store(tmp_path, rows(2, 1))
     result = check_tokens(store, tokenizer_dir(), max_drift_rate=0.5)
-    data = json.loads(result.to_json())
+    data = json.loads(json.dumps(result.to_json()))
     assert data["verdicts"] == {"ok": 2, "warn": 0, "drift": 1, "invalid": 0}
     assert data["check_rates"]["roundtrip"] == pytest.approx(1 / 3)
     assert data["group_rates"]["source_format"]["vllm_chat"] == pytest.approx(1 / 3)

@@ -40,9 +40,7 @@ class Findings:
             self.positions.extend(np.asarray(positions_R)[hit].astype(np.int64).tolist())
         return hit
 
-    def add_one(
-        self, row: int, reason: str, position: int = -1, evidence: dict[str, Any] | None = None
-    ) -> None:
+    def add_one(self, row: int, reason: str, position: int = -1, evidence: dict[str, Any] | None = None) -> None:
         self.rows.append(int(row))
         self.reasons.append(reason)
         self.positions.append(int(position))

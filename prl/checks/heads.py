@@ -76,9 +76,7 @@ def check_heads(batch: TokenBatch, vocab_size: int, opts: CheckOptions) -> tuple
 
     good_R = present_R & ~shape_bad_R & ~varies_R & (P_ids > 0) & (kmin > 0)
     for k in np.unique(kmin[good_R]).tolist():
-        _check_fixed_k(
-            batch, k, good_R & (kmin == k), row_of_pos, head_ids, head_lp, pos_rag, vocab_size, opts, out
-        )
+        _check_fixed_k(batch, k, good_R & (kmin == k), row_of_pos, head_ids, head_lp, pos_rag, vocab_size, opts, out)
     return out, present_R
 
 
@@ -99,9 +97,7 @@ def _check_fixed_k(
     sel_T = np.repeat(sel_P, head_ids.lengths)
     ids_PK = head_ids.values[sel_T].astype(np.int64).reshape(-1, k)
     lp_PK = head_lp.values[sel_T].reshape(-1, k)
-    lp_nulls = (
-        head_lp.nulls[sel_T].reshape(-1, k) if head_lp.nulls is not None else np.zeros_like(ids_PK, bool)
-    )
+    lp_nulls = head_lp.nulls[sel_T].reshape(-1, k) if head_lp.nulls is not None else np.zeros_like(ids_PK, bool)
     rows_P = row_of_pos[sel_P]
     sub = Ragged(np.zeros(len(rows_P)), _offsets_for(rows_P, batch.rows), rows_R)
 

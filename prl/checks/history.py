@@ -85,9 +85,7 @@ class SequenceCache:
         for r in rows:
             self.put(ids[r], seq.row(r).copy(), int(plen[r]))
 
-    def get_many(
-        self, store: Store, version: int, wanted: Iterable[str]
-    ) -> dict[str, tuple[np.ndarray, int]]:
+    def get_many(self, store: Store, version: int, wanted: Iterable[str]) -> dict[str, tuple[np.ndarray, int]]:
         """The wanted sequences, fetching the missing ones in one filtered scan of the traces table."""
         found: dict[str, tuple[np.ndarray, int]] = {}
         missing = []

@@ -32,9 +32,7 @@ def check_logprobs(batch: TokenBatch, opts: CheckOptions) -> Findings:
     count_bad_R = lp.lengths != n_R
     out.add(count_bad_R, "logprob_count", np.minimum(lp.lengths, n_R))
     if batch.mask is not None:
-        out.add(
-            batch.mask.valid & (batch.mask.lengths != n_R), "mask_count", np.minimum(batch.mask.lengths, n_R)
-        )
+        out.add(batch.mask.valid & (batch.mask.lengths != n_R), "mask_count", np.minimum(batch.mask.lengths, n_R))
 
     # per-token tests only on rows whose counts agree, so values line up with completion tokens
     aligned_T = ~count_bad_R[lp.row_of]
@@ -60,8 +58,7 @@ def check_logprobs(batch: TokenBatch, opts: CheckOptions) -> Findings:
         run_R = longest_run_per_row(zero_T, lp)
         greedy_R = batch.temperature == 0.0
         placeholder_R = (
-            (scored_R >= opts.placeholder_min_tokens)
-            & (zeros_R >= opts.placeholder_fraction * np.maximum(scored_R, 1))
+            (scored_R >= opts.placeholder_min_tokens) & (zeros_R >= opts.placeholder_fraction * np.maximum(scored_R, 1))
         ) | (run_R >= opts.placeholder_run)
         first = first_per_row(zero_T, lp)
         out.add(placeholder_R & ~greedy_R & ~count_bad_R, "logprob_placeholder", first)

@@ -37,9 +37,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(diff[0]) if len(diff) else m
 
 
-def classify_prefix(
-    prev_seq: np.ndarray, prev_prompt_len: int, prompt: np.ndarray, window: int
-) -> tuple[str, int]:
+def classify_prefix(prev_seq: np.ndarray, prev_prompt_len: int, prompt: np.ndarray, window: int) -> tuple[str, int]:
     """(status, first divergent prompt position; -1 when CLEAN)."""
     at = common_prefix(prev_seq, prompt)
     if at == len(prev_seq):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -49,9 +48,7 @@ class CheckResult:
     checks: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CHECK_FAMILIES, 0))
     """Samples with at least one reason of each check family."""
     prefix: dict[str, int] = field(default_factory=lambda: {"CLEAN": 0, "REALIGN": 0, "FORK": 0})
-    groups: dict[str, dict[str, dict[str, int]]] = field(
-        default_factory=lambda: {name: {} for name in GROUP_COLUMNS}
-    )
+    groups: dict[str, dict[str, dict[str, int]]] = field(default_factory=lambda: {name: {} for name in GROUP_COLUMNS})
     """column → value → verdict counts (plus "checked")."""
     worst: list[Example] = field(default_factory=list)
     tokens: int = 0
@@ -89,14 +86,13 @@ class CheckResult:
             return int(ExitCode.DATA_PROBLEMS)
         return int(ExitCode.OK)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable summary (``--json``): every field plus the derived rates and exit code."""
         out = asdict(self)
+        out["command"] = "check-tokens"
         out["drift_rate"] = self.drift_rate
         out["check_rates"] = self.check_rates
         out["group_rates"] = self.group_rates()
         out["exit_code"] = self.exit_code
         out["reason_verdicts"] = {code: REASONS[code][1] for code in self.reasons}
         return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False)

@@ -37,6 +37,7 @@ from prl.checks.tokenizer import CheckTokenizer
 from prl.checks.verdict import REASONS, SEVERITY, RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.errors import UsageError
+from prl.locks import lock_for
 from prl.store import Store
 
 MISMATCH_FRACTION = 0.5
@@ -49,10 +50,7 @@ def keep_sampled(sample_ids: list[str], rate: float) -> np.ndarray:
         return np.ones(len(sample_ids), dtype=bool)
     bound = int(rate * (1 << 64))
     return np.array(
-        [
-            int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big") < bound
-            for s in sample_ids
-        ],
+        [int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big") < bound for s in sample_ids],
         dtype=bool,
     )
 
@@ -123,6 +121,7 @@ def check_tokens(
     allow_warn: bool = True,
     dry_run: bool = False,
     *,
+    lock: bool = True,
     options: CheckOptions | None = None,
     batch_size: int = 2048,
     commit_rows: int = 1 << 18,
@@ -162,23 +161,43 @@ def check_tokens(
     if traces_version is None:
         result.elapsed_s = time.perf_counter() - started
         return result
+    guard = lock_for(store.uri, "check-tokens") if (lock and not dry_run) else None
+    if guard is not None:
+        guard.acquire()
+    try:
+        _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch)
+    finally:
+        if guard is not None:
+            guard.release()
+    result.elapsed_s = time.perf_counter() - started
+    return result
 
-    done = store.read(
-        "checks", columns=["sample_id"], filter=pc.field("tokenizer_fingerprint") == fingerprint
-    )
+
+def _run(
+    store: Store,
+    tok: CheckTokenizer,
+    opts: CheckOptions,
+    result: CheckResult,
+    dry_run: bool,
+    batch_size: int,
+    commit_rows: int,
+    worst: int,
+    on_batch: Callable[[int], None] | None,
+) -> None:
+    """Stream, check and commit (``result`` is filled in place)."""
+    fingerprint, traces_version, sample_rate = result.fingerprint, result.traces_version, result.sample_rate
+    assert traces_version is not None
+
+    done = store.read("checks", columns=["sample_id"], filter=pc.field("tokenizer_fingerprint") == fingerprint)
     done_ids = pc.unique(done.column("sample_id").combine_chunks()) if done.num_rows else None
     result.skipped_existing = 0 if done_ids is None else len(done_ids)
-    checker = BatchChecker(
-        store, tok, opts, fingerprint, traces_version, session_index(store, traces_version)
-    )
+    checker = BatchChecker(store, tok, opts, fingerprint, traces_version, session_index(store, traces_version))
     flt = None if done_ids is None else ~pc.field("sample_id").isin(done_ids)
     heap: list[tuple[int, int, str, int, Example]] = []
 
     def verdict_batches() -> Iterator[pa.RecordBatch]:
         first = True
-        for rb in store.scan(
-            "traces", columns=COLUMNS, filter=flt, batch_size=batch_size, version=traces_version
-        ):
+        for rb in store.scan("traces", columns=COLUMNS, filter=flt, batch_size=batch_size, version=traces_version):
             checker.remember(rb)
             keep = keep_sampled(rb.column("sample_id").to_pylist(), sample_rate)
             result.sampled_out += int((~keep).sum())
@@ -198,9 +217,7 @@ def check_tokens(
         "tokenizer_fingerprint": fingerprint,
         "tokenizer": tok.path,
         "tokenizer_sha256": tok.tokenizer_bytes_sha256,
-        "chat_template_sha256": hashlib.sha256((tok.template or "").encode()).hexdigest()
-        if tok.template
-        else None,
+        "chat_template_sha256": hashlib.sha256((tok.template or "").encode()).hexdigest() if tok.template else None,
         "options": opts.to_dict(),
         "traces_version": traces_version,
         "sample_rate": sample_rate,
@@ -228,8 +245,6 @@ def check_tokens(
     result.tokens = checker.roundtrip.stats.tokens
     result.tokens_roundtripped = checker.roundtrip.stats.tokens_encoded
     result.worst = [ex for *_, ex in sorted(heap, reverse=True)]
-    result.elapsed_s = time.perf_counter() - started
-    return result
 
 
 def _tally(

@@ -44,10 +44,19 @@ def _token_content(value: Any) -> str | None:
     return None
 
 
+PACKAGED_TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
+"""Chat templates shipped with prl (``deepseek_v4``, ``deepseek_v4_keep_think``), usable by name."""
+
+
 def read_template(chat_template: str) -> str:
-    """The template text from a file path, or the argument itself when it is template source."""
+    """The template text from a file path, a packaged template's name, or the argument itself when it is
+    template source."""
     if os.path.isfile(chat_template):
         with open(chat_template, encoding="utf-8") as fh:
+            return fh.read()
+    packaged = os.path.join(PACKAGED_TEMPLATES, f"{chat_template}.jinja")
+    if os.sep not in chat_template and os.path.isfile(packaged):
+        with open(packaged, encoding="utf-8") as fh:
             return fh.read()
     if "{%" in chat_template or "{{" in chat_template:
         return chat_template

@@ -52,6 +52,3 @@ class Findings:
         self.reasons.extend(other.reasons)
         self.positions.extend(other.positions)
         self.evidence.update(other.evidence)
-
-    def rows_with(self, prefix: str = "") -> set[int]:
-        return {r for r, c in zip(self.rows, self.reasons, strict=False) if c.startswith(prefix)}

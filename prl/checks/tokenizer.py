@@ -193,7 +193,8 @@ class CheckTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode texts to token-ID lists, no special tokens added."""
-        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        encode = getattr(self.tokenizer, "encode_batch_fast", None) or self.tokenizer.encode_batch  # no offsets
+        return [e.ids for e in encode(list(texts), add_special_tokens=False)]
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """Each token decoded alone (partial UTF-8 shows as U+FFFD), for showing a divergence."""

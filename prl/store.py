@@ -85,6 +85,41 @@ class CommitResult:
 
 
 @dataclass
+class PendingCommit:
+    """Data files written for one table and not yet committed."""
+
+    store: Store
+    table: str
+    dry_run: bool = False
+    adds: list[AddAction] = field(default_factory=list)
+    rows: int = 0
+    bytes: int = 0
+
+    def commit(
+        self, metadata: Mapping[str, Any] | None = None, transactions: Mapping[str, int] | None = None
+    ) -> CommitResult:
+        """Make the files visible in one Delta commit carrying ``metadata`` (JSON-encoded under ``prl.*``
+        keys of the commit info) and ``transactions`` (Delta txn actions, app id → version). With no files and
+        no transactions, nothing is committed."""
+        if self.dry_run or (not self.adds and not transactions):
+            return CommitResult(self.table, None, self.rows, len(self.adds), self.bytes)
+        custom = {f"prl.{key}": json.dumps(value, sort_keys=True) for key, value in (metadata or {}).items()}
+        props = CommitProperties(
+            custom_metadata=custom,
+            app_transactions=[
+                Transaction(app_id, version) for app_id, version in (transactions or {}).items()
+            ],
+            max_commit_retries=50,
+        )
+        table = self.store.ensure(self.table)
+        try:
+            table.create_write_transaction(self.adds, "append", TABLES[self.table], commit_properties=props)
+        except OSError as exc:
+            raise RetryableIOError(f"committing to {self.table} in {self.store.uri} failed: {exc}") from exc
+        return CommitResult(self.table, self.store.version(self.table), self.rows, len(self.adds), self.bytes)
+
+
+@dataclass
 class Store:
     """A folder or ``s3://`` prefix holding prl's Delta tables (``traces``, ``quarantine``, ``rewards``,
     ``ref_logprobs``, ``checks``) and its locks (``_locks/``)."""
@@ -193,23 +228,16 @@ class Store:
                 raise
             return table
 
-    def commit(
-        self,
-        name: str,
-        batches: Iterable[pa.RecordBatch],
-        metadata: Mapping[str, Any] | None = None,
-        transactions: Mapping[str, int] | None = None,
-        dry_run: bool = False,
-    ) -> CommitResult:
-        """Append ``batches`` to table ``name`` in one atomic commit.
+    def write_files(
+        self, name: str, batches: Iterable[pa.RecordBatch], dry_run: bool = False
+    ) -> PendingCommit:
+        """Stream ``batches`` into new Parquet files of table ``name`` (invisible until committed).
 
-        Files are streamed (memory bounded by one batch plus the Parquet writer's buffers), then committed
-        together with ``metadata`` (JSON-encoded into the commit info under ``prl.*`` keys) and ``transactions``
-        (Delta txn actions, app id → version). With nothing to write and no transactions, nothing is committed.
+        Memory is bounded by one batch plus the Parquet writer's buffers. Returns a :class:`PendingCommit`;
+        nothing is visible to readers until its :meth:`PendingCommit.commit`.
         """
         schema = TABLES[name]
-        adds: list[AddAction] = []
-        rows = total_bytes = 0
+        pending = PendingCommit(self, name, dry_run=dry_run)
         writer: pq.ParquetWriter | None = None
         current: str | None = None
         current_rows = current_bytes = 0
@@ -218,25 +246,25 @@ class Store:
             self.ensure(name)
 
         def close_current() -> None:
-            nonlocal writer, current, current_rows, current_bytes, total_bytes
+            nonlocal writer, current, current_rows, current_bytes
             if writer is None or current is None:
                 return
             writer.close()
             size = self.fs.get_file_info(f"{table_dir}/{current}").size
-            adds.append(
-                AddAction(
-                    current, size, {}, int(time.time() * 1000), True, json.dumps({"numRecords": current_rows})
-                )
-            )
-            total_bytes += size
+            stats = json.dumps({"numRecords": current_rows})
+            pending.adds.append(AddAction(current, size, {}, int(time.time() * 1000), True, stats))
+            pending.bytes += size
             writer, current, current_rows, current_bytes = None, None, 0, 0
 
         try:
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
-                batch = batch.select(schema.names) if batch.schema != schema else batch
-                rows += batch.num_rows
+                if batch.schema != schema:
+                    batch = pa.RecordBatch.from_arrays(
+                        [batch.column(n).cast(schema.field(n).type) for n in schema.names], schema=schema
+                    )
+                pending.rows += batch.num_rows
                 if dry_run:
                     continue
                 if writer is None:
@@ -252,25 +280,21 @@ class Store:
         except OSError as exc:
             raise RetryableIOError(f"writing {name} in {self.uri} failed: {exc}") from exc
         finally:
-            if writer is not None:  # an exception mid-file: close so the stray file is complete, never added
+            if writer is not None:  # an exception mid-file: the stray file is never added to the log
                 writer.close()
+        return pending
 
-        if dry_run or (not adds and not transactions):
-            return CommitResult(name, None, rows, len(adds), total_bytes)
-        custom = {f"prl.{key}": json.dumps(value, sort_keys=True) for key, value in (metadata or {}).items()}
-        props = CommitProperties(
-            custom_metadata=custom,
-            app_transactions=[Transaction(app_id, version) for app_id, version in (transactions or {}).items()],
-            max_commit_retries=50,
-        )
-        table = self.ensure(name)
-        try:
-            table.create_write_transaction(adds, "append", schema, commit_properties=props)
-        except OSError as exc:
-            raise RetryableIOError(f"committing to {name} in {self.uri} failed: {exc}") from exc
-        table = self.open(name)
-        assert table is not None
-        return CommitResult(name, table.version(), rows, len(adds), total_bytes)
+    def commit(
+        self,
+        name: str,
+        batches: Iterable[pa.RecordBatch],
+        metadata: Mapping[str, Any] | None = None,
+        transactions: Mapping[str, int] | None = None,
+        dry_run: bool = False,
+    ) -> CommitResult:
+        """Append ``batches`` to table ``name`` in one atomic commit (see :meth:`write_files` and
+        :meth:`PendingCommit.commit`)."""
+        return self.write_files(name, batches, dry_run=dry_run).commit(metadata, transactions)
 
     def commit_info(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
         """Commit infos, newest first, with ``prl.*`` metadata decoded from JSON."""

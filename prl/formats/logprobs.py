@@ -149,7 +149,8 @@ def build_heads(
     positions = len(offsets) - 1
     if sampled_ids is not None and positions != len(sampled_ids):
         raise Quarantined(
-            "length_mismatch", f"{what} has heads for {positions} positions but {len(sampled_ids)} tokens"
+            "topk_length_mismatch",
+            f"{what} has heads for {positions} positions but {len(sampled_ids)} tokens",
         )
     offsets_array = pa.array(offsets, pa.int32())
     ids = pa.ListArray.from_arrays(offsets_array, head_ids)

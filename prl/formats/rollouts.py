@@ -40,15 +40,8 @@ from prl.formats.base import (
     logprob_array,
     token_id_array,
 )
-from prl.formats.common import (
-    as_dict,
-    as_list,
-    derived_request_id,
-    group_key,
-    opt_dict,
-    opt_str,
-    session_of,
-)
+from prl.formats.common import finish_reason, group_key_of, policy_version_of, session_of
+from prl.formats.fields import as_dict, as_list, derived_request_id, opt_dict, opt_str, request_session
 
 
 def mask_array(values: Any, what: str) -> pa.Array:
@@ -78,42 +71,55 @@ def rollout_sample(
     completion_ids: pa.Array,
     logprobs: Any,
     mask: Any,
-    finish_reason: str | None,
+    finish: Any,
     what: str,
 ) -> Sample:
-    """A Sample from one rollout's parts; ``logprobs``/``mask`` are the raw JSON lists (or None)."""
+    """A Sample from one rollout's parts; ``logprobs``/``mask`` are the raw JSON lists (or None), ``finish``
+    the raw finish reason (normalised here; a dump without one is ``bad_finish_reason``)."""
     n = len(completion_ids)
-    lps = pa.nulls(n, pa.float64()) if logprobs is None else logprob_array(logprobs, f"{what} logprobs")
+    if logprobs is None:
+        raise Quarantined(
+            "no_logprobs", f"{what} has no rollout logprobs (enable them in the rollout config)"
+        )
+    lps = logprob_array(logprobs, f"{what} logprobs")
     completion_mask = None
     if mask is not None:
         completion_mask = mask_array(mask, f"{what} mask")
         if len(completion_mask) != n:
             raise Quarantined(
-                "length_mismatch", f"{what} mask has {len(completion_mask)} entries for {n} completion tokens"
+                "mask_length_mismatch",
+                f"{what} mask has {len(completion_mask)} entries for {n} completion tokens",
             )
         if len(lps) == n and not pc.all(completion_mask).as_py():
             lps = pc.if_else(completion_mask, lps, pa.scalar(None, pa.float64()))
     messages = obj.get("messages")
     if messages is None and isinstance(obj.get("prompt"), list):
         messages = obj["prompt"]
+    session, turn = session_of(obj)
+    extra = opt_dict(obj.get("extra_fields"))
     return Sample(
         request_id=derived_request_id(prompt_ids, completion_ids),
         choice_index=0,
         prompt_token_ids=prompt_ids,
         completion_token_ids=completion_ids,
         completion_logprobs=lps,
-        finish_reason=finish_reason,
+        finish_reason=finish_reason(finish),
         completion_mask=completion_mask,
-        session_id=session_of(obj) or session_of(opt_dict(obj.get("extra_fields"))),
+        session_id=session or request_session(extra),
+        turn=turn,
+        policy_version=policy_version_of(
+            obj.get("weight_version"), obj.get("policy_version"), extra.get("weight_version"), options=options
+        ),
         messages=dumps(messages) if messages is not None else None,
         completion_text=opt_str(first_present(obj, "response", "completion_text")),
         model=opt_str(obj.get("model")),
-        group_key=group_key(obj, options),
+        group_key=group_key_of(obj, options),
     )
 
 
 def _finish(obj: dict[str, Any]) -> str | None:
-    """An explicit finish reason if the dump kept one; else ``is_truncated`` → length / stop."""
+    """An explicit finish reason if the dump kept one (``finish_reason``, ``stop_reason``,
+    ``extra_fields.finish_reason``); else ``is_truncated`` → length / stop; else None."""
     reason = opt_str(first_present(obj, "finish_reason", "stop_reason"))
     if reason is None:
         reason = opt_str(opt_dict(obj.get("extra_fields")).get("finish_reason"))
@@ -150,7 +156,7 @@ class Verl(Format):
                 completion_ids=completion,
                 logprobs=logprobs,
                 mask=obj.get("response_mask"),
-                finish_reason=_finish(obj),
+                finish=_finish(obj),
                 what="response",
             )
         ]
@@ -189,13 +195,13 @@ class Slime(Format):
             completion_ids=tokens.slice(split),
             logprobs=obj.get("rollout_log_probs"),
             mask=obj.get("loss_mask"),
-            finish_reason=reason,
+            finish=reason,
             what="response",
         )
         versions = obj.get("weight_versions")
-        if isinstance(versions, list) and versions:
+        if isinstance(versions, list) and versions and opt_str(versions[0]) is not None:
             sample.policy_version = opt_str(versions[0])  # the oldest weights that sampled any of it
-        sample.session_id = sample.session_id or session_of(opt_dict(obj.get("metadata")))
+        sample.session_id = sample.session_id or opt_str(obj.get("session_id"))
         return [sample]
 
 
@@ -282,7 +288,7 @@ class SkyRL(Format):
             completion_ids=token_id_array(response, f"{what} response_ids"),
             logprobs=logprobs,
             mask=mask,
-            finish_reason=reason,
+            finish=reason,
             what=what,
         )
 
@@ -321,7 +327,7 @@ class PrimeRL(Format):
                 completion_ids=token_id_array(tokens.get("completion_ids"), "completion_ids"),
                 logprobs=tokens.get("completion_logprobs"),
                 mask=tokens.get("completion_mask"),
-                finish_reason=reason,
+                finish=reason,
                 what="completion",
             )
         ]

@@ -22,11 +22,9 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
-from prl.formats.common import as_dict, as_list, derived_request_id, group_key, opt_str
+from prl.formats.common import finish_reason, group_key_of
+from prl.formats.fields import as_dict, as_list, derived_request_id, opt_str
 from prl.formats.logprobs import build_heads, float_field, int_field, list_offsets, struct_rows
-
-FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
-"""TGI's ``FinishReason`` → prl's; anything else passes through unchanged for validation to judge."""
 
 
 def _ids(rows: pa.StructArray, what: str) -> pa.Array:
@@ -52,8 +50,7 @@ class _Sequence:
             float_field(rows, "logprob", f"{what}.tokens") if len(rows) else pa.array([], pa.float64())
         )
         self.topk_ids, self.topk_logprobs = self._heads(seq.get("top_tokens"), f"{what}.top_tokens")
-        reason = seq.get("finish_reason")
-        self.finish_reason = FINISH_REASONS.get(reason, reason) if isinstance(reason, str) else None
+        self.finish_reason = finish_reason(seq.get("finish_reason"))  # eos_token/stop_sequence → stop
         self.text = opt_str(seq.get("generated_text"))
 
     def _heads(self, top: Any, what: str) -> tuple[pa.ListArray | None, pa.ListArray | None]:
@@ -121,7 +118,8 @@ class Tgi(Format):
                     topk_ids=seq.topk_ids,
                     topk_logprobs=seq.topk_logprobs,
                     completion_text=seq.text,
-                    group_key=group_key(obj, options),
+                    group_key=group_key_of(obj, options),
+                    policy_version=options.policy_version,
                 )
             )
         return out

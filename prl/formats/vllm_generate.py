@@ -25,12 +25,12 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample, token_id_array
-from prl.formats.common import (
+from prl.formats.common import finish_reason, group_key_of, policy_version_of, session_of
+from prl.formats.fields import (
     as_dict,
     as_list,
     choice_index,
     derived_request_id,
-    group_key,
     opt_dict,
     opt_str,
     timestamp_ms,
@@ -41,10 +41,10 @@ EMPTY_IDS = pa.array([], pa.int64())
 
 
 def choice_logprobs(logprobs: Any, ids: pa.Array, what: str) -> TokenColumns:
-    """Columns from a choice's ``logprobs`` in any of the shapes vLLM has used for it; all-null logprobs
-    when the server sent none."""
+    """Columns from a choice's ``logprobs`` in any of the shapes vLLM has used for it (``no_logprobs`` when
+    the server sent none: the request did not ask for them)."""
     if logprobs is None:
-        return TokenColumns(ids, pa.nulls(len(ids), pa.float64()))
+        raise Quarantined("no_logprobs", f"{what} is missing (request logprobs in sampling_params)")
     if isinstance(logprobs, list):
         return dict_logprobs(logprobs, ids, what)
     if isinstance(logprobs, dict) and "content" in logprobs:
@@ -59,8 +59,11 @@ def _is_generate(obj: Any) -> bool:
     if not isinstance(obj, dict) or "request_id" not in obj or "object" in obj:
         return False
     choices = obj.get("choices")
-    return isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict) and (
-        "token_ids" in choices[0]
+    return (
+        isinstance(choices, list)
+        and bool(choices)
+        and isinstance(choices[0], dict)
+        and ("token_ids" in choices[0])
     )
 
 
@@ -105,6 +108,7 @@ class VllmGenerate(Format):
         if choice.get("token_ids") is None:
             raise Quarantined("no_token_ids", f"{what} has no token_ids", index)
         ids = token_id_array(choice["token_ids"], f"{what}.token_ids")
+        session, turn = session_of(obj)
         columns = choice_logprobs(choice.get("logprobs"), ids, f"{what}.logprobs")
         return Sample(
             request_id=request_id,
@@ -112,12 +116,17 @@ class VllmGenerate(Format):
             prompt_token_ids=prompt_ids,
             completion_token_ids=ids,
             completion_logprobs=columns.logprobs,
-            finish_reason=opt_str(choice.get("finish_reason")),
+            finish_reason=finish_reason(choice.get("finish_reason")),
             topk_ids=columns.topk_ids,
             topk_logprobs=columns.topk_logprobs,
             model=opt_str(obj.get("model")),
             created_at_ms=timestamp_ms(obj.get("created")),
-            group_key=group_key(obj, options),
+            session_id=session,
+            turn=turn,
+            group_key=group_key_of(obj, options),
+            policy_version=policy_version_of(
+                opt_dict(obj.get("metadata")).get("weight_version"), options=options
+            ),
         )
 
 
@@ -172,12 +181,13 @@ class VllmRequestOutput(Format):
                         prompt_token_ids=prompt_ids,
                         completion_token_ids=ids,
                         completion_logprobs=columns.logprobs,
-                        finish_reason=opt_str(output.get("finish_reason")),
+                        finish_reason=finish_reason(output.get("finish_reason")),
                         topk_ids=columns.topk_ids,
                         topk_logprobs=columns.topk_logprobs,
                         completion_text=opt_str(output.get("text")),
                         created_at_ms=created,
-                        group_key=group_key(obj, options),
+                        group_key=group_key_of(obj, options),
+                        policy_version=options.policy_version,
                     )
                 )
             except Quarantined as exc:

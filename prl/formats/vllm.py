@@ -1,0 +1,296 @@
+"""OpenAI-style responses that carry token IDs: vLLM ``/v1/chat/completions`` and ``/v1/completions``, and the
+same shape from SGLang's OpenAI-compatible server, NeMo and LiteLLM.
+
+Where the IDs come from (design.md §3):
+- chat prompt: top-level ``prompt_token_ids`` (vLLM ≥ 0.10.2 ``return_token_ids``) or per choice (SGLang);
+- chat completion: ``choices[i].token_ids``, ``provider_specific_fields.token_ids`` (LiteLLM),
+  ``message.generation_token_ids`` (NeMo), else ``"token_id:N"`` in ``logprobs.content[].token``
+  (``return_tokens_as_token_ids``);
+- completions: choice ``prompt_token_ids`` / ``token_ids``, else ``"token_id:N"`` in ``logprobs.tokens``;
+- logprobs: ``logprobs.content[].logprob`` (chat), ``logprobs.token_logprobs`` (completions);
+- top-k head: ``top_logprobs`` lists (chat, in rank order, kept as sent) or dicts (completions: may hold k+1
+  entries with the sampled token; the extra entry is removed and each head ordered by logprob).
+- policy version: ``metadata.weight_version`` or ``sglext.weight_version``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prl.formats.base import (
+    Format,
+    ParseOptions,
+    Quarantined,
+    Sample,
+    drop_extra_sampled,
+    logprob_array,
+    parse_token_id_strings,
+    sort_heads_descending,
+    token_id_array,
+    typed_array,
+)
+from prl.formats.common import (
+    as_float,
+    as_int,
+    epoch_ms,
+    finish_reason,
+    group_key_of,
+    metadata_of,
+    policy_version_of,
+    require_dict,
+    require_list,
+    session_of,
+)
+
+HEAD_ENTRY = pa.struct([("token", pa.string()), ("logprob", pa.float64())])
+CHAT_CONTENT_ENTRY = pa.struct(
+    [("token", pa.string()), ("logprob", pa.float64()), ("top_logprobs", pa.list_(HEAD_ENTRY))]
+)
+HEAD_MAP = pa.map_(pa.string(), pa.float64())
+
+
+def _version_candidates(obj: dict[str, Any], choice: dict[str, Any]) -> list[Any]:
+    sglext = obj.get("sglext") if isinstance(obj.get("sglext"), dict) else {}
+    return [
+        choice.get("weight_version"),
+        metadata_of(obj).get("weight_version"),
+        sglext.get("weight_version"),
+        obj.get("weight_version"),
+        metadata_of(obj).get("policy_version"),
+        obj.get("policy_version"),
+    ]
+
+
+def _heads_from_entries(entries: pa.ListArray) -> tuple[pa.ListArray | None, pa.ListArray | None]:
+    """``[positions][k]`` head IDs and logprobs from ``top_logprobs`` lists of {token, logprob}.
+    None when no position has a head or when the head tokens are text rather than ``token_id:N``."""
+    if len(entries) == 0 or pc.sum(pc.list_value_length(entries)).as_py() in (0, None):
+        return None, None
+    flat = pc.list_flatten(entries)
+    tokens = pc.struct_field(flat, "token")
+    if tokens.null_count or not pc.all(pc.starts_with(tokens, "token_id:")).as_py():
+        return None, None
+    offsets = entries.offsets
+    ids = parse_token_id_strings(tokens, "top_logprobs token")
+    return (
+        pa.ListArray.from_arrays(offsets, ids),
+        pa.ListArray.from_arrays(offsets, pc.struct_field(flat, "logprob")),
+    )
+
+
+def _check_same(ids: pa.Array, other: pa.Array, what: str) -> None:
+    if len(ids) != len(other) or not pc.all(pc.equal(ids, other)).as_py():
+        raise Quarantined("token_mismatch", f"{what} disagree with the completion token_ids")
+
+
+class VllmChat(Format):
+    name = "openai_chat"
+    description = "OpenAI-style chat.completion with token IDs (vLLM, SGLang, NeMo, LiteLLM)"
+
+    def detect(self, obj: Any) -> bool:
+        return isinstance(obj, dict) and obj.get("object") == "chat.completion" and "choices" in obj
+
+    def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
+        obj = require_dict(obj, "record")
+        request_id = obj.get("id")
+        if not isinstance(request_id, str) or not request_id:
+            raise Quarantined("missing_request_id", "chat.completion without an 'id'")
+        choices = require_list(obj.get("choices"), "choices")
+        if not choices:
+            raise Quarantined("no_choices", "chat.completion with an empty 'choices' list")
+        top_prompt = obj.get("prompt_token_ids")
+        session_id, turn = session_of(obj)
+        out: list[Sample | Quarantined] = []
+        for position, choice in enumerate(choices):
+            index = as_int(choice.get("index")) if isinstance(choice, dict) else None
+            index = position if index is None else index
+            try:
+                out.append(
+                    self._choice(
+                        obj,
+                        request_id,
+                        index,
+                        require_dict(choice, "choice"),
+                        top_prompt,
+                        session_id,
+                        turn,
+                        options,
+                    )
+                )
+            except Quarantined as q:
+                q.choice_index = index
+                out.append(q)
+        return out
+
+    def _choice(
+        self,
+        obj: dict[str, Any],
+        request_id: str,
+        index: int,
+        choice: dict[str, Any],
+        top_prompt: Any,
+        session_id: str | None,
+        turn: int | None,
+        options: ParseOptions,
+    ) -> Sample:
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        prompt_raw = top_prompt if top_prompt is not None else choice.get("prompt_token_ids")
+        if prompt_raw is None:
+            raise Quarantined("no_token_ids", "no prompt_token_ids (start vLLM with return_token_ids)")
+        prompt = token_id_array(prompt_raw, "prompt_token_ids")
+        psf = choice.get("provider_specific_fields")
+        ids_raw = choice.get("token_ids")
+        if ids_raw is None and isinstance(psf, dict):
+            ids_raw = psf.get("token_ids")
+        if ids_raw is None:
+            ids_raw = message.get("generation_token_ids")
+
+        logprobs_obj = choice.get("logprobs")
+        content = logprobs_obj.get("content") if isinstance(logprobs_obj, dict) else None
+        if content is None:
+            if ids_raw is None:
+                raise Quarantined("no_token_ids", "choice has neither token_ids nor logprobs.content")
+            raise Quarantined("no_logprobs", "choice has token_ids but no logprobs (request logprobs=true)")
+        entries = typed_array(
+            require_list(content, "logprobs.content"), CHAT_CONTENT_ENTRY, "bad_logprob", "logprobs.content"
+        )
+        tokens = pc.struct_field(entries, "token")
+        logprobs = pc.struct_field(entries, "logprob")
+        if ids_raw is not None:
+            completion = token_id_array(ids_raw, "token_ids")
+            if (
+                len(tokens) == len(completion)
+                and len(tokens)
+                and pc.all(pc.starts_with(tokens, "token_id:")).as_py()
+            ):
+                _check_same(completion, parse_token_id_strings(tokens, "logprobs token"), "logprobs tokens")
+        else:
+            completion = parse_token_id_strings(tokens, "logprobs.content[].token")
+        topk_ids, topk_logprobs = _heads_from_entries(pc.struct_field(entries, "top_logprobs"))
+
+        return Sample(
+            request_id=request_id,
+            choice_index=index,
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
+            completion_logprobs=logprobs.cast(pa.float64()),
+            finish_reason=finish_reason(choice.get("finish_reason")),
+            session_id=session_id,
+            turn=turn,
+            group_key=group_key_of(obj, options),
+            policy_version=policy_version_of(*_version_candidates(obj, choice), options=options),
+            model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+            created_at_ms=epoch_ms(obj.get("created")),
+            topk_ids=topk_ids,
+            topk_logprobs=topk_logprobs,
+            completion_text=message.get("content") if isinstance(message.get("content"), str) else None,
+        )
+
+
+class VllmCompletions(Format):
+    name = "openai_completions"
+    description = "OpenAI-style text_completion with token IDs (vLLM /v1/completions)"
+
+    def detect(self, obj: Any) -> bool:
+        return isinstance(obj, dict) and obj.get("object") == "text_completion" and "choices" in obj
+
+    def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
+        obj = require_dict(obj, "record")
+        request_id = obj.get("id")
+        if not isinstance(request_id, str) or not request_id:
+            raise Quarantined("missing_request_id", "text_completion without an 'id'")
+        choices = require_list(obj.get("choices"), "choices")
+        if not choices:
+            raise Quarantined("no_choices", "text_completion with an empty 'choices' list")
+        session_id, turn = session_of(obj)
+        out: list[Sample | Quarantined] = []
+        for position, choice in enumerate(choices):
+            index = as_int(choice.get("index")) if isinstance(choice, dict) else None
+            index = position if index is None else index
+            try:
+                out.append(
+                    self._choice(
+                        obj, request_id, index, require_dict(choice, "choice"), session_id, turn, options
+                    )
+                )
+            except Quarantined as q:
+                q.choice_index = index
+                out.append(q)
+        return out
+
+    def _choice(
+        self,
+        obj: dict[str, Any],
+        request_id: str,
+        index: int,
+        choice: dict[str, Any],
+        session_id: str | None,
+        turn: int | None,
+        options: ParseOptions,
+    ) -> Sample:
+        prompt_raw = choice.get("prompt_token_ids", obj.get("prompt_token_ids"))
+        if prompt_raw is None:
+            raise Quarantined("no_token_ids", "no prompt_token_ids (start vLLM with return_token_ids)")
+        prompt = token_id_array(prompt_raw, "prompt_token_ids")
+        lp = choice.get("logprobs")
+        if not isinstance(lp, dict):
+            if choice.get("token_ids") is None:
+                raise Quarantined("no_token_ids", "choice has neither token_ids nor logprobs.tokens")
+            raise Quarantined("no_logprobs", "choice has token_ids but no logprobs (request logprobs=N)")
+        logprobs = logprob_array(lp.get("token_logprobs"), "logprobs.token_logprobs")
+        tokens_raw = lp.get("tokens")
+        if choice.get("token_ids") is not None:
+            completion = token_id_array(choice.get("token_ids"), "token_ids")
+            if (
+                isinstance(tokens_raw, list)
+                and tokens_raw
+                and all(isinstance(t, str) for t in tokens_raw[:1])
+                and tokens_raw[0].startswith("token_id:")
+                and len(tokens_raw) == len(completion)
+            ):
+                _check_same(completion, token_id_array(tokens_raw, "logprobs.tokens"), "logprobs.tokens")
+        else:
+            completion = token_id_array(tokens_raw, "logprobs.tokens")
+
+        topk_ids = topk_logprobs = None
+        heads_raw = lp.get("top_logprobs")
+        if (
+            isinstance(heads_raw, list)
+            and heads_raw
+            and all(isinstance(h, dict) and h for h in heads_raw[:1])
+        ):
+            flat_maps = typed_array(heads_raw, HEAD_MAP, "bad_logprob", "logprobs.top_logprobs")
+            map_keys = flat_maps.keys
+            if (
+                flat_maps.null_count == 0
+                and len(flat_maps) == len(completion)
+                and map_keys.null_count == 0
+                and pc.all(pc.starts_with(map_keys, "token_id:")).as_py()
+            ):
+                offsets = flat_maps.offsets
+                ids = pa.ListArray.from_arrays(offsets, parse_token_id_strings(map_keys, "top_logprobs key"))
+                lps = pa.ListArray.from_arrays(offsets, flat_maps.items)
+                ids, lps = drop_extra_sampled(ids, lps, completion)
+                topk_ids, topk_logprobs = sort_heads_descending(ids, lps)
+
+        return Sample(
+            request_id=request_id,
+            choice_index=index,
+            prompt_token_ids=prompt,
+            completion_token_ids=completion,
+            completion_logprobs=logprobs,
+            finish_reason=finish_reason(choice.get("finish_reason")),
+            session_id=session_id,
+            turn=turn,
+            group_key=group_key_of(obj, options),
+            policy_version=policy_version_of(*_version_candidates(obj, choice), options=options),
+            model=obj.get("model") if isinstance(obj.get("model"), str) else None,
+            created_at_ms=epoch_ms(obj.get("created")),
+            topk_ids=topk_ids,
+            topk_logprobs=topk_logprobs,
+            completion_text=choice.get("text") if isinstance(choice.get("text"), str) else None,
+            temperature=as_float(obj.get("temperature")),
+        )

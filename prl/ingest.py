@@ -1,0 +1,437 @@
+"""``prl ingest``: sources → formats → validation → the ``traces`` and ``quarantine`` tables.
+
+Per group of source files, one pass streams records in batches (memory bounded by ``batch_tokens``), then two
+commits make the result visible: quarantine first, then traces with the source ledger (commit metadata listing
+uri, size, mtime, sha256 of every file consumed) and one Delta ``txn`` per file identity. A file whose identity
+(uri, size, mtime) is already in the ledger is skipped without being read. Killing a run at any instant and
+running it again loses nothing and duplicates nothing:
+
+- killed before the quarantine commit: nothing is visible, the rerun does it all again;
+- killed between the two commits: the rerun re-reads the files; quarantine rows carry a content-derived
+  ``quarantine_id`` and are not added twice; the traces commit happens;
+- a sample already in ``traces`` with the same ``record_digest`` is skipped (counted as ``already_present``),
+  one with a different digest is quarantined as ``duplicate_sample_id``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from prl.assemble import Located, assemble, record_digest, sample_id_of, validate
+from prl.errors import ExitCode, FormatDetectionError
+from prl.formats import registry
+from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
+from prl.locks import lock_for
+from prl.schema import QUARANTINE, RAW_LIMIT
+from prl.sources import LineReader, SourceFile, expand
+from prl.store import Store
+
+BATCH_TOKENS = 4_000_000
+"""Tokens (prompt + completion) per assembled batch: bounds memory to a few tens of MB per batch."""
+GROUP_BYTES = 512 * 1024 * 1024
+"""Source bytes per commit group: many small files share one commit."""
+GROUP_FILES = 256
+HEAD_LINES = 64
+DEFAULT_MAX_QUARANTINE_RATE = 0.05
+
+
+@dataclass
+class FileReport:
+    """What happened to one source file."""
+
+    uri: str
+    format: str | None = None
+    status: str = "ingested"  # ingested | unchanged | failed
+    records: int = 0
+    samples: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    already_present: int = 0
+    quarantined: dict[str, int] = field(default_factory=dict)
+    bytes: int = 0
+    sha256: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class IngestResult:
+    """Summary of an ingest run; ``exit_code`` follows design.md §7."""
+
+    store: str
+    files: list[FileReport] = field(default_factory=list)
+    samples: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    records: int = 0
+    already_present: int = 0
+    quarantined: dict[str, int] = field(default_factory=dict)
+    bytes_read: int = 0
+    seconds: float = 0.0
+    versions: dict[str, int | None] = field(default_factory=dict)
+    dry_run: bool = False
+    max_quarantine_rate: float | None = DEFAULT_MAX_QUARANTINE_RATE
+
+    @property
+    def quarantined_total(self) -> int:
+        return sum(self.quarantined.values())
+
+    @property
+    def quarantine_rate(self) -> float:
+        seen = self.samples + self.quarantined_total
+        return self.quarantined_total / seen if seen else 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if any(f.status == "failed" for f in self.files):
+            return ExitCode.USAGE
+        if self.max_quarantine_rate is not None and self.quarantine_rate > self.max_quarantine_rate:
+            return ExitCode.DATA_PROBLEMS
+        return ExitCode.OK
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            command="ingest",
+            quarantined_total=self.quarantined_total,
+            quarantine_rate=round(self.quarantine_rate, 6),
+            tokens=self.tokens,
+            tokens_per_second=round(self.tokens / self.seconds, 1) if self.seconds else None,
+            exit_code=int(self.exit_code),
+        )
+        return out
+
+
+def _quarantine_row(
+    uri: str,
+    line: int,
+    fmt: str | None,
+    raw: bytes,
+    q: Quarantined,
+    now_ms: int,
+    sample_id: str | None = None,
+) -> dict[str, Any]:
+    digest = hashlib.sha256(f"{uri}|{line}|{q.choice_index}|{q.reason}|".encode())
+    digest.update(raw)
+    text = raw.decode("utf-8", errors="replace")
+    return {
+        "quarantine_id": digest.hexdigest()[:40],
+        "table": "traces",
+        "source_uri": uri,
+        "source_line": line,
+        "source_format": fmt,
+        "sample_id": sample_id,
+        "reason": q.reason,
+        "message": q.message[:1000],
+        "raw": text[:RAW_LIMIT],
+        "raw_truncated": len(text) > RAW_LIMIT,
+        "quarantined_at": now_ms,
+    }
+
+
+class _Deduper:
+    """Knows which sample IDs exist (with their digests) in the traces table and earlier in this run."""
+
+    def __init__(self, store: Store) -> None:
+        self.dataset = store.dataset("traces")
+        self.seen: dict[str, str] = {}
+
+    def existing(self, sample_ids: list[str]) -> dict[str, str]:
+        found = {sid: self.seen[sid] for sid in sample_ids if sid in self.seen}
+        if self.dataset is not None:
+            table = self.dataset.to_table(
+                columns=["sample_id", "record_digest"], filter=ds.field("sample_id").isin(sample_ids)
+            )
+            found.update(
+                zip(table.column("sample_id").to_pylist(), table.column("record_digest").to_pylist())
+            )
+        return found
+
+
+@dataclass
+class _GroupState:
+    quarantine_rows: list[dict[str, Any]] = field(default_factory=list)
+    ledger: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterator[RawRecord]]:
+    lines = iter(reader)
+    head = list(itertools.islice(lines, HEAD_LINES))
+    fmt = registry.detect_file(uri, head) if fmt_name == "auto" else registry.by_name(fmt_name)
+    return fmt, fmt.frame(itertools.chain(head, lines))
+
+
+def ingest(
+    sources: list[str],
+    store: Store | str,
+    *,
+    format: str = "auto",
+    policy_version: str | None = None,
+    group_field: str | None = None,
+    dry_run: bool = False,
+    max_quarantine_rate: float | None = DEFAULT_MAX_QUARANTINE_RATE,
+    batch_tokens: int = BATCH_TOKENS,
+    progress: Callable[[int], None] | None = None,
+    lock: bool = True,
+) -> IngestResult:
+    """Ingest trace files into ``store``'s ``traces`` table (bad records into ``quarantine``).
+
+    ``sources``: files, folders, globs or ``s3://`` prefixes. ``format``: ``auto`` (detected per file) or a
+    format name from :mod:`prl.formats.registry`. ``policy_version`` fills in records that carry none;
+    ``group_field`` names the record field that defines centering groups (default: a digest of the prompt IDs).
+    ``progress`` is called with the number of source bytes read since the last call.
+    """
+    if format != "auto":
+        registry.by_name(format)  # fail fast on an unknown name
+    store = store if isinstance(store, Store) else Store(store)
+    started = time.perf_counter()
+    result = IngestResult(store=store.uri, dry_run=dry_run, max_quarantine_rate=max_quarantine_rate)
+    files = expand(sources)
+    options = ParseOptions(policy_version=policy_version, group_field=group_field)
+    guard = lock_for(store.uri, "ingest") if (lock and not dry_run) else None
+    if guard is not None:
+        guard.acquire()
+    try:
+        traces = store.open("traces")
+        pending: list[SourceFile] = []
+        for src in files:
+            if traces is not None and traces.transaction_version(f"prl.source:{src.identity}") is not None:
+                result.files.append(FileReport(src.uri, status="unchanged", bytes=src.size))
+                continue
+            pending.append(src)
+        for group in _groups(pending):
+            _ingest_group(group, store, format, options, result, dry_run, batch_tokens, progress)
+        result.versions = {"traces": store.version("traces"), "quarantine": store.version("quarantine")}
+    finally:
+        if guard is not None:
+            guard.release()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _groups(files: list[SourceFile]) -> Iterator[list[SourceFile]]:
+    group: list[SourceFile] = []
+    size = 0
+    for src in files:
+        if group and (size + src.size > GROUP_BYTES or len(group) >= GROUP_FILES):
+            yield group
+            group, size = [], 0
+        group.append(src)
+        size += src.size
+    if group:
+        yield group
+
+
+def _ingest_group(
+    group: list[SourceFile],
+    store: Store,
+    format: str,
+    options: ParseOptions,
+    result: IngestResult,
+    dry_run: bool,
+    batch_tokens: int,
+    progress: Callable[[int], None] | None,
+) -> None:
+    state = _GroupState()
+    dedup = _Deduper(store)
+    now_ms = int(time.time() * 1000)
+    reports: list[FileReport] = []
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for src in group:
+            report = FileReport(src.uri, bytes=src.size)
+            reports.append(report)
+            yield from _ingest_file(
+                src, format, options, report, state, dedup, now_ms, batch_tokens, progress
+            )
+
+    pending_traces = store.write_files("traces", batches(), dry_run=dry_run)
+    if state.quarantine_rows:
+        rows = _new_quarantine_rows(store, state.quarantine_rows)
+        store.commit("quarantine", _quarantine_batches(rows), dry_run=dry_run)
+    transactions = {
+        f"prl.source:{SourceFile(r['uri'], r['size'], r['mtime_ns']).identity}": 1 for r in state.ledger
+    }
+    pending_traces.commit(metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions)
+
+    for report in reports:
+        result.files.append(report)
+        result.records += report.records
+        result.samples += report.samples
+        result.already_present += report.already_present
+        for reason, count in report.quarantined.items():
+            result.quarantined[reason] = result.quarantined.get(reason, 0) + count
+    result.bytes_read += sum(r.bytes for r in reports if r.status != "unchanged")
+    result.prompt_tokens += sum(r.prompt_tokens for r in reports)
+    result.completion_tokens += sum(r.completion_tokens for r in reports)
+
+
+def _ingest_file(
+    src: SourceFile,
+    format: str,
+    options: ParseOptions,
+    report: FileReport,
+    state: _GroupState,
+    dedup: _Deduper,
+    now_ms: int,
+    batch_tokens: int,
+    progress: Callable[[int], None] | None,
+) -> Iterator[pa.RecordBatch]:
+    reader = LineReader(src)
+    counts: Counter[str] = Counter()
+    try:
+        fmt, records = _framed(reader, format, src.uri)
+    except FormatDetectionError as exc:
+        report.status, report.error = "failed", str(exc)
+        return
+    report.format = fmt.name
+    rows: list[Located] = []
+    raws: list[bytes] = []
+    tokens = 0
+    last_progress = 0
+
+    def quarantine(line: int, raw: bytes, q: Quarantined, sample_id: str | None = None) -> None:
+        counts[q.reason] += 1
+        state.quarantine_rows.append(_quarantine_row(src.uri, line, fmt.name, raw, q, now_ms, sample_id))
+
+    def flush() -> Iterator[pa.RecordBatch]:
+        nonlocal rows, raws, tokens
+        if not rows:
+            return
+        batch = _dedup_and_assemble(rows, raws, dedup, report, quarantine, now_ms)
+        rows, raws, tokens = [], [], 0
+        if batch is not None:
+            yield batch
+
+    for record in records:
+        report.records += 1
+        if record.error is not None:
+            if reader.unterminated_line == record.line:
+                record.error = Quarantined("truncated_line", "the file's last line is incomplete")
+            quarantine(record.line, record.raw, record.error)
+            continue
+        try:
+            parsed = fmt.parse(record.obj, options)
+        except Quarantined as q:
+            quarantine(record.line, record.raw, q)
+            continue
+        except Exception as exc:  # a reader bug must not lose the record: quarantine it with the error
+            quarantine(record.line, record.raw, Quarantined("parse_error", f"{type(exc).__name__}: {exc}"))
+            continue
+        for item in parsed:
+            if isinstance(item, Quarantined):
+                quarantine(record.line, record.raw, item)
+                continue
+            try:
+                sample = validate(item)
+            except Quarantined as q:
+                q.choice_index = item.choice_index
+                quarantine(record.line, record.raw, q, sample_id_of(item))
+                continue
+            rows.append(Located(sample, src.uri, record.line, fmt.name))
+            raws.append(record.raw)
+            tokens += len(sample.prompt_token_ids) + len(sample.completion_token_ids)
+        if tokens >= batch_tokens:
+            yield from flush()
+        if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
+            progress(reader.bytes_read - last_progress)
+            last_progress = reader.bytes_read
+    yield from flush()
+    if progress is not None:
+        progress(reader.bytes_read - last_progress)
+    if reader.truncated:
+        counts["truncated_input"] += 1
+        state.quarantine_rows.append(
+            _quarantine_row(
+                src.uri,
+                report.records + 1,
+                fmt.name,
+                b"",
+                Quarantined("truncated_input", reader.truncated),
+                now_ms,
+            )
+        )
+    report.quarantined = dict(counts)
+    report.sha256 = reader.sha256
+    state.ledger.append(
+        {
+            "uri": src.uri,
+            "size": src.size,
+            "mtime_ns": src.mtime_ns,
+            "sha256": reader.sha256,
+            "format": fmt.name,
+            "records": report.records,
+            "samples": report.samples,
+        }
+    )
+
+
+def _dedup_and_assemble(
+    rows: list[Located],
+    raws: list[bytes],
+    dedup: _Deduper,
+    report: FileReport,
+    quarantine: Callable[..., None],
+    now_ms: int,
+) -> pa.RecordBatch | None:
+    ids = [sample_id_of(r.sample) for r in rows]
+    digests = [record_digest(r.sample) for r in rows]
+    known = dedup.existing(ids)
+    keep: list[int] = []
+    for i, (sid, digest) in enumerate(zip(ids, digests)):
+        previous = known.get(sid)
+        if previous is None:
+            keep.append(i)
+            known[sid] = digest
+            dedup.seen[sid] = digest
+        elif previous == digest:
+            report.already_present += 1
+        else:
+            quarantine(
+                rows[i].source_line,
+                raws[i],
+                Quarantined(
+                    "duplicate_sample_id",
+                    f"sample {sid} already exists with different tokens or logprobs",
+                    rows[i].sample.choice_index,
+                ),
+                sid,
+            )
+    if not keep:
+        return None
+    kept = [rows[i] for i in keep]
+    report.samples += len(kept)
+    report.prompt_tokens += sum(len(r.sample.prompt_token_ids) for r in kept)
+    report.completion_tokens += sum(len(r.sample.completion_token_ids) for r in kept)
+    return assemble(kept, [digests[i] for i in keep], now_ms)
+
+
+def _new_quarantine_rows(store: Store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose ``quarantine_id`` is not in the table yet (and not repeated within ``rows``)."""
+    unique = {row["quarantine_id"]: row for row in rows}
+    existing = store.read(
+        "quarantine", columns=["quarantine_id"], filter=ds.field("quarantine_id").isin(list(unique))
+    )
+    for qid in existing.column("quarantine_id").to_pylist():
+        unique.pop(qid, None)
+    return list(unique.values())
+
+
+def _quarantine_batches(rows: list[dict[str, Any]], size: int = 10_000) -> Iterable[pa.RecordBatch]:
+    for start in range(0, len(rows), size):
+        yield pa.RecordBatch.from_pylist(rows[start : start + size], schema=QUARANTINE)
+
+
+__all__ = ["FileReport", "IngestResult", "Sample", "ingest"]

@@ -1,0 +1,136 @@
+"""One writer per store step: a lock file that names its holder and goes stale when the holder is dead.
+
+The lock is ``STORE/_locks/<step>.lock``, created exclusively (``O_EXCL`` locally; a conditional put on S3),
+holding JSON ``{holder, host, pid, run_id, started_at}``. The holder refreshes its mtime every
+``HEARTBEAT_SECONDS``; a lock is stale when its holder's process is gone (same host) or its heartbeat is older
+than ``stale_after`` seconds (any host). A stale lock is taken over by renaming it away first, so two runs
+breaking the same stale lock cannot both win.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from prl.errors import LockedError
+
+HEARTBEAT_SECONDS = 15.0
+STALE_AFTER_SECONDS = 300.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class LocalLock:
+    """An exclusive lock on a local store step. Use as a context manager."""
+
+    path: str
+    step: str
+    stale_after: float = STALE_AFTER_SECONDS
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def holder_info(self) -> dict[str, Any]:
+        return {
+            "holder": f"{socket.gethostname()}:{os.getpid()}",
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "run_id": self.run_id,
+            "step": self.step,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                return json.load(fh)
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            return {}  # being written right now, or damaged: judged by its age alone
+
+    def _is_stale(self, info: dict[str, Any]) -> bool:
+        try:
+            age = time.time() - os.stat(self.path).st_mtime
+        except FileNotFoundError:
+            return True
+        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
+            return not _pid_alive(info["pid"]) or age > self.stale_after
+        return age > self.stale_after
+
+    def acquire(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        for _ in range(5):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                info = self._read()
+                if info is None:
+                    continue
+                if not self._is_stale(info):
+                    raise LockedError(
+                        f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
+                        f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); lock file {self.path}"
+                    ) from None
+                try:  # take a stale lock over atomically: only one renamer succeeds
+                    os.rename(self.path, f"{self.path}.stale-{self.run_id}")
+                    os.unlink(f"{self.path}.stale-{self.run_id}")
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(self.holder_info(), fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            self._thread = threading.Thread(target=self._heartbeat, name=f"prl-lock-{self.step}", daemon=True)
+            self._thread.start()
+            return
+        raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                os.utime(self.path)
+            except FileNotFoundError:
+                return
+
+    def release(self) -> None:
+        self._stop.set()
+        info = self._read()
+        if info and info.get("run_id") == self.run_id:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> LocalLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_for(store_uri: str, step: str, stale_after: float = STALE_AFTER_SECONDS) -> Any:
+    """The lock for ``step`` of the store at ``store_uri`` (local folders; ``s3://`` stores use conditional
+    puts, see :mod:`prl.s3lock`)."""
+    if store_uri.startswith("s3://"):
+        from prl.s3lock import S3Lock
+
+        return S3Lock(store_uri, step, stale_after=stale_after)
+    return LocalLock(os.path.join(store_uri, "_locks", f"{step}.lock"), step, stale_after=stale_after)

@@ -1,0 +1,233 @@
+"""Source files: expanding files, folders, globs and ``s3://`` prefixes; reading them as numbered lines with
+transparent gzip / zstd decompression and a running sha256 of the stored bytes.
+
+Memory is bounded by one read chunk plus the longest line: nothing reads a whole file.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import hashlib
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow.fs as pafs
+import zstandard
+
+from prl.errors import RetryableIOError, UsageError
+from prl.store import filesystem_for
+
+READ_CHUNK = 4 * 1024 * 1024
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+SKIP_NAMES = ("_SUCCESS", ".DS_Store")
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFile:
+    """One input file: its URI (absolute path or ``s3://bucket/key``), size in bytes and modification time
+    in nanoseconds since the epoch."""
+
+    uri: str
+    size: int
+    mtime_ns: int
+
+    @property
+    def identity(self) -> str:
+        """``uri|size|mtime`` digest: the same file unchanged has the same identity."""
+        return hashlib.sha256(f"{self.uri}|{self.size}|{self.mtime_ns}".encode()).hexdigest()[:40]
+
+
+def _info_to_source(uri: str, info: pafs.FileInfo) -> SourceFile:
+    mtime = info.mtime_ns if info.mtime_ns is not None else 0
+    return SourceFile(uri, int(info.size or 0), int(mtime))
+
+
+def expand(specs: list[str]) -> list[SourceFile]:
+    """Files named by ``specs``: a file, a folder (all files below it, recursively), a glob, or an ``s3://``
+    key / prefix / glob. Sorted by URI within each spec; duplicates removed; hidden files skipped.
+
+    Raises :class:`UsageError` when a spec matches nothing.
+    """
+    seen: dict[str, SourceFile] = {}
+    for spec in specs:
+        found = _expand_remote(spec) if spec.startswith("s3://") else _expand_local(spec)
+        if not found:
+            raise UsageError(f"no input files match {spec!r}")
+        for src in found:
+            seen.setdefault(src.uri, src)
+    return list(seen.values())
+
+
+def _visible(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return not name.startswith(".") and name not in SKIP_NAMES
+
+
+def _expand_local(spec: str) -> list[SourceFile]:
+    spec = spec.removeprefix("file://")
+    if any(ch in spec for ch in "*?["):
+        paths = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+    elif os.path.isdir(spec):
+        paths = sorted(
+            os.path.join(root, name)
+            for root, dirs, names in os.walk(spec)
+            for name in names
+            if not any(
+                part.startswith(".") for part in os.path.relpath(root, spec).split(os.sep) if part != "."
+            )
+        )
+    elif os.path.isfile(spec):
+        paths = [spec]
+    else:
+        return []
+    out = []
+    for path in paths:
+        if not _visible(path):
+            continue
+        st = os.stat(path)
+        out.append(SourceFile(os.path.abspath(path), st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _expand_remote(spec: str) -> list[SourceFile]:
+    fs, path = filesystem_for(spec)
+    pattern = None
+    if any(ch in path for ch in "*?["):
+        cut = min(path.index(ch) for ch in "*?[" if ch in path)
+        base = path[: path.rfind("/", 0, cut)]
+        pattern, path = spec[len("s3://") :], base
+    try:
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File and pattern is None:
+            return [_info_to_source(spec, info)]
+        infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except OSError as exc:
+        raise RetryableIOError(f"cannot list {spec}: {exc}") from exc
+    out = []
+    for item in sorted(infos, key=lambda i: i.path):
+        if item.type != pafs.FileType.File or not _visible(item.path):
+            continue
+        if pattern is not None and not fnmatch.fnmatch(item.path, pattern):
+            continue
+        out.append(_info_to_source(f"s3://{item.path}", item))
+    return out
+
+
+@dataclass
+class LineReader:
+    """Iterate a source as ``(line_number, bytes)`` pairs (1-based, without the newline).
+
+    After iteration: ``sha256`` is the digest of the stored (possibly compressed) bytes, ``compression`` is
+    ``gzip``/``zstd``/``none``, ``unterminated_line`` is the number of a last line without a newline, and
+    ``truncated`` holds a message when a compressed stream ended early or was
+    corrupt (the lines decoded before the damage were yielded; a partial last line is yielded too and its
+    record will fail to parse).
+    """
+
+    source: SourceFile
+    chunk_size: int = READ_CHUNK
+    sha256: str = ""
+    compression: str = "none"
+    truncated: str | None = None
+    unterminated_line: int | None = None
+    bytes_read: int = 0
+    _hasher: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        line_no = 0
+        pending = b""
+        for block in self._decompressed():
+            if pending:
+                block = pending + block
+            lines = block.split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                line_no += 1
+                yield line_no, line.rstrip(b"\r")
+        if pending:
+            line_no += 1
+            self.unterminated_line = line_no
+            yield line_no, pending.rstrip(b"\r")
+        self.sha256 = self._hasher.hexdigest()
+
+    def _raw_chunks(self) -> Iterator[bytes]:
+        fs, path = filesystem_for(self.source.uri)
+        try:
+            with fs.open_input_stream(path, compression=None) as stream:
+                while True:
+                    chunk = stream.read(self.chunk_size)
+                    if not chunk:
+                        return
+                    self._hasher.update(chunk)
+                    self.bytes_read += len(chunk)
+                    yield chunk
+        except FileNotFoundError as exc:
+            raise RetryableIOError(f"{self.source.uri} disappeared while reading: {exc}") from exc
+        except OSError as exc:
+            raise RetryableIOError(f"reading {self.source.uri} failed: {exc}") from exc
+
+    def _decompressed(self) -> Iterator[bytes]:
+        chunks = self._raw_chunks()
+        first = next(chunks, b"")
+        if not first:
+            return
+        uri = self.source.uri.lower()
+        if first.startswith(GZIP_MAGIC) or uri.endswith(".gz"):
+            self.compression = "gzip"
+            yield from self._gunzip(first, chunks)
+        elif first.startswith(ZSTD_MAGIC) or uri.endswith((".zst", ".zstd")):
+            self.compression = "zstd"
+            yield from self._unzstd(first, chunks)
+        else:
+            yield first
+            yield from chunks
+
+    def _gunzip(self, first: bytes, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        decomp = zlib.decompressobj(wbits=47)
+        in_member = False
+        try:
+            for chunk in _chain(first, chunks):
+                while chunk:
+                    out = decomp.decompress(chunk)
+                    in_member = True
+                    if out:
+                        yield out
+                    chunk = decomp.unused_data if decomp.eof else b""
+                    if decomp.eof:  # concatenated gzip members
+                        in_member = False
+                        decomp = zlib.decompressobj(wbits=47)
+            if in_member and not decomp.eof:
+                tail = decomp.flush()
+                if tail:
+                    yield tail
+                self.truncated = "gzip stream ends before its end marker (truncated file)"
+        except zlib.error as exc:
+            self.truncated = f"gzip stream is corrupt: {exc}"
+
+    def _unzstd(self, first: bytes, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        decomp = zstandard.ZstdDecompressor().decompressobj()
+        in_frame = False
+        try:
+            for chunk in _chain(first, chunks):
+                while chunk:
+                    out = decomp.decompress(chunk)
+                    in_frame = True
+                    if out:
+                        yield out
+                    chunk = decomp.unused_data if decomp.eof else b""
+                    if decomp.eof:  # concatenated zstd frames
+                        in_frame = False
+                        decomp = zstandard.ZstdDecompressor().decompressobj()
+            if in_frame and not decomp.eof:
+                self.truncated = "zstd stream ends inside a frame (truncated file)"
+        except zstandard.ZstdError as exc:
+            self.truncated = f"zstd stream is corrupt: {exc}"
+
+
+def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest

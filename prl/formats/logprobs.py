@@ -177,8 +177,8 @@ def content_logprobs(content: Any, what: str, sampled_ids: pa.Array | None = Non
     logprobs = float_field(rows, "logprob", what)
     heads = field(rows, "top_logprobs")
     columns = TokenColumns(ids, logprobs)
-    if heads is None:
-        return columns
+    if heads is None or (pa.types.is_list(heads.type) and pa.types.is_null(heads.type.value_type)):
+        return columns  # no heads, or only empty ones
     if not pa.types.is_list(heads.type) or not pa.types.is_struct(heads.type.value_type):
         raise Quarantined("bad_logprob", f"{what}.top_logprobs holds {heads.type}, expected lists of objects")
     entries = list_values(heads)

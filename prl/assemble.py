@@ -60,17 +60,13 @@ def validate(sample: Sample) -> Sample:
         if bounds["min"].as_py() < 0 or bounds["max"].as_py() > INT32_MAX:
             raise Quarantined("bad_token_id", f"{what} holds IDs outside [0, 2^31): {bounds}")
     if len(sample.completion_logprobs) != n:
-        raise Quarantined(
-            "length_mismatch", f"{len(sample.completion_logprobs)} logprobs for {n} completion tokens"
-        )
+        raise Quarantined("length_mismatch", f"{len(sample.completion_logprobs)} logprobs for {n} completion tokens")
     # nulls (no logprob given) are allowed; NaN, infinities and positive values are not
     values = pc.fill_null(sample.completion_logprobs, -1.0).to_numpy(zero_copy_only=False)
     finite = np.isfinite(values)
     if not finite.all():
         position = int(np.flatnonzero(~finite)[0])
-        raise Quarantined(
-            "nonfinite_logprob", f"logprob {float(values[position])} at completion position {position}"
-        )
+        raise Quarantined("nonfinite_logprob", f"logprob {float(values[position])} at completion position {position}")
     positive = values > 0
     if positive.any():
         position = int(np.flatnonzero(positive)[0])
@@ -94,9 +90,7 @@ def validate(sample: Sample) -> Sample:
             sample.topk_logprobs.offsets, _floor_to_null(pc.list_flatten(sample.topk_logprobs))
         )
     if sample.completion_mask is not None and len(sample.completion_mask) != n:
-        raise Quarantined(
-            "mask_length_mismatch", f"completion_mask has {len(sample.completion_mask)} entries"
-        )
+        raise Quarantined("mask_length_mismatch", f"completion_mask has {len(sample.completion_mask)} entries")
     return sample
 
 

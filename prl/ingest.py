@@ -114,7 +114,7 @@ class IngestResult:
         return out
 
 
-def _quarantine_row(
+def quarantine_row(
     uri: str,
     line: int,
     fmt: str | None,
@@ -122,13 +122,16 @@ def _quarantine_row(
     q: Quarantined,
     now_ms: int,
     sample_id: str | None = None,
+    table: str = "traces",
 ) -> dict[str, Any]:
-    digest = hashlib.sha256(f"{uri}|{line}|{q.choice_index}|{q.reason}|".encode())
+    """One quarantine row; its id is derived from the record's location, content and reason, so re-reading
+    the same record never quarantines it twice."""
+    digest = hashlib.sha256(f"{table}|{uri}|{line}|{q.choice_index}|{q.reason}|".encode())
     digest.update(raw)
     text = raw.decode("utf-8", errors="replace")
     return {
         "quarantine_id": digest.hexdigest()[:40],
-        "table": "traces",
+        "table": table,
         "source_uri": uri,
         "source_line": line,
         "source_format": fmt,
@@ -154,9 +157,7 @@ class _Deduper:
             table = self.dataset.to_table(
                 columns=["sample_id", "record_digest"], filter=ds.field("sample_id").isin(sample_ids)
             )
-            found.update(
-                zip(table.column("sample_id").to_pylist(), table.column("record_digest").to_pylist())
-            )
+            found.update(zip(table.column("sample_id").to_pylist(), table.column("record_digest").to_pylist()))
         return found
 
 
@@ -253,17 +254,13 @@ def _ingest_group(
         for src in group:
             report = FileReport(src.uri, bytes=src.size)
             reports.append(report)
-            yield from _ingest_file(
-                src, format, options, report, state, dedup, now_ms, batch_tokens, progress
-            )
+            yield from _ingest_file(src, format, options, report, state, dedup, now_ms, batch_tokens, progress)
 
     pending_traces = store.write_files("traces", batches(), dry_run=dry_run)
     if state.quarantine_rows:
-        rows = _new_quarantine_rows(store, state.quarantine_rows)
-        store.commit("quarantine", _quarantine_batches(rows), dry_run=dry_run)
-    transactions = {
-        f"prl.source:{SourceFile(r['uri'], r['size'], r['mtime_ns']).identity}": 1 for r in state.ledger
-    }
+        rows = new_quarantine_rows(store, state.quarantine_rows)
+        store.commit("quarantine", quarantine_batches(rows), dry_run=dry_run)
+    transactions = {f"prl.source:{SourceFile(r['uri'], r['size'], r['mtime_ns']).identity}": 1 for r in state.ledger}
     pending_traces.commit(metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions)
 
     for report in reports:
@@ -294,6 +291,10 @@ def _ingest_file(
     try:
         fmt, records = _framed(reader, format, src.uri)
     except FormatDetectionError as exc:
+        if reader.truncated:  # nothing decodable before the damage: record the damage, not a format error
+            _record_truncation(src, reader, report, state, now_ms, None)
+            state.ledger.append(_ledger_entry(src, reader, None, report))
+            return
         report.status, report.error = "failed", str(exc)
         return
     report.format = fmt.name
@@ -304,7 +305,7 @@ def _ingest_file(
 
     def quarantine(line: int, raw: bytes, q: Quarantined, sample_id: str | None = None) -> None:
         counts[q.reason] += 1
-        state.quarantine_rows.append(_quarantine_row(src.uri, line, fmt.name, raw, q, now_ms, sample_id))
+        state.quarantine_rows.append(quarantine_row(src.uri, line, fmt.name, raw, q, now_ms, sample_id))
 
     def flush() -> Iterator[pa.RecordBatch]:
         nonlocal rows, raws, tokens
@@ -351,31 +352,33 @@ def _ingest_file(
     yield from flush()
     if progress is not None:
         progress(reader.bytes_read - last_progress)
-    if reader.truncated:
-        counts["truncated_input"] += 1
-        state.quarantine_rows.append(
-            _quarantine_row(
-                src.uri,
-                report.records + 1,
-                fmt.name,
-                b"",
-                Quarantined("truncated_input", reader.truncated),
-                now_ms,
-            )
-        )
     report.quarantined = dict(counts)
-    report.sha256 = reader.sha256
-    state.ledger.append(
-        {
-            "uri": src.uri,
-            "size": src.size,
-            "mtime_ns": src.mtime_ns,
-            "sha256": reader.sha256,
-            "format": fmt.name,
-            "records": report.records,
-            "samples": report.samples,
-        }
-    )
+    if reader.truncated:
+        _record_truncation(src, reader, report, state, now_ms, fmt.name)
+    state.ledger.append(_ledger_entry(src, reader, fmt.name, report))
+
+
+def _record_truncation(
+    src: SourceFile, reader: LineReader, report: FileReport, state: _GroupState, now_ms: int, fmt: str | None
+) -> None:
+    """A compressed stream that ends early or is corrupt: one quarantine row saying so, after the last line."""
+    assert reader.truncated is not None
+    q = Quarantined("truncated_input", reader.truncated)
+    state.quarantine_rows.append(quarantine_row(src.uri, report.records + 1, fmt, b"", q, now_ms))
+    report.quarantined["truncated_input"] = report.quarantined.get("truncated_input", 0) + 1
+
+
+def _ledger_entry(src: SourceFile, reader: LineReader, fmt: str | None, report: FileReport) -> dict[str, Any]:
+    report.sha256 = reader.sha256 or None
+    return {
+        "uri": src.uri,
+        "size": src.size,
+        "mtime_ns": src.mtime_ns,
+        "sha256": reader.sha256,
+        "format": fmt,
+        "records": report.records,
+        "samples": report.samples,
+    }
 
 
 def _dedup_and_assemble(
@@ -418,18 +421,16 @@ def _dedup_and_assemble(
     return assemble(kept, [digests[i] for i in keep], now_ms)
 
 
-def _new_quarantine_rows(store: Store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def new_quarantine_rows(store: Store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows whose ``quarantine_id`` is not in the table yet (and not repeated within ``rows``)."""
     unique = {row["quarantine_id"]: row for row in rows}
-    existing = store.read(
-        "quarantine", columns=["quarantine_id"], filter=ds.field("quarantine_id").isin(list(unique))
-    )
+    existing = store.read("quarantine", columns=["quarantine_id"], filter=ds.field("quarantine_id").isin(list(unique)))
     for qid in existing.column("quarantine_id").to_pylist():
         unique.pop(qid, None)
     return list(unique.values())
 
 
-def _quarantine_batches(rows: list[dict[str, Any]], size: int = 10_000) -> Iterable[pa.RecordBatch]:
+def quarantine_batches(rows: list[dict[str, Any]], size: int = 10_000) -> Iterable[pa.RecordBatch]:
     for start in range(0, len(rows), size):
         yield pa.RecordBatch.from_pylist(rows[start : start + size], schema=QUARANTINE)
 

@@ -29,9 +29,7 @@ def finish_reason(value: Any) -> str:
         value = value.get("type")
     if isinstance(value, str) and value in FINISH_REASON_MAP:
         return FINISH_REASON_MAP[value]
-    raise Quarantined(
-        "bad_finish_reason", f"finish reason {value!r} is not one of {sorted(FINISH_REASON_MAP)}"
-    )
+    raise Quarantined("bad_finish_reason", f"finish reason {value!r} is not one of {sorted(FINISH_REASON_MAP)}")
 
 
 def epoch_ms(value: Any) -> int | None:

@@ -66,6 +66,5 @@ def detect_file(uri: str, lines: list[tuple[int, bytes]]) -> Format:
         if head and fmt.sniff(head):
             return fmt
     raise FormatDetectionError(
-        f"{uri}: no known format matches its first records (tried: {', '.join(names())}); "
-        "pass --format to force one"
+        f"{uri}: no known format matches its first records (tried: {', '.join(names())}); pass --format to force one"
     )

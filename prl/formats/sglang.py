@@ -71,15 +71,9 @@ def version_spans(value: Any, n_tokens: int) -> list[dict[str, Any]] | None:
     if isinstance(value[0], dict):
         spans = []
         for span in value:
-            if (
-                not isinstance(span, dict)
-                or as_int(span.get("start")) is None
-                or as_int(span.get("end")) is None
-            ):
+            if not isinstance(span, dict) or as_int(span.get("start")) is None or as_int(span.get("end")) is None:
                 raise Quarantined("bad_shape", "weight_versions spans need integer start and end")
-            spans.append(
-                {"version": as_version(span.get("version")), "start": span["start"], "end": span["end"]}
-            )
+            spans.append({"version": as_version(span.get("version")), "start": span["start"], "end": span["end"]})
         return spans
     if len(value) != n_tokens:
         raise Quarantined("bad_shape", f"weight_versions has {len(value)} entries for {n_tokens} tokens")
@@ -88,8 +82,7 @@ def version_spans(value: Any, n_tokens: int) -> list[dict[str, Any]] | None:
     starts = np.concatenate([[0], change])
     ends = np.concatenate([change, [len(versions)]])
     return [
-        {"version": str(versions[s]), "start": int(s), "end": int(e)}
-        for s, e in zip(starts.tolist(), ends.tolist())
+        {"version": str(versions[s]), "start": int(s), "end": int(e)} for s, e in zip(starts.tolist(), ends.tolist())
     ]
 
 

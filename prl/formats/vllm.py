@@ -161,11 +161,7 @@ class VllmChat(Format):
         logprobs = pc.struct_field(entries, "logprob")
         if ids_raw is not None:
             completion = token_id_array(ids_raw, "token_ids")
-            if (
-                len(tokens) == len(completion)
-                and len(tokens)
-                and pc.all(pc.starts_with(tokens, "token_id:")).as_py()
-            ):
+            if len(tokens) == len(completion) and len(tokens) and pc.all(pc.starts_with(tokens, "token_id:")).as_py():
                 _check_same(completion, parse_token_id_strings(tokens, "logprobs token"), "logprobs tokens")
         else:
             completion = parse_token_id_strings(tokens, "logprobs.content[].token")
@@ -212,9 +208,7 @@ class VllmCompletions(Format):
             index = position if index is None else index
             try:
                 out.append(
-                    self._choice(
-                        obj, request_id, index, require_dict(choice, "choice"), session_id, turn, options
-                    )
+                    self._choice(obj, request_id, index, require_dict(choice, "choice"), session_id, turn, options)
                 )
             except Quarantined as q:
                 q.choice_index = index
@@ -257,11 +251,7 @@ class VllmCompletions(Format):
 
         topk_ids = topk_logprobs = None
         heads_raw = lp.get("top_logprobs")
-        if (
-            isinstance(heads_raw, list)
-            and heads_raw
-            and all(isinstance(h, dict) and h for h in heads_raw[:1])
-        ):
+        if isinstance(heads_raw, list) and heads_raw and all(isinstance(h, dict) and h for h in heads_raw[:1]):
             flat_maps = typed_array(heads_raw, HEAD_MAP, "bad_logprob", "logprobs.top_logprobs")
             map_keys = flat_maps.keys
             if (

@@ -1,0 +1,35 @@
+# prl — every target sets itself up: `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint demo bench sample-data clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+lint: setup
+	$(PY) -m ruff check prl tests bench scripts
+	$(PY) -m ruff format --check prl tests bench scripts
+
+test: setup
+	$(PY) -m ruff check prl tests bench scripts
+	$(PY) -m pytest -n 2 --durations=15 tests
+
+demo: setup
+	bash scripts/demo.sh
+
+bench: setup
+	$(PY) bench/run_all.py
+
+sample-data: setup
+	$(PY) scripts/make_sample_data.py sample_data
+
+clean:
+	rm -rf demo_out bench_out .pytest_cache .ruff_cache

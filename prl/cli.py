@@ -1,0 +1,131 @@
+"""The ``prl`` command line: options → one library call → rendering. No pipeline logic lives here.
+
+Exit codes (design.md §7): 0 done (also when there was nothing new), 1 done but data problems passed a threshold,
+2 usage or configuration error, 3 another run holds the lock, 5 retryable I/O error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import typer
+
+from prl import report
+from prl.errors import ExitCode, PrlError
+
+app = typer.Typer(
+    name="prl",
+    help="Production-RL data pipelines: serving traces in, checked training shards out.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON summary on stdout.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Do all the reading and checking, write nothing.")]
+StoreOpt = Annotated[str, typer.Option("--store", help="Trace store: a folder or an s3:// prefix.")]
+
+
+def _run(call: Callable[[], Any], render: Callable[[Any], None], as_json: bool) -> None:
+    """Run a library call, render its result, exit with its exit code; map errors to exit codes."""
+    try:
+        result = call()
+    except PrlError as exc:
+        if as_json:
+            report.emit_json({"error": str(exc), "exit_code": int(exc.exit_code)})
+        report.stderr.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(int(exc.exit_code)) from None
+    except KeyboardInterrupt:
+        report.stderr.print("[yellow]interrupted[/yellow]: committed work is kept, uncommitted work is invisible")
+        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
+    if as_json:
+        report.emit_json(result.to_json())
+    else:
+        render(result)
+    raise typer.Exit(int(result.exit_code))
+
+
+@app.callback()
+def _main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details to stderr.")] = False,
+) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@app.command()
+def ingest(
+    sources: Annotated[
+        list[str], typer.Argument(help="Files, folders, globs or s3:// prefixes (.gz/.zst read transparently).")
+    ],
+    store: StoreOpt,
+    format: Annotated[str, typer.Option("--format", help="Wire format, or 'auto' to detect it per file.")] = "auto",
+    kind: Annotated[
+        str, typer.Option("--kind", help="What the files hold: traces, rewards, or ref (reference logprobs).")
+    ] = "traces",
+    policy_version: Annotated[
+        str | None, typer.Option("--policy-version", help="Policy version for records that carry none.")
+    ] = None,
+    group_field: Annotated[
+        str | None,
+        typer.Option("--group-field", help="Record field that defines centering groups (default: prompt digest)."),
+    ] = None,
+    max_quarantine_rate: Annotated[
+        float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
+    ] = 0.05,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Read serving traces (or rewards / reference logprobs) into the store, exactly as sampled."""
+    if kind == "traces":
+        from prl.ingest import ingest as run_ingest
+
+        def call() -> Any:
+            from prl.sources import expand
+
+            total = sum(s.size for s in expand(sources))
+            with report.byte_progress(total, "ingest") as progress:
+                return run_ingest(
+                    sources,
+                    store,
+                    format=format,
+                    policy_version=policy_version,
+                    group_field=group_field,
+                    dry_run=dry_run,
+                    max_quarantine_rate=max_quarantine_rate,
+                    progress=progress,
+                )
+
+        _run(call, report.render_ingest, as_json)
+    elif kind in ("rewards", "ref"):
+        from prl.side_tables import ingest_side_table
+
+        _run(
+            lambda: ingest_side_table(sources, store, kind=kind, dry_run=dry_run),
+            lambda r: r.render(report.stdout),
+            as_json,
+        )
+    else:
+        report.stderr.print(f"[red]error:[/red] --kind must be traces, rewards or ref, not {kind!r}")
+        raise typer.Exit(int(ExitCode.USAGE))
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> None:
+    """Console-script entry point: SIGTERM behaves like Ctrl-C (exit 130, committed work kept)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    app()
+
+
+if __name__ == "__main__":
+    main()

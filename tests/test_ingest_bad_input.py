@@ -1,0 +1,225 @@
+"""Every bad input: quarantined with its reason (or a clear error), good records in the same file still land."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import polars as pl
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from records import sglang_generate, vllm_chat
+
+from prl.errors import ExitCode, UsageError
+from prl.ingest import ingest
+
+GOOD = vllm_chat("good", [1, 2], [([3, 1], [-0.5, -0.25])])
+
+
+def reasons(store) -> list[tuple[int, str]]:
+    df = pl.read_delta(store.table_uri("quarantine")).sort("source_line", "reason")
+    return list(zip(df["source_line"].to_list(), df["reason"].to_list()))
+
+
+def sample_ids(store) -> list[str]:
+    return sorted(pl.read_delta(store.table_uri("traces"))["sample_id"].to_list())
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ('{"id": "x", "object": "chat.completion", "choices": [', "malformed_json"),
+        (vllm_chat("len", [1], [([2, 3], [-1.0])]), "length_mismatch"),
+        (vllm_chat("nan", [1], [([2, 3], [-1.0, float("nan")])]), "nonfinite_logprob"),
+        (vllm_chat("inf", [1], [([2], [float("-inf")])]), "nonfinite_logprob"),
+        (vllm_chat("pos", [1], [([2, 3], [-1.0, 0.5])]), "positive_logprob"),
+        (vllm_chat("neg", [1, -4], [([2], [-1.0])]), "bad_token_id"),
+        (vllm_chat("big", [1], [([2**31], [-1.0])]), "bad_token_id"),
+        ({**vllm_chat("flt", [1], [([2], [-1.0])]), "prompt_token_ids": [1.5]}, "bad_token_id"),
+        ({**vllm_chat("str", [1], [([2], [-1.0])]), "prompt_token_ids": "1 2 3"}, "bad_token_id"),
+        (vllm_chat("fin", [1], [([2], [-1.0])], finish_reason="weird"), "bad_finish_reason"),
+        (vllm_chat("emp", [1], [([], [])]), "empty_completion"),
+        (vllm_chat("nop", [], [([2], [-1.0])]), "no_prompt_ids"),
+        ({**vllm_chat("noid", [1], [([2], [-1.0])]), "prompt_token_ids": None}, "no_token_ids"),
+        (
+            {
+                "id": "t",
+                "object": "chat.completion",
+                "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            },
+            "no_token_ids",
+        ),
+        (
+            vllm_chat("txt", [1], [([2], [-1.0])], with_token_ids=False)
+            | {
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "logprobs": {"content": [{"token": "Hello", "logprob": -1.0, "top_logprobs": []}]},
+                    }
+                ]
+            },
+            "no_token_ids",
+        ),
+        (
+            {
+                **vllm_chat("lpstr", [1], [([2], [-1.0])]),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "token_ids": [2],
+                        "logprobs": {"content": [{"token": "token_id:2", "logprob": "high"}]},
+                    }
+                ],
+            },
+            "bad_logprob",
+        ),
+        (
+            {
+                **vllm_chat("nolp", [1], [([2], [-1.0])]),
+                "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [2], "logprobs": None}],
+            },
+            "no_logprobs",
+        ),
+        (
+            {
+                **vllm_chat("mism", [1], [([2], [-1.0])]),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "token_ids": [5],
+                        "logprobs": {"content": [{"token": "token_id:2", "logprob": -1.0}]},
+                    }
+                ],
+            },
+            "token_mismatch",
+        ),
+        ({"id": 5, "object": "chat.completion", "choices": []}, "missing_request_id"),
+        ({"id": "e", "object": "chat.completion", "choices": []}, "no_choices"),
+        ({"id": "w", "object": "chat.completion", "choices": "oops"}, "bad_shape"),
+    ],
+)
+def test_bad_record_is_quarantined_good_one_lands(store, write_trace, bad, reason):
+    path = write_trace("mixed.jsonl", [GOOD, bad, GOOD | {"id": "good2"}])
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    assert result.quarantined == {reason: 1}
+    assert result.samples == 2
+    assert sample_ids(store) == ["good#0", "good2#0"]
+    assert reasons(store) == [(2, reason)]
+    row = pl.read_delta(store.table_uri("quarantine")).row(0, named=True)
+    assert row["raw"].startswith(bad if isinstance(bad, str) else "{")
+    assert row["source_uri"] == str(path)
+
+
+def test_one_bad_choice_keeps_the_others(store, write_trace):
+    record = vllm_chat("multi", [1], [([2], [-1.0]), ([3], [float("nan")]), ([4], [-2.0])])
+    result = ingest([str(write_trace("m.jsonl", [record]))], store)
+    assert sample_ids(store) == ["multi#0", "multi#2"]
+    q = pl.read_delta(store.table_uri("quarantine")).row(0, named=True)
+    assert (q["reason"], q["sample_id"]) == ("nonfinite_logprob", "multi#1")
+    assert result.exit_code == ExitCode.DATA_PROBLEMS  # 1 of 3 > 5%
+
+
+def test_duplicate_request_id_with_other_content(store, write_trace):
+    same = vllm_chat("dup", [1], [([2], [-1.0])])
+    other = vllm_chat("dup", [1], [([2], [-2.0])])
+    result = ingest([str(write_trace("dup.jsonl", [same, same, other]))], store, max_quarantine_rate=None)
+    assert (result.samples, result.already_present, result.quarantined) == (1, 1, {"duplicate_sample_id": 1})
+    assert reasons(store) == [(3, "duplicate_sample_id")]
+
+
+def test_truncated_gzip_keeps_decoded_records(store, tmp_path):
+    data = gzip.compress(b"".join(json.dumps(GOOD | {"id": f"g{i}"}).encode() + b"\n" for i in range(50)))
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) - 40])
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    assert result.quarantined.get("truncated_input") == 1
+    assert 0 < result.samples < 50
+    # every decoded line is accounted for; the cut-off last line is quarantined, not dropped
+    assert result.samples + result.quarantined.get("truncated_line", 0) == result.records
+
+
+def test_truncated_zstd(store, tmp_path):
+    data = zstandard.ZstdCompressor().compress(
+        b"".join(json.dumps(GOOD | {"id": f"z{i}"}).encode() + b"\n" for i in range(50))
+    )
+    path = tmp_path / "cut.jsonl.zst"
+    path.write_bytes(data[: len(data) // 2])
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    assert result.quarantined.get("truncated_input") == 1
+    row = pl.read_delta(store.table_uri("quarantine")).row(0, named=True)
+    assert "zstd stream ends inside a frame" in row["message"]
+
+
+def test_corrupt_gzip(store, tmp_path):
+    path = tmp_path / "bad.jsonl.gz"
+    path.write_bytes(b"\x1f\x8b\x08\x00" + b"\x00" * 30)
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    assert "truncated_input" in result.quarantined or result.files[0].status == "failed"
+
+
+def test_unterminated_last_line(store, tmp_path):
+    path = tmp_path / "partial.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + b'{"id": "half", "object": "chat.com')
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    assert result.quarantined == {"truncated_line": 1}
+
+
+def test_empty_and_blank_files(store, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    blank = tmp_path / "blank.jsonl"
+    blank.write_bytes(b"\n\n  \n")
+    result = ingest([str(empty), str(blank)], store)
+    assert result.exit_code == ExitCode.USAGE  # nothing to detect a format from: said, not hidden
+    assert all(f.status == "failed" for f in result.files)
+
+
+def test_missing_source_is_usage_error(store, tmp_path):
+    with pytest.raises(UsageError, match="no input files match"):
+        ingest([str(tmp_path / "nope" / "*.jsonl")], store)
+
+
+def test_sglang_bad_triples(store, write_trace):
+    bad = sglang_generate("s", [1], [2], [-1.0])
+    bad["meta_info"]["output_token_logprobs"] = [[-1.0]]
+    result = ingest(
+        [str(write_trace("s.jsonl", [sglang_generate("ok", [1], [2], [-1.0]), bad]))], store, max_quarantine_rate=None
+    )
+    assert result.quarantined == {"bad_shape": 1}
+
+
+printable_lines = st.one_of(
+    st.binary(max_size=200).filter(lambda b: b"\n" not in b and b"\r" not in b),
+    st.text(max_size=200).filter(lambda s: "\n" not in s and "\r" not in s).map(str.encode),
+    st.builds(lambda s: json.dumps(GOOD)[:s].encode(), st.integers(0, 400)),
+    st.builds(
+        lambda k, v: json.dumps({**GOOD, k: v}).encode(),
+        st.sampled_from(["id", "choices", "prompt_token_ids", "object", "created"]),
+        st.one_of(st.none(), st.integers(), st.text(max_size=5), st.lists(st.integers(-3, 5), max_size=3)),
+    ),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(printable_lines, max_size=8))
+def test_garbage_never_crashes_never_loses_a_good_line(tmp_path_factory, garbage):
+    tmp = tmp_path_factory.mktemp("fuzz")
+    from prl.store import Store
+
+    store = Store(str(tmp / "store"))
+    lines = [json.dumps(GOOD).encode(), *garbage, json.dumps(GOOD | {"id": "last"}).encode()]
+    path = tmp / "fuzz.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    ids = sample_ids(store)
+    assert "good#0" in ids and "last#0" in ids
+    # every non-blank line is accounted for: a sample, already present, or quarantined
+    nonblank = sum(1 for line in lines if line.strip())
+    assert result.records == nonblank

@@ -66,9 +66,7 @@ def _chunk(choices, **extra):
 
 def test_choice_without_finish_reason_is_truncated():
     lp = {"content": [{"token": "token_id:5", "logprob": -0.5}]}
-    out = _parse(
-        _stream(_chunk([{"index": 0, "delta": {}, "token_ids": [5], "logprobs": lp}], prompt_token_ids=[1]))
-    )
+    out = _parse(_stream(_chunk([{"index": 0, "delta": {}, "token_ids": [5], "logprobs": lp}], prompt_token_ids=[1])))
     assert [(q.reason, q.choice_index) for q in out] == [("truncated_stream", 0)]
 
 

@@ -56,11 +56,7 @@ def test_generate_int_token_ids_two_choices_and_floor():
 
 
 def test_generate_dict_logprobs_look_up_the_sampled_id():
-    s = next(
-        s
-        for s in samples(parse_file("vllm_generate", "vllm_generate/generate.jsonl"))
-        if s.request_id == "gen-3"
-    )
+    s = next(s for s in samples(parse_file("vllm_generate", "vllm_generate/generate.jsonl")) if s.request_id == "gen-3")
     assert s.prompt_token_ids.to_pylist() == P2
     assert s.completion_logprobs.to_pylist() == [-0.5, -3.0]
     assert heads(s) == ([[51119, 60000], [2, 3]], [[-0.5, -1.25], [-0.5, -1.0]])
@@ -101,27 +97,21 @@ def test_request_output_dump():
         (
             {
                 "request_id": "x",
-                "choices": [
-                    {"index": 0, "token_ids": [1], "finish_reason": "weird", "logprobs": [{"1": -0.1}]}
-                ],
+                "choices": [{"index": 0, "token_ids": [1], "finish_reason": "weird", "logprobs": [{"1": -0.1}]}],
             },
             "bad_finish_reason",
         ),
         (
             {
                 "request_id": "x",
-                "choices": [
-                    {"index": 0, "token_ids": [1, 2], "finish_reason": "stop", "logprobs": [{"1": -0.1}]}
-                ],
+                "choices": [{"index": 0, "token_ids": [1, 2], "finish_reason": "stop", "logprobs": [{"1": -0.1}]}],
             },
             "length_mismatch",
         ),
         (
             {
                 "request_id": "x",
-                "choices": [
-                    {"index": 0, "token_ids": [1], "finish_reason": "stop", "logprobs": [{"abc": -0.1}]}
-                ],
+                "choices": [{"index": 0, "token_ids": [1], "finish_reason": "stop", "logprobs": [{"abc": -0.1}]}],
             },
             "bad_token_id",
         ),

@@ -156,9 +156,7 @@ class LiteLLMLog(_Envelope):
         if payload is None:
             raise Quarantined("bad_shape", "not a LiteLLM logging payload")
         if payload.get("status") == "failure" or payload.get("error_str"):
-            raise Quarantined(
-                "upstream_error", f"LiteLLM logged a failure: {str(payload.get('error_str'))[:300]}"
-            )
+            raise Quarantined("upstream_error", f"LiteLLM logged a failure: {str(payload.get('error_str'))[:300]}")
         metadata = opt_dict(payload.get("metadata"))
         request = {
             **opt_dict(payload.get("model_parameters")),

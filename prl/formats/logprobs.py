@@ -303,7 +303,5 @@ def dict_logprobs(entries: Any, sampled_ids: pa.Array, what: str) -> TokenColumn
             k -= 1
     if k <= 0:
         return columns
-    columns.topk_ids, columns.topk_logprobs = build_heads(
-        offsets, key_ids, logprobs_flat, sampled_ids, what, k=k
-    )
+    columns.topk_ids, columns.topk_logprobs = build_heads(offsets, key_ids, logprobs_flat, sampled_ids, what, k=k)
     return columns

@@ -78,9 +78,7 @@ def rollout_sample(
     the raw finish reason (normalised here; a dump without one is ``bad_finish_reason``)."""
     n = len(completion_ids)
     if logprobs is None:
-        raise Quarantined(
-            "no_logprobs", f"{what} has no rollout logprobs (enable them in the rollout config)"
-        )
+        raise Quarantined("no_logprobs", f"{what} has no rollout logprobs (enable them in the rollout config)")
     lps = logprob_array(logprobs, f"{what} logprobs")
     completion_mask = None
     if mask is not None:
@@ -180,9 +178,7 @@ class Slime(Format):
         tokens = token_id_array(obj.get("tokens"), "tokens")
         length = obj.get("response_length")
         if type(length) is not int or not 0 <= length <= len(tokens):
-            raise Quarantined(
-                "bad_shape", f"response_length {length!r} is not an integer in [0, {len(tokens)}]"
-            )
+            raise Quarantined("bad_shape", f"response_length {length!r} is not an integer in [0, {len(tokens)}]")
         split = len(tokens) - length
         status = obj.get("status")
         if isinstance(status, dict):  # Enum serialized as {"value": ...} by some dumpers
@@ -232,9 +228,7 @@ class SkyRL(Format):
             )
         ]
 
-    def _batch(
-        self, obj: dict[str, Any], responses: list[Any], options: ParseOptions
-    ) -> list[Sample | Quarantined]:
+    def _batch(self, obj: dict[str, Any], responses: list[Any], options: ParseOptions) -> list[Sample | Quarantined]:
         rows = len(responses)
 
         def column(key: str) -> list[Any]:

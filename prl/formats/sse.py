@@ -62,9 +62,7 @@ class Sse(Format):
 
     def sniff(self, head: list[RawRecord]) -> bool:
         return any(
-            r.error is None
-            and isinstance(r.obj, dict)
-            and any(is_chunk(c) for c in r.obj.get(STREAM_KEY, [])[:1])
+            r.error is None and isinstance(r.obj, dict) and any(is_chunk(c) for c in r.obj.get(STREAM_KEY, [])[:1])
             for r in head
         )
 
@@ -75,9 +73,7 @@ class Sse(Format):
             if not line or line.startswith(b":") or line.startswith(_SKIPPED_FIELDS):
                 continue
             if not line.startswith(b"data:"):
-                yield RawRecord(
-                    line_no, raw, None, Quarantined("malformed_sse", "line is not an SSE 'data:' field")
-                )
+                yield RawRecord(line_no, raw, None, Quarantined("malformed_sse", "line is not an SSE 'data:' field"))
                 continue
             payload = line[5:].strip()
             if payload == b"[DONE]":

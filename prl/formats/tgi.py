@@ -41,14 +41,10 @@ class _Sequence:
 
     def __init__(self, seq: dict[str, Any], what: str) -> None:
         prefill = seq.get("prefill")
-        self.prompt_ids = _ids(
-            struct_rows([] if prefill is None else prefill, f"{what}.prefill"), f"{what}.prefill"
-        )
+        self.prompt_ids = _ids(struct_rows([] if prefill is None else prefill, f"{what}.prefill"), f"{what}.prefill")
         rows = struct_rows(seq.get("tokens"), f"{what}.tokens")
         self.ids = _ids(rows, f"{what}.tokens")
-        self.logprobs = (
-            float_field(rows, "logprob", f"{what}.tokens") if len(rows) else pa.array([], pa.float64())
-        )
+        self.logprobs = float_field(rows, "logprob", f"{what}.tokens") if len(rows) else pa.array([], pa.float64())
         self.topk_ids, self.topk_logprobs = self._heads(seq.get("top_tokens"), f"{what}.top_tokens")
         self.finish_reason = finish_reason(seq.get("finish_reason"))  # eos_token/stop_sequence → stop
         self.text = opt_str(seq.get("generated_text"))
@@ -85,9 +81,7 @@ class Tgi(Format):
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
         obj = as_dict(obj, "record")
         if obj.get("details") is None:
-            raise Quarantined(
-                "no_token_ids", "TGI response without details (request with details: true); text only"
-            )
+            raise Quarantined("no_token_ids", "TGI response without details (request with details: true); text only")
         details = as_dict(obj["details"], "details")
         main = dict(details, generated_text=obj.get("generated_text"))
         raw = [main, *as_list(details.get("best_of_sequences") or [], "details.best_of_sequences")]

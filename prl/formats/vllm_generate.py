@@ -59,12 +59,7 @@ def _is_generate(obj: Any) -> bool:
     if not isinstance(obj, dict) or "request_id" not in obj or "object" in obj:
         return False
     choices = obj.get("choices")
-    return (
-        isinstance(choices, list)
-        and bool(choices)
-        and isinstance(choices[0], dict)
-        and ("token_ids" in choices[0])
-    )
+    return isinstance(choices, list) and bool(choices) and isinstance(choices[0], dict) and ("token_ids" in choices[0])
 
 
 class VllmGenerate(Format):
@@ -124,9 +119,7 @@ class VllmGenerate(Format):
             session_id=session,
             turn=turn,
             group_key=group_key_of(obj, options),
-            policy_version=policy_version_of(
-                opt_dict(obj.get("metadata")).get("weight_version"), options=options
-            ),
+            policy_version=policy_version_of(opt_dict(obj.get("metadata")).get("weight_version"), options=options),
         )
 
 
@@ -161,9 +154,7 @@ class VllmRequestOutput(Format):
                 exc.choice_index = position
                 parsed.append(exc)
         if request_id is None:
-            request_id = derived_request_id(
-                prompt_ids, *(p[2] for p in parsed if not isinstance(p, Quarantined))
-            )
+            request_id = derived_request_id(prompt_ids, *(p[2] for p in parsed if not isinstance(p, Quarantined)))
         out: list[Sample | Quarantined] = []
         for item in parsed:
             if isinstance(item, Quarantined):

@@ -110,7 +110,7 @@ class ProxyCapture(_Envelope):
 
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
         obj = as_dict(obj, "record")
-        request, _ = _http_body(obj["request"])
+        request, _ = _http_body(obj.get("request"))
         request = as_dict(request, "request body")
         if obj.get("error") is not None:
             raise Quarantined("upstream_error", f"the proxied request failed: {str(obj['error'])[:300]}")

@@ -9,6 +9,7 @@ Everything here touches one record's scalar fields; per-token values stay in Arr
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -75,6 +76,15 @@ def choice_index(value: Any, default: int, what: str) -> int:
     if index is None or index < 0:
         raise Quarantined(BAD_SHAPE, f"{what} index {value!r} is not a non-negative integer")
     return index
+
+
+def json_text(value: Any) -> str:
+    """Compact JSON text (``messages`` and other pass-through fields); integers beyond 64 bits, which
+    orjson refuses, go through the standard library instead."""
+    try:
+        return dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 # --- timestamps ----------------------------------------------------------------------------------------
@@ -202,7 +212,7 @@ def request_side(request: dict[str, Any], created: Any = None) -> RequestSide:
     settings = sampling_settings(request)
     return RequestSide(
         prompt_token_ids=prompt_ids,
-        messages=dumps(messages) if messages is not None else None,
+        messages=json_text(messages) if messages is not None else None,
         session_id=request_session(request),
         created_at_ms=timestamp_ms(created if created is not None else request.get("created")),
         model=opt_str(request.get("model")),

@@ -35,13 +35,20 @@ from prl.formats.base import (
     ParseOptions,
     Quarantined,
     Sample,
-    dumps,
     first_present,
     logprob_array,
     token_id_array,
 )
 from prl.formats.common import finish_reason, group_key_of, policy_version_of, session_of
-from prl.formats.fields import as_dict, as_list, derived_request_id, opt_dict, opt_str, request_session
+from prl.formats.fields import (
+    as_dict,
+    as_list,
+    derived_request_id,
+    json_text,
+    opt_dict,
+    opt_str,
+    request_session,
+)
 
 
 def mask_array(values: Any, what: str) -> pa.Array:
@@ -108,7 +115,7 @@ def rollout_sample(
         policy_version=policy_version_of(
             obj.get("weight_version"), obj.get("policy_version"), extra.get("weight_version"), options=options
         ),
-        messages=dumps(messages) if messages is not None else None,
+        messages=json_text(messages) if messages is not None else None,
         completion_text=opt_str(first_present(obj, "response", "completion_text")),
         model=opt_str(obj.get("model")),
         group_key=group_key_of(obj, options),

@@ -225,14 +225,17 @@ def request_side(request: dict[str, Any], created: Any = None) -> RequestSide:
 DERIVED_ID_PREFIX = "sha256:"
 
 
-def derived_request_id(*arrays: pa.Array) -> str:
+def derived_request_id(*arrays: pa.Array, salt: str | None = None) -> str:
     """A stable request ID for records that carry none (TGI responses, RL rollout dumps):
     ``"sha256:"`` + the first 32 hex digits of a SHA-256 over the records' token IDs, each array as
-    little-endian int64 preceded by its length. The same tokens always give the same ID, whatever the JSON
-    formatting; different token sequences (prompt or completion) give different IDs."""
+    little-endian int64 preceded by its length, then ``salt`` (UTF-8) when given. The same tokens (and salt)
+    always give the same ID, whatever the JSON formatting; different token sequences give different IDs.
+    ``salt`` holds whatever tells apart samples whose tokens coincide (a rollout's index, a batch row)."""
     digest = hashlib.sha256()
     for array in arrays:
         values = np.asarray(array.to_numpy(zero_copy_only=False), dtype="<i8")
         digest.update(np.int64(len(values)).astype("<i8").tobytes())
         digest.update(values.tobytes())
+    if salt is not None:
+        digest.update(salt.encode("utf-8", errors="surrogatepass"))
     return DERIVED_ID_PREFIX + digest.hexdigest()[:32]

@@ -13,9 +13,12 @@
   ``completion_logprobs``, ``is_truncated``; flat or nested under ``tokens``.
 
 These dumps rarely carry a request ID that stays unique across runs (slime's ``index`` and SkyRL's
-``instance_id`` restart with every run), so the request ID is always derived from the sample's own token IDs:
-``"sha256:" + sha256(prompt ids, completion ids)[:32]`` (:func:`prl.formats.common.derived_request_id`), and
-the choice index is 0. Re-ingesting the same dump therefore never duplicates a sample.
+``instance_id`` restart with every run), so the request ID is always derived: ``"sha256:" + sha256(prompt
+ids, completion ids, salt)[:32]`` (:func:`prl.formats.fields.derived_request_id`), choice index 0. The salt
+is the record's own per-sample identifiers (``request_id``, ``uid``, ``index``, ``group_index``,
+``trajectory_id``, ``example_id``, ``rollout_id``, ``step``, and for a SkyRL batch the row and its trajectory
+ID), so two group members that sampled the very same tokens stay two samples, while re-reading the same dump
+gives the same IDs and never duplicates a sample.
 
 Masked positions (``completion_mask`` false: tool output, observations) were not sampled, and frameworks pad
 their logprobs with 0.0; those logprobs become null so a 0.0 placeholder never reads as log q = 0.
@@ -70,10 +73,14 @@ def mask_array(values: Any, what: str) -> pa.Array:
     raise Quarantined("bad_mask", f"{what} holds {array.type} values, expected 0/1")
 
 
+SALT_KEYS = ("request_id", "uid", "index", "group_index", "trajectory_id", "example_id", "rollout_id", "step")
+
+
 def rollout_sample(
     obj: dict[str, Any],
     options: ParseOptions,
     *,
+    salt: Any = None,
     prompt_ids: pa.Array,
     completion_ids: pa.Array,
     logprobs: Any,
@@ -103,7 +110,9 @@ def rollout_sample(
     session, turn = session_of(obj)
     extra = opt_dict(obj.get("extra_fields"))
     return Sample(
-        request_id=derived_request_id(prompt_ids, completion_ids),
+        request_id=derived_request_id(
+            prompt_ids, completion_ids, salt=json_text([[obj.get(k) for k in SALT_KEYS], salt])
+        ),
         choice_index=0,
         prompt_token_ids=prompt_ids,
         completion_token_ids=completion_ids,
@@ -251,6 +260,7 @@ class SkyRL(Format):
         logprobs = column("rollout_logprobs")
         masks = column("loss_masks")
         reasons = column("stop_reasons")
+        trajectories = column("trajectory_ids")
         out: list[Sample | Quarantined] = []
         for row in range(rows):
             try:
@@ -264,6 +274,7 @@ class SkyRL(Format):
                         masks[row],
                         opt_str(reasons[row]),
                         f"row {row}",
+                        salt=[row, trajectories[row]],
                     )
                 )
             except Quarantined as exc:
@@ -281,10 +292,12 @@ class SkyRL(Format):
         mask: Any,
         reason: str | None,
         what: str,
+        salt: Any = None,
     ) -> Sample:
         return rollout_sample(
             obj,
             options,
+            salt=salt,
             prompt_ids=token_id_array(prompt, f"{what} prompt_token_ids"),
             completion_ids=token_id_array(response, f"{what} response_ids"),
             logprobs=logprobs,

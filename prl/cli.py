@@ -117,6 +117,71 @@ def ingest(
         raise typer.Exit(int(ExitCode.USAGE))
 
 
+def _shard_options(recipe: str | None, overrides: list[str]) -> Any:
+    """``[shards]`` of a TOML recipe, then ``KEY=VALUE`` overrides, validated by ``ShardOptions``."""
+    import tomllib
+
+    from prl.errors import UsageError
+    from prl.recipe_shards import ShardOptions
+
+    mapping: dict[str, Any] = {}
+    if recipe:
+        try:
+            with open(recipe, "rb") as fh:
+                doc = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"cannot read recipe {recipe}: {exc}") from exc
+        mapping.update(doc.get("shards", {}))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+        mapping[key.strip()] = value.strip()
+    return ShardOptions.from_mapping(mapping)
+
+
+@app.command("build-shards")
+def build_shards_cmd(
+    store: StoreOpt,
+    out: Annotated[str, typer.Option("--out", help="Folder that receives shard sets (OUT/<set-id>/).")],
+    recipe: Annotated[str | None, typer.Option("--recipe", help="TOML recipe; its [shards] table.")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override one [shards] option: KEY=VALUE (repeatable).")
+    ] = None,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Ship every sample again, shipped or not.")] = False,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Join checked traces, rewards and reference logprobs into shuffled, atomically published Parquet shards."""
+    from prl.shards import build_shards
+    from prl.store import Store
+
+    _run(
+        lambda: build_shards(Store(store), out, _shard_options(recipe, overrides or []), rebuild, dry_run),
+        report.render_shards,
+        as_json,
+    )
+
+
+@app.command("export")
+def export_cmd(
+    shards: Annotated[str, typer.Argument(help="A shard set folder (OUT/<set-id>).")],
+    out: Annotated[str, typer.Argument(help="Output JSONL file.")],
+    format: Annotated[str, typer.Option("--format", help="Export format: tinker.")] = "tinker",
+    as_json: JsonOpt = False,
+) -> None:
+    """Export a shard set for a trainer (Tinker Datum JSONL)."""
+    from prl.errors import UsageError
+    from prl.export.tinker import export_tinker
+
+    def call() -> Any:
+        if format != "tinker":
+            raise UsageError(f"--format must be tinker, not {format!r}")
+        return export_tinker(shards, out)
+
+    _run(call, lambda r: report.stdout.print(f"{r.rows:,} datums written to {r.out} ({r.skipped} skipped)"), as_json)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 

@@ -9,10 +9,10 @@ import os
 import numpy as np
 import polars as pl
 import pytest
-from records import sglang_generate, vllm_chat, vllm_completion
 
 from prl.errors import ExitCode
 from prl.ingest import ingest
+from tests.records import sglang_generate, vllm_chat, vllm_completion
 
 
 def traces(store) -> pl.DataFrame:

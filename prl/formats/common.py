@@ -82,6 +82,18 @@ def session_of(obj: dict[str, Any]) -> tuple[str | None, int | None]:
     return (str(session) if session is not None else None), as_int(turn)
 
 
+def messages_of(obj: dict[str, Any]) -> str | None:
+    """The chat ``messages`` a record carries (top level or under ``metadata``), as compact JSON text."""
+    messages = obj.get("messages")
+    if messages is None:
+        messages = metadata_of(obj).get("messages")
+    if not isinstance(messages, list):
+        return None
+    from prl.formats.base import dumps
+
+    return dumps(messages)
+
+
 def group_key_of(obj: dict[str, Any], options: ParseOptions) -> str | None:
     """The value of the user-named group field, looked up at top level then under ``metadata``."""
     if not options.group_field:

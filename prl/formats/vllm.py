@@ -33,11 +33,11 @@ from prl.formats.base import (
     typed_array,
 )
 from prl.formats.common import (
-    as_float,
     as_int,
     epoch_ms,
     finish_reason,
     group_key_of,
+    messages_of,
     metadata_of,
     policy_version_of,
     require_dict,
@@ -183,6 +183,7 @@ class VllmChat(Format):
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
             completion_text=message.get("content") if isinstance(message.get("content"), str) else None,
+            messages=messages_of(obj),
         )
 
 
@@ -282,5 +283,5 @@ class VllmCompletions(Format):
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
             completion_text=choice.get("text") if isinstance(choice.get("text"), str) else None,
-            temperature=as_float(obj.get("temperature")),
+            messages=messages_of(obj),
         )

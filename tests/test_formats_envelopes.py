@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from formats_helpers import C2, FIXTURES, P2, lines_of, parse_file, reason_of, reasons, samples
 
 from prl.formats.envelopes import LiteLLMLog, OpenAIBatch, ProxyCapture
 from prl.formats.registry import detect_file
+from tests.formats_helpers import C2, FIXTURES, P2, lines_of, parse_file, reason_of, reasons, samples
 
 
 @pytest.mark.parametrize("name", ["openai_batch", "proxy_capture", "litellm_log"])

@@ -8,12 +8,12 @@ import json
 from typing import Any
 
 import pytest
-from formats_helpers import FIXTURES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prl.formats import registry
 from prl.formats.base import ParseOptions, Quarantined, Sample
+from tests.formats_helpers import FIXTURES
 
 FIXTURE_OF = {
     "vllm_generate": "vllm_generate/generate.jsonl",

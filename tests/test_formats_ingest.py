@@ -6,9 +6,9 @@ import shutil
 
 import polars as pl
 import pytest
-from formats_helpers import C1, C2, FIXTURES, L1, P1, P2
 
 from prl.ingest import ingest
+from tests.formats_helpers import C1, C2, FIXTURES, L1, P1, P2
 
 
 def _rows(store) -> pl.DataFrame:

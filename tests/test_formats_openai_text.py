@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 
-from formats_helpers import FIXTURES, lines_of, parse_file, reasons
-
 from prl.formats.openai_text import OpenAIText
 from prl.formats.registry import detect_file, detect_record
+from tests.formats_helpers import FIXTURES, lines_of, parse_file, reasons
 
 
 def test_responses_and_messages_records():

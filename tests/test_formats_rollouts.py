@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from formats_helpers import C1, C2, FIXTURES, L1, P1, P2, lines_of, parse_file, reason_of, reasons, samples
 
 from prl.formats.base import ParseOptions
 from prl.formats.fields import derived_request_id
 from prl.formats.registry import detect_file
 from prl.formats.rollouts import PrimeRL, SkyRL, Slime, Verl
+from tests.formats_helpers import C1, C2, FIXTURES, L1, P1, P2, lines_of, parse_file, reason_of, reasons, samples
 
 ID1 = "sha256:d494852903234ef5ca5573692aecd729"
 ID2 = "sha256:931ae508eea762915a3e5a2710d053b9"

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from formats_helpers import C1, C2, FIXTURES, L1, P1, P2, heads, lines_of, parse_file, reasons, samples
-
 from prl.formats.base import ParseOptions, Quarantined
 from prl.formats.registry import detect_file
 from prl.formats.sse import Sse
+from tests.formats_helpers import C1, C2, FIXTURES, L1, P1, P2, heads, lines_of, parse_file, reasons, samples
 
 
 def test_detected_and_framed_one_record_per_stream():

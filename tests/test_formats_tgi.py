@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from formats_helpers import C1, C2, FIXTURES, L1, P1, heads, lines_of, parse_file, reason_of, reasons, samples
 
 from prl.formats.registry import detect_file
 from prl.formats.tgi import Tgi
+from tests.formats_helpers import C1, C2, FIXTURES, L1, P1, heads, lines_of, parse_file, reason_of, reasons, samples
 
 
 def test_detected():

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from formats_helpers import (
+
+from prl.formats.registry import detect_file
+from prl.formats.vllm_generate import VllmGenerate, VllmRequestOutput
+from tests.formats_helpers import (
     C1,
     C2,
     FIXTURES,
@@ -17,9 +20,6 @@ from formats_helpers import (
     reasons,
     samples,
 )
-
-from prl.formats.registry import detect_file
-from prl.formats.vllm_generate import VllmGenerate, VllmRequestOutput
 
 
 def test_detects_both_files():

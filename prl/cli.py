@@ -77,6 +77,10 @@ def ingest(
         str | None,
         typer.Option("--group-field", help="Record field that defines centering groups (default: prompt digest)."),
     ] = None,
+    finish_reason: Annotated[
+        str | None,
+        typer.Option("--finish-reason", help="Finish reason for records that carry none (stop, length, ...)."),
+    ] = None,
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
     ] = 0.05,
@@ -98,6 +102,7 @@ def ingest(
                     format=format,
                     policy_version=policy_version,
                     group_field=group_field,
+                    finish_reason=finish_reason,
                     dry_run=dry_run,
                     max_quarantine_rate=max_quarantine_rate,
                     progress=progress,

@@ -30,12 +30,13 @@ def test_derived_request_id_is_stable_and_token_based():
 
 def test_verl_mask_nulls_tool_logprobs():
     items = parse_file("verl", "rollouts/verl.jsonl")
-    (s,) = samples(items)
+    s, unfinished = samples(items)
     assert (s.request_id, s.choice_index, s.finish_reason) == ("sha256:d78349937844a80ce9083b95f68f7852", 0, "stop")
+    assert unfinished.finish_reason is None  # the second record kept no finish reason: ingest decides
     assert s.prompt_token_ids.to_pylist() == P1 and s.completion_token_ids.to_pylist() == C1
     assert s.completion_mask.to_pylist() == [True, True, True, False, False, True, True]
     assert s.completion_logprobs.to_pylist() == [-0.5, -0.25, -0.125, None, None, -2.0, -0.75]
-    assert reasons(items) == [(2, "bad_finish_reason")]  # the second record kept no finish reason
+    assert reasons(items) == []
 
 
 def test_slime_split_status_versions_session():
@@ -143,7 +144,7 @@ def test_identical_group_members_stay_distinct_and_rereads_are_stable():
                 "rollout_logprobs": [[-1.0, -2.0]],
                 "stop_reasons": ["stop"],
             },
-            None,
+            "length_mismatch",
         ),
         (
             SkyRL(),
@@ -158,7 +159,7 @@ def test_identical_group_members_stay_distinct_and_rereads_are_stable():
         (
             PrimeRL(),
             {"prompt_ids": [1], "completion_ids": [2], "completion_logprobs": [-1.0]},
-            "bad_finish_reason",
+            "missing_finish_reason",
         ),
     ],
 )

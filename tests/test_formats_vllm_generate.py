@@ -148,7 +148,7 @@ def test_generate_bad_shapes(record, reason):
                 "prompt_token_ids": [1],
                 "outputs": [{"token_ids": [2], "finish_reason": None, "logprobs": [{"2": -1.0}]}],
             },
-            "bad_finish_reason",
+            "missing_finish_reason",
         ),
         (
             {

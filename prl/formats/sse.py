@@ -130,10 +130,12 @@ def parse_chunks(chunks: list[Any], options: ParseOptions) -> list[Sample | Quar
         out.append(q)
     if record["choices"]:
         out.extend(reader.parse(record, options))
-    for item in out:
+    message = "the stream ended without a finish_reason for this choice"
+    for position, item in enumerate(out):
         if isinstance(item, Quarantined) and item.choice_index in truncated:
-            item.reason = "truncated_stream"
-            item.message = "the stream ended without a finish_reason for this choice"
+            item.reason, item.message = "truncated_stream", message
+        elif isinstance(item, Sample) and item.choice_index in truncated:
+            out[position] = Quarantined("truncated_stream", message, item.choice_index)
     return out
 
 

@@ -5,6 +5,7 @@ else that is wrong sends the sample to quarantine with one reason code:
 
 | reason | when |
 |---|---|
+| ``missing_finish_reason`` | the record has no finish reason and none was given with ``--finish-reason`` |
 | ``no_prompt_ids`` / ``empty_completion`` | no prompt tokens / no completion tokens |
 | ``bad_token_id`` | an ID < 0 or ≥ 2³¹ |
 | ``length_mismatch`` | ``len(completion_logprobs) != len(completion_token_ids)`` |
@@ -51,6 +52,11 @@ def validate(sample: Sample) -> Sample:
     """Check one sample's arrays (vectorized per array). Returns the sample with the ``-9999`` floor nulled;
     raises :class:`Quarantined` otherwise."""
     n = len(sample.completion_token_ids)
+    if sample.finish_reason is None:
+        raise Quarantined(
+            "missing_finish_reason",
+            "the record carries no finish reason (pass --finish-reason to set one for such records)",
+        )
     if len(sample.prompt_token_ids) == 0:
         raise Quarantined("no_prompt_ids", "the prompt has no token IDs")
     if n == 0:
@@ -60,17 +66,13 @@ def validate(sample: Sample) -> Sample:
         if bounds["min"].as_py() < 0 or bounds["max"].as_py() > INT32_MAX:
             raise Quarantined("bad_token_id", f"{what} holds IDs outside [0, 2^31): {bounds}")
     if len(sample.completion_logprobs) != n:
-        raise Quarantined(
-            "length_mismatch", f"{len(sample.completion_logprobs)} logprobs for {n} completion tokens"
-        )
+        raise Quarantined("length_mismatch", f"{len(sample.completion_logprobs)} logprobs for {n} completion tokens")
     # nulls (no logprob given) are allowed; NaN, infinities and positive values are not
     values = pc.fill_null(sample.completion_logprobs, -1.0).to_numpy(zero_copy_only=False)
     finite = np.isfinite(values)
     if not finite.all():
         position = int(np.flatnonzero(~finite)[0])
-        raise Quarantined(
-            "nonfinite_logprob", f"logprob {float(values[position])} at completion position {position}"
-        )
+        raise Quarantined("nonfinite_logprob", f"logprob {float(values[position])} at completion position {position}")
     positive = values > 0
     if positive.any():
         position = int(np.flatnonzero(positive)[0])
@@ -94,9 +96,7 @@ def validate(sample: Sample) -> Sample:
             sample.topk_logprobs.offsets, _floor_to_null(pc.list_flatten(sample.topk_logprobs))
         )
     if sample.completion_mask is not None and len(sample.completion_mask) != n:
-        raise Quarantined(
-            "mask_length_mismatch", f"completion_mask has {len(sample.completion_mask)} entries"
-        )
+        raise Quarantined("mask_length_mismatch", f"completion_mask has {len(sample.completion_mask)} entries")
     return sample
 
 

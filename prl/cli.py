@@ -62,7 +62,9 @@ def _main(
 
 @app.command()
 def ingest(
-    sources: Annotated[list[str], typer.Argument(help="Files, folders, globs or s3:// prefixes (.gz/.zst read transparently).")],
+    sources: Annotated[
+        list[str], typer.Argument(help="Files, folders, globs or s3:// prefixes (.gz/.zst read transparently).")
+    ],
     store: StoreOpt,
     format: Annotated[str, typer.Option("--format", help="Wire format, or 'auto' to detect it per file.")] = "auto",
     kind: Annotated[
@@ -74,6 +76,10 @@ def ingest(
     group_field: Annotated[
         str | None,
         typer.Option("--group-field", help="Record field that defines centering groups (default: prompt digest)."),
+    ] = None,
+    finish_reason: Annotated[
+        str | None,
+        typer.Option("--finish-reason", help="Finish reason for records that carry none (stop, length, ...)."),
     ] = None,
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
@@ -96,6 +102,7 @@ def ingest(
                     format=format,
                     policy_version=policy_version,
                     group_field=group_field,
+                    finish_reason=finish_reason,
                     dry_run=dry_run,
                     max_quarantine_rate=max_quarantine_rate,
                     progress=progress,
@@ -115,6 +122,120 @@ def ingest(
         raise typer.Exit(int(ExitCode.USAGE))
 
 
+@app.command("check-tokens")
+def check_tokens_cmd(
+    store: StoreOpt,
+    tokenizer: Annotated[
+        str, typer.Option("--tokenizer", help="A tokenizer.json, or a folder with it (+ tokenizer_config.json).")
+    ],
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            "--chat-template",
+            help="Jinja chat template file (or a packaged one: deepseek_v4, deepseek_v4_keep_think) for the "
+            "template check; default: the tokenizer folder's template, if any.",
+        ),
+    ] = None,
+    max_drift_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--max-drift-rate", help="Exit 1 when more than this fraction of checked samples is drift/invalid."
+        ),
+    ] = None,
+    sample_rate: Annotated[
+        float, typer.Option("--sample-rate", help="Check this fraction of samples (picked by sample_id, stable).")
+    ] = 1.0,
+    fail_on_warn: Annotated[
+        bool, typer.Option("--fail-on-warn", help="Count warn verdicts as problems for --max-drift-rate.")
+    ] = False,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check token IDs, logprobs and top-k heads against retokenization drift; one verdict per sample."""
+    from prl.checks import check_tokens
+    from prl.checks.report import render
+    from prl.store import Store
+
+    _run(
+        lambda: check_tokens(
+            Store(store),
+            tokenizer,
+            chat_template=chat_template,
+            max_drift_rate=max_drift_rate,
+            sample_rate=sample_rate,
+            allow_warn=not fail_on_warn,
+            dry_run=dry_run,
+        ),
+        lambda r: render(r, report.stdout),
+        as_json,
+    )
+
+
+def _shard_options(recipe: str | None, overrides: list[str]) -> Any:
+    """``[shards]`` of a TOML recipe, then ``KEY=VALUE`` overrides, validated by ``ShardOptions``."""
+    import tomllib
+
+    from prl.errors import UsageError
+    from prl.recipe_shards import ShardOptions
+
+    mapping: dict[str, Any] = {}
+    if recipe:
+        try:
+            with open(recipe, "rb") as fh:
+                doc = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"cannot read recipe {recipe}: {exc}") from exc
+        mapping.update(doc.get("shards", {}))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+        mapping[key.strip()] = value.strip()
+    return ShardOptions.from_mapping(mapping)
+
+
+@app.command("build-shards")
+def build_shards_cmd(
+    store: StoreOpt,
+    out: Annotated[str, typer.Option("--out", help="Folder that receives shard sets (OUT/<set-id>/).")],
+    recipe: Annotated[str | None, typer.Option("--recipe", help="TOML recipe; its [shards] table.")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override one [shards] option: KEY=VALUE (repeatable).")
+    ] = None,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Ship every sample again, shipped or not.")] = False,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Join checked traces, rewards and reference logprobs into shuffled, atomically published Parquet shards."""
+    from prl.shards import build_shards
+    from prl.store import Store
+
+    _run(
+        lambda: build_shards(Store(store), out, _shard_options(recipe, overrides or []), rebuild, dry_run),
+        report.render_shards,
+        as_json,
+    )
+
+
+@app.command("export")
+def export_cmd(
+    shards: Annotated[str, typer.Argument(help="A shard set folder (OUT/<set-id>).")],
+    out: Annotated[str, typer.Argument(help="Output JSONL file.")],
+    format: Annotated[str, typer.Option("--format", help="Export format: tinker.")] = "tinker",
+    as_json: JsonOpt = False,
+) -> None:
+    """Export a shard set for a trainer (Tinker Datum JSONL)."""
+    from prl.errors import UsageError
+    from prl.export.tinker import export_tinker
+
+    def call() -> Any:
+        if format != "tinker":
+            raise UsageError(f"--format must be tinker, not {format!r}")
+        return export_tinker(shards, out)
+
+    _run(call, lambda r: report.stdout.print(f"{r.rows:,} datums written to {r.out} ({r.skipped} skipped)"), as_json)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -127,4 +248,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

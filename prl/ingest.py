@@ -27,11 +27,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from prl.assemble import Located, assemble, record_digest, sample_id_of, validate
-from prl.errors import ExitCode, FormatDetectionError
+from prl.errors import ExitCode, FormatDetectionError, UsageError
 from prl.formats import registry
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.locks import lock_for
-from prl.schema import QUARANTINE, RAW_LIMIT
+from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
 from prl.sources import LineReader, SourceFile, expand
 from prl.store import Store
 
@@ -114,7 +114,7 @@ class IngestResult:
         return out
 
 
-def _quarantine_row(
+def quarantine_row(
     uri: str,
     line: int,
     fmt: str | None,
@@ -122,13 +122,16 @@ def _quarantine_row(
     q: Quarantined,
     now_ms: int,
     sample_id: str | None = None,
+    table: str = "traces",
 ) -> dict[str, Any]:
-    digest = hashlib.sha256(f"{uri}|{line}|{q.choice_index}|{q.reason}|".encode())
+    """One quarantine row; its id is derived from the record's location, content and reason, so re-reading
+    the same record never quarantines it twice."""
+    digest = hashlib.sha256(f"{table}|{uri}|{line}|{q.choice_index}|{q.reason}|".encode())
     digest.update(raw)
     text = raw.decode("utf-8", errors="replace")
     return {
         "quarantine_id": digest.hexdigest()[:40],
-        "table": "traces",
+        "table": table,
         "source_uri": uri,
         "source_line": line,
         "source_format": fmt,
@@ -154,9 +157,7 @@ class _Deduper:
             table = self.dataset.to_table(
                 columns=["sample_id", "record_digest"], filter=ds.field("sample_id").isin(sample_ids)
             )
-            found.update(
-                zip(table.column("sample_id").to_pylist(), table.column("record_digest").to_pylist())
-            )
+            found.update(zip(table.column("sample_id").to_pylist(), table.column("record_digest").to_pylist()))
         return found
 
 
@@ -180,6 +181,7 @@ def ingest(
     format: str = "auto",
     policy_version: str | None = None,
     group_field: str | None = None,
+    finish_reason: str | None = None,
     dry_run: bool = False,
     max_quarantine_rate: float | None = DEFAULT_MAX_QUARANTINE_RATE,
     batch_tokens: int = BATCH_TOKENS,
@@ -190,7 +192,8 @@ def ingest(
 
     ``sources``: files, folders, globs or ``s3://`` prefixes. ``format``: ``auto`` (detected per file) or a
     format name from :mod:`prl.formats.registry`. ``policy_version`` fills in records that carry none;
-    ``group_field`` names the record field that defines centering groups (default: a digest of the prompt IDs).
+    ``group_field`` names the record field that defines centering groups (default: a digest of the prompt IDs);
+    ``finish_reason`` is used for records that carry none (RL rollout dumps often do not).
     ``progress`` is called with the number of source bytes read since the last call.
     """
     if format != "auto":
@@ -199,7 +202,9 @@ def ingest(
     started = time.perf_counter()
     result = IngestResult(store=store.uri, dry_run=dry_run, max_quarantine_rate=max_quarantine_rate)
     files = expand(sources)
-    options = ParseOptions(policy_version=policy_version, group_field=group_field)
+    if finish_reason is not None and finish_reason not in FINISH_REASONS:
+        raise UsageError(f"--finish-reason must be one of {', '.join(FINISH_REASONS)}, not {finish_reason!r}")
+    options = ParseOptions(policy_version=policy_version, group_field=group_field, finish_reason=finish_reason)
     guard = lock_for(store.uri, "ingest") if (lock and not dry_run) else None
     if guard is not None:
         guard.acquire()
@@ -253,17 +258,13 @@ def _ingest_group(
         for src in group:
             report = FileReport(src.uri, bytes=src.size)
             reports.append(report)
-            yield from _ingest_file(
-                src, format, options, report, state, dedup, now_ms, batch_tokens, progress
-            )
+            yield from _ingest_file(src, format, options, report, state, dedup, now_ms, batch_tokens, progress)
 
     pending_traces = store.write_files("traces", batches(), dry_run=dry_run)
     if state.quarantine_rows:
-        rows = _new_quarantine_rows(store, state.quarantine_rows)
-        store.commit("quarantine", _quarantine_batches(rows), dry_run=dry_run)
-    transactions = {
-        f"prl.source:{SourceFile(r['uri'], r['size'], r['mtime_ns']).identity}": 1 for r in state.ledger
-    }
+        rows = new_quarantine_rows(store, state.quarantine_rows)
+        store.commit("quarantine", quarantine_batches(rows), dry_run=dry_run)
+    transactions = {f"prl.source:{SourceFile(r['uri'], r['size'], r['mtime_ns']).identity}": 1 for r in state.ledger}
     pending_traces.commit(metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions)
 
     for report in reports:
@@ -308,7 +309,7 @@ def _ingest_file(
 
     def quarantine(line: int, raw: bytes, q: Quarantined, sample_id: str | None = None) -> None:
         counts[q.reason] += 1
-        state.quarantine_rows.append(_quarantine_row(src.uri, line, fmt.name, raw, q, now_ms, sample_id))
+        state.quarantine_rows.append(quarantine_row(src.uri, line, fmt.name, raw, q, now_ms, sample_id))
 
     def flush() -> Iterator[pa.RecordBatch]:
         nonlocal rows, raws, tokens
@@ -338,6 +339,8 @@ def _ingest_file(
             if isinstance(item, Quarantined):
                 quarantine(record.line, record.raw, item)
                 continue
+            if item.finish_reason is None:
+                item.finish_reason = options.finish_reason
             try:
                 sample = validate(item)
             except Quarantined as q:
@@ -367,7 +370,7 @@ def _record_truncation(
     """A compressed stream that ends early or is corrupt: one quarantine row saying so, after the last line."""
     assert reader.truncated is not None
     q = Quarantined("truncated_input", reader.truncated)
-    state.quarantine_rows.append(_quarantine_row(src.uri, report.records + 1, fmt, b"", q, now_ms))
+    state.quarantine_rows.append(quarantine_row(src.uri, report.records + 1, fmt, b"", q, now_ms))
     report.quarantined["truncated_input"] = report.quarantined.get("truncated_input", 0) + 1
 
 
@@ -424,18 +427,16 @@ def _dedup_and_assemble(
     return assemble(kept, [digests[i] for i in keep], now_ms)
 
 
-def _new_quarantine_rows(store: Store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def new_quarantine_rows(store: Store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows whose ``quarantine_id`` is not in the table yet (and not repeated within ``rows``)."""
     unique = {row["quarantine_id"]: row for row in rows}
-    existing = store.read(
-        "quarantine", columns=["quarantine_id"], filter=ds.field("quarantine_id").isin(list(unique))
-    )
+    existing = store.read("quarantine", columns=["quarantine_id"], filter=ds.field("quarantine_id").isin(list(unique)))
     for qid in existing.column("quarantine_id").to_pylist():
         unique.pop(qid, None)
     return list(unique.values())
 
 
-def _quarantine_batches(rows: list[dict[str, Any]], size: int = 10_000) -> Iterable[pa.RecordBatch]:
+def quarantine_batches(rows: list[dict[str, Any]], size: int = 10_000) -> Iterable[pa.RecordBatch]:
     for start in range(0, len(rows), size):
         yield pa.RecordBatch.from_pylist(rows[start : start + size], schema=QUARANTINE)
 

@@ -53,7 +53,9 @@ def ingest_table(result: Any) -> Table:
     """The ingest summary: one row per file, then totals and quarantine reasons."""
     table = Table(title=f"prl ingest → {result.store}" + ("  (dry run)" if result.dry_run else ""))
     for column in ("file", "format", "status", "records", "samples", "tokens", "quarantined"):
-        table.add_column(column, justify="right" if column in ("records", "samples", "tokens", "quarantined") else "left")
+        table.add_column(
+            column, justify="right" if column in ("records", "samples", "tokens", "quarantined") else "left"
+        )
     for f in result.files:
         quarantined = sum(f.quarantined.values())
         table.add_row(
@@ -82,7 +84,7 @@ def render_ingest(result: Any, console: Console = stdout) -> None:
     console.print(ingest_table(result))
     for f in result.files:
         if f.error:
-            console.print(f"[red]error[/red] {f.uri}: {f.error}")
+            console.print(f"[red]error[/red] {f.error}")
     if result.quarantined:
         reasons = Table(title="quarantined by reason")
         reasons.add_column("reason")
@@ -96,6 +98,33 @@ def render_ingest(result: Any, console: Console = stdout) -> None:
         f"{result.already_present:,} already present, {result.quarantined_total:,} quarantined "
         f"({result.quarantine_rate:.2%}); {human_count(result.bytes_read)}B read in {result.seconds:.2f}s "
         f"({human_count(rate)} tokens/s); table versions {result.versions}"
+    )
+
+
+def render_shards(result: Any, console: Console = stdout) -> None:
+    """The build-shards summary: shards written, then drops by reason."""
+    title = f"prl build-shards → {result.set_dir or result.out}  ({result.status})"
+    table = Table(title=title)
+    for column in ("file", "rows", "tokens", "bytes"):
+        table.add_column(column, justify="left" if column == "file" else "right")
+    for shard in result.shards:
+        table.add_row(shard["file"], f"{shard['rows']:,}", f"{shard['tokens']:,}", f"{shard['bytes']:,}")
+    table.add_section()
+    table.add_row(f"{len(result.shards)} shards", f"{result.rows:,}", f"{result.tokens:,}", "")
+    console.print(table)
+    if result.drops:
+        reasons = Table(title="dropped by reason")
+        reasons.add_column("reason")
+        reasons.add_column("samples", justify="right")
+        for reason, count in sorted(result.drops.items(), key=lambda kv: -kv[1]):
+            reasons.add_row(reason, f"{count:,}")
+        console.print(reasons)
+    stats = result.statistics
+    console.print(
+        f"{result.considered:,} considered, {result.already_shipped:,} already shipped, "
+        f"{sum(result.drops.values()):,} dropped; groups of one: {stats.get('groups_of_one', 0):,} "
+        f"({stats.get('groups_of_one_fell_back', 0):,} fell back to '{stats.get('singleton_baseline', '-')}'); "
+        f"source versions {result.source_versions}"
     )
 
 

@@ -78,9 +78,7 @@ def _expand_local(spec: str) -> list[SourceFile]:
             os.path.join(root, name)
             for root, dirs, names in os.walk(spec)
             for name in names
-            if not any(
-                part.startswith(".") for part in os.path.relpath(root, spec).split(os.sep) if part != "."
-            )
+            if not any(part.startswith(".") for part in os.path.relpath(root, spec).split(os.sep) if part != ".")
         )
     elif os.path.isfile(spec):
         paths = [spec]

@@ -135,9 +135,7 @@ class PendingCommit:
         custom["prl.commit_id"] = json.dumps(commit_id)
         props = CommitProperties(
             custom_metadata=custom,
-            app_transactions=[
-                Transaction(app_id, version) for app_id, version in (transactions or {}).items()
-            ],
+            app_transactions=[Transaction(app_id, version) for app_id, version in (transactions or {}).items()],
             max_commit_retries=50,
         )
         table = self.store.ensure(self.table)
@@ -260,9 +258,7 @@ class Store:
                 raise
             return table
 
-    def write_files(
-        self, name: str, batches: Iterable[pa.RecordBatch], dry_run: bool = False
-    ) -> PendingCommit:
+    def write_files(self, name: str, batches: Iterable[pa.RecordBatch], dry_run: bool = False) -> PendingCommit:
         """Stream ``batches`` into new Parquet files of table ``name`` (invisible until committed).
 
         Memory is bounded by one batch plus the Parquet writer's buffers. Returns a :class:`PendingCommit`;

@@ -9,10 +9,10 @@ import os
 import numpy as np
 import polars as pl
 import pytest
-from records import sglang_generate, vllm_chat, vllm_completion
 
 from prl.errors import ExitCode
 from prl.ingest import ingest
+from tests.records import sglang_generate, vllm_chat, vllm_completion
 
 
 def traces(store) -> pl.DataFrame:
@@ -97,11 +97,14 @@ def test_vllm_completions_k_plus_one_heads(store, write_trace):
 
 def test_sglang_generate_triples_versions_and_spans(store, write_trace):
     records = [
-        sglang_generate("rid-1", [0, 5, 6], [40, 41, 1], [-0.5, -1.25, -0.125], heads=[
-            [(-0.5, 40), (-1.0, 3)], [(-1.0, 8), (-1.25, 41)], [(-0.125, 1), (-3.0, 2)]
-        ]),
-        sglang_generate("rid-2", [0, 5], [40, 1], [-0.5, -0.25], weight_version=None,
-                        weight_versions=["11", "12"]),
+        sglang_generate(
+            "rid-1",
+            [0, 5, 6],
+            [40, 41, 1],
+            [-0.5, -1.25, -0.125],
+            heads=[[(-0.5, 40), (-1.0, 3)], [(-1.0, 8), (-1.25, 41)], [(-0.125, 1), (-3.0, 2)]],
+        ),
+        sglang_generate("rid-2", [0, 5], [40, 1], [-0.5, -0.25], weight_version=None, weight_versions=["11", "12"]),
     ]
     result = ingest([str(write_trace("s.jsonl.zst", records, "zstd"))], store)
     assert result.files[0].format == "sglang_generate"

@@ -10,10 +10,10 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from records import sglang_generate, vllm_chat
 
 from prl.errors import ExitCode, UsageError
 from prl.ingest import ingest
+from tests.records import sglang_generate, vllm_chat
 
 GOOD = vllm_chat("good", [1, 2], [([3, 1], [-0.5, -0.25])])
 
@@ -44,21 +44,62 @@ def sample_ids(store) -> list[str]:
         (vllm_chat("nop", [], [([2], [-1.0])]), "no_prompt_ids"),
         ({**vllm_chat("noid", [1], [([2], [-1.0])]), "prompt_token_ids": None}, "no_token_ids"),
         (
-            {"id": "t", "object": "chat.completion", "model": "m", "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]},
+            {
+                "id": "t",
+                "object": "chat.completion",
+                "model": "m",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            },
             "no_token_ids",
         ),
-        (vllm_chat("txt", [1], [([2], [-1.0])], with_token_ids=False) | {"choices": [{
-            "index": 0, "finish_reason": "stop",
-            "logprobs": {"content": [{"token": "Hello", "logprob": -1.0, "top_logprobs": []}]}}]}, "no_token_ids"),
-        ({**vllm_chat("lpstr", [1], [([2], [-1.0])]), "choices": [{
-            "index": 0, "finish_reason": "stop", "token_ids": [2],
-            "logprobs": {"content": [{"token": "token_id:2", "logprob": "high"}]}}]}, "bad_logprob"),
-        ({**vllm_chat("nolp", [1], [([2], [-1.0])]), "choices": [{
-            "index": 0, "finish_reason": "stop", "token_ids": [2], "logprobs": None}]}, "no_logprobs"),
-        ({**vllm_chat("mism", [1], [([2], [-1.0])]), "choices": [{
-            "index": 0, "finish_reason": "stop", "token_ids": [5],
-            "logprobs": {"content": [{"token": "token_id:2", "logprob": -1.0}]}}]}, "token_mismatch"),
+        (
+            vllm_chat("txt", [1], [([2], [-1.0])], with_token_ids=False)
+            | {
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "logprobs": {"content": [{"token": "Hello", "logprob": -1.0, "top_logprobs": []}]},
+                    }
+                ]
+            },
+            "no_token_ids",
+        ),
+        (
+            {
+                **vllm_chat("lpstr", [1], [([2], [-1.0])]),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "token_ids": [2],
+                        "logprobs": {"content": [{"token": "token_id:2", "logprob": "high"}]},
+                    }
+                ],
+            },
+            "bad_logprob",
+        ),
+        (
+            {
+                **vllm_chat("nolp", [1], [([2], [-1.0])]),
+                "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [2], "logprobs": None}],
+            },
+            "no_logprobs",
+        ),
+        (
+            {
+                **vllm_chat("mism", [1], [([2], [-1.0])]),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "token_ids": [5],
+                        "logprobs": {"content": [{"token": "token_id:2", "logprob": -1.0}]},
+                    }
+                ],
+            },
+            "token_mismatch",
+        ),
         ({"id": 5, "object": "chat.completion", "choices": []}, "missing_request_id"),
         ({"id": "e", "object": "chat.completion", "choices": []}, "no_choices"),
         ({"id": "w", "object": "chat.completion", "choices": "oops"}, "bad_shape"),
@@ -148,15 +189,16 @@ def test_missing_source_is_usage_error(store, tmp_path):
 def test_sglang_bad_triples(store, write_trace):
     bad = sglang_generate("s", [1], [2], [-1.0])
     bad["meta_info"]["output_token_logprobs"] = [[-1.0]]
-    result = ingest([str(write_trace("s.jsonl", [sglang_generate("ok", [1], [2], [-1.0]), bad]))], store,
-                    max_quarantine_rate=None)
+    result = ingest(
+        [str(write_trace("s.jsonl", [sglang_generate("ok", [1], [2], [-1.0]), bad]))], store, max_quarantine_rate=None
+    )
     assert result.quarantined == {"bad_shape": 1}
 
 
 printable_lines = st.one_of(
     st.binary(max_size=200).filter(lambda b: b"\n" not in b and b"\r" not in b),
     st.text(max_size=200).filter(lambda s: "\n" not in s and "\r" not in s).map(str.encode),
-    st.builds(lambda s: json.dumps(GOOD)[: s].encode(), st.integers(0, 400)),
+    st.builds(lambda s: json.dumps(GOOD)[:s].encode(), st.integers(0, 400)),
     st.builds(
         lambda k, v: json.dumps({**GOOD, k: v}).encode(),
         st.sampled_from(["id", "choices", "prompt_token_ids", "object", "created"]),
@@ -181,3 +223,16 @@ def test_garbage_never_crashes_never_loses_a_good_line(tmp_path_factory, garbage
     # every non-blank line is accounted for: a sample, already present, or quarantined
     nonblank = sum(1 for line in lines if line.strip())
     assert result.records == nonblank
+
+
+def test_missing_finish_reason_quarantined_unless_given(store, write_trace):
+    record = vllm_chat("nofin", [1], [([2], [-1.0])])
+    record["choices"][0]["finish_reason"] = None
+    path = write_trace("nofin.jsonl", [record])
+    result = ingest([str(path)], store, max_quarantine_rate=None, dry_run=True)
+    assert result.quarantined == {"missing_finish_reason": 1}
+    result = ingest([str(path)], store, finish_reason="length")
+    assert result.samples == 1
+    assert pl.read_delta(store.table_uri("traces"))["finish_reason"].to_list() == ["length"]
+    with pytest.raises(UsageError, match="--finish-reason must be one of"):
+        ingest([str(path)], store, finish_reason="done")

@@ -1,0 +1,92 @@
+"""Ingest throughput and peak memory against the raw parse limit measured in the same run.
+
+Generates a vLLM chat-completions JSONL (≈2,000 prompt + ≈1,000 completion tokens per record, ``"token_id:N"``
+logprob tokens) of ``--mb`` megabytes, then, each in its own process so peak RSS is its own:
+
+1. ``polars.read_ndjson`` of the whole file (the raw parse limit);
+2. ``prl ingest`` of the same file into a fresh store.
+
+Prints tokens/s, MB/s, peak RSS and the ratio ingest / raw parse (target ≥ 0.5, peak RSS < 1 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def _child(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter; it prints one JSON line; peak RSS is added from getrusage."""
+    wrapper = (
+        "import json, resource, time\n"
+        f"{code}\n"
+        "out['peak_rss_mb'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", wrapper], capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--mb", type=int, default=int(os.environ.get("PRL_BENCH_MB", "200")))
+    parser.add_argument("--topk", type=int, default=0)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+
+    from gen_data import make_vllm_chat_file
+
+    work = args.workdir or tempfile.mkdtemp(prefix="prl-bench-ingest-")
+    path = os.path.join(work, "vllm_chat.jsonl")
+    started = time.perf_counter()
+    stats = make_vllm_chat_file(path, args.mb * 1024 * 1024, topk=args.topk, seed=0)
+    size = os.path.getsize(path)
+    tokens = stats["prompt_tokens"] + stats["completion_tokens"]
+    print(
+        f"input: {size / 1e6:.0f} MB, {stats['records']:,} records, {tokens:,} tokens "
+        f"(generated in {time.perf_counter() - started:.1f}s)"
+    )
+
+    raw = _child(
+        "import polars as pl\n"
+        "t = time.perf_counter()\n"
+        f"df = pl.read_ndjson({path!r})\n"
+        "out = {'seconds': time.perf_counter() - t, 'rows': df.height}\n"
+    )
+    store = os.path.join(work, "store")
+    ing = _child(
+        "from prl.ingest import ingest\n"
+        "t = time.perf_counter()\n"
+        f"r = ingest([{path!r}], {store!r})\n"
+        "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens, 'q': r.quarantined}\n"
+    )
+    assert ing["samples"] == stats["records"], ing
+    raw_rate = tokens / raw["seconds"]
+    ing_rate = tokens / ing["seconds"]
+    print(
+        f"polars.read_ndjson : {raw['seconds']:7.2f} s  {raw_rate / 1e6:7.2f} M tokens/s  "
+        f"{size / raw['seconds'] / 1e6:7.1f} MB/s  peak RSS {raw['peak_rss_mb']:7.0f} MB"
+    )
+    print(
+        f"prl ingest         : {ing['seconds']:7.2f} s  {ing_rate / 1e6:7.2f} M tokens/s  "
+        f"{size / ing['seconds'] / 1e6:7.1f} MB/s  peak RSS {ing['peak_rss_mb']:7.0f} MB"
+    )
+    print(
+        f"ratio ingest / raw parse: {ing_rate / raw_rate:.2f}x (target >= 0.5x); "
+        f"peak RSS {'<' if ing['peak_rss_mb'] < 1024 else '>='} 1 GB"
+    )
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

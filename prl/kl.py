@@ -1,0 +1,110 @@
+"""Sampled KL against a reference policy, per completion token (design.md §5), over flat arrays.
+
+Token arrays of a batch are flat (``_T``: all completion tokens of all samples, concatenated) with
+``offsets_N1`` (int64, length N + 1, ``offsets_N1[0] == 0``) marking where each sample's tokens begin and end,
+as Arrow list arrays store them. ``valid_T`` marks tokens that take part: in the loss mask, with finite
+behaviour and reference logprobs (a null logprob never counts as 0.0).
+
+With ``d_t = log q(t) − log p_ref(t)`` (q: the sampling policy, p_ref: the reference):
+
+- ``k1 = d``
+- ``k2 = ½ d²``
+- ``k3 = eˣ − x − 1`` with ``x = clamp(−d, −20, 20)``, then clamped to ≤ 10 (verl ``kl_penalty_forward``
+  "low_var_kl", NeMo RL ``calculate_kl``)
+
+Placements:
+
+- ``advantages``: ``A_t = A + β·(mean_batch(d) − d_t)`` on valid tokens, the mean taken over all valid tokens
+  of the batch (tinker-cookbook ``incorporate_kl_penalty``)
+- ``reward``: ``r − β·Σ_t k(d_t)`` over the sample's valid tokens (verl ``apply_kl_penalty``, summed)
+- ``column``: only the per-token ``k(d_t)`` column for the trainer
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ESTIMATORS = ("k1", "k2", "k3")
+PLACEMENTS = ("none", "column", "reward", "advantages")
+K3_CLAMP_X = 20.0
+K3_MAX = 10.0
+
+
+def log_ratio(logprobs_T: np.ndarray, ref_logprobs_T: np.ndarray) -> np.ndarray:
+    """``d_T = log q − log p_ref`` in float64 (NaN where either side is NaN)."""
+    return np.asarray(logprobs_T, dtype=np.float64) - np.asarray(ref_logprobs_T, dtype=np.float64)
+
+
+def kl_estimate(d_T: np.ndarray, estimator: str = "k3") -> np.ndarray:
+    """Per-token KL estimate ``k(d_T)`` (float64) for ``estimator`` in ``k1``, ``k2``, ``k3``."""
+    d_T = np.asarray(d_T, dtype=np.float64)
+    if estimator == "k1":
+        return d_T.copy()
+    if estimator == "k2":
+        return 0.5 * d_T * d_T
+    if estimator == "k3":
+        x_T = np.clip(-d_T, -K3_CLAMP_X, K3_CLAMP_X)
+        k_T = np.expm1(x_T)
+        k_T -= x_T
+        return np.minimum(k_T, K3_MAX, out=k_T)
+    raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
+
+
+def valid_tokens(logprobs_T: np.ndarray, ref_logprobs_T: np.ndarray, mask_T: np.ndarray | None) -> np.ndarray:
+    """``valid_T``: tokens inside the loss mask whose behaviour and reference logprobs are both finite."""
+    valid_T = np.isfinite(logprobs_T) & np.isfinite(ref_logprobs_T)
+    if mask_T is not None:
+        valid_T &= np.asarray(mask_T, dtype=bool)
+    return valid_T
+
+
+def segment_sum(values_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
+    """``Σ`` of ``values_T`` within each sample: ``sums_N`` float64 (0 for empty samples)."""
+    offsets_N1 = np.asarray(offsets_N1, dtype=np.int64)
+    csum = np.concatenate(([0.0], np.cumsum(np.asarray(values_T, dtype=np.float64))))
+    return csum[offsets_N1[1:]] - csum[offsets_N1[:-1]]
+
+
+def broadcast(values_N: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
+    """Repeat each sample's value over its tokens: ``values_T``."""
+    return np.repeat(np.asarray(values_N), np.diff(np.asarray(offsets_N1, dtype=np.int64)))
+
+
+def masked_kl(
+    logprobs_T: np.ndarray,
+    ref_logprobs_T: np.ndarray,
+    mask_T: np.ndarray | None,
+    estimator: str = "k3",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(d_T, kl_T, valid_T)``: the log ratio and KL estimate, both 0.0 where a token is not valid."""
+    valid_T = valid_tokens(logprobs_T, ref_logprobs_T, mask_T)
+    d_T = log_ratio(logprobs_T, ref_logprobs_T)
+    if valid_T.all():  # the common case: no masked or missing tokens, no extra passes
+        return d_T, kl_estimate(d_T, estimator), valid_T
+    d_T[~valid_T] = 0.0
+    k_T = kl_estimate(d_T, estimator)
+    k_T[~valid_T] = 0.0
+    return d_T, k_T, valid_T
+
+
+def kl_into_reward(rewards_N: np.ndarray, kl_T: np.ndarray, offsets_N1: np.ndarray, beta: float) -> np.ndarray:
+    """``rewards_N − β·Σ_t kl_t`` (``kl_T`` already 0 on invalid tokens)."""
+    return np.asarray(rewards_N, dtype=np.float64) - beta * segment_sum(kl_T, offsets_N1)
+
+
+def batch_mean_log_ratio(d_T: np.ndarray, valid_T: np.ndarray) -> float:
+    """``mean_batch(d)`` over valid tokens (0.0 when there are none)."""
+    count = int(np.count_nonzero(valid_T))
+    return float(np.sum(d_T, where=valid_T, dtype=np.float64) / count) if count else 0.0
+
+
+def kl_into_token_advantages(
+    token_advantages_T: np.ndarray,
+    d_T: np.ndarray,
+    valid_T: np.ndarray,
+    beta: float,
+    mean_d: float,
+) -> np.ndarray:
+    """``A_t + β·(mean_d − d_t)`` on valid tokens, ``A_t`` elsewhere (float64)."""
+    penalty_T = np.where(valid_T, beta * (mean_d - np.asarray(d_T, dtype=np.float64)), 0.0)
+    return np.asarray(token_advantages_T, dtype=np.float64) + penalty_T

@@ -1,0 +1,1112 @@
+"""``prl build-shards``: checked traces + rewards (+ reference logprobs) → Parquet shard sets (design.md §5–6).
+
+How a build runs (memory is bounded by one shard plus a few scalars per sample, never by token data):
+
+1. **Pin** the source: ``store.versions()`` is read once and every scan reads exactly those table versions.
+2. **Plan** (scalars only): stream ``traces`` in batches, keeping per sample its scan row number, ids, version,
+   finish reason, sampling settings and token counts (list lengths; token values are dropped batch by batch).
+   Join the latest reward per (sample_id, name), the latest token-check verdict, and (with KL) the latest reference
+   row's length. Apply every filter; each dropped sample is counted under the first reason it fails, in the order
+   of :data:`DROP_REASONS`. Samples already shipped by an earlier set in ``OUT`` are skipped (unless ``rebuild``).
+3. **Pack**: groups (by ``group_id``) are sorted, shuffled with ``options.seed`` and laid out back to back; a
+   group belongs to the shard in whose ``target_tokens`` window its first token falls, so groups stay whole and
+   shards hold about ``target_tokens`` tokens. Within a group, samples follow ``sample_id``.
+4. **Spill**: stream ``traces`` (and ``ref_logprobs``) again, this time with token columns; each row that ships is
+   routed by its scan row number to its shard's Arrow IPC spill file in the staging folder. This one linear pass
+   replaces a filtered scan per shard, which would read the whole table once per shard.
+5. **Numerics**: with KL into the reward or the advantages, a first pass over the spill files computes per-sample
+   KL sums and the batch mean log ratio; advantages are then computed over exactly the rows that ship
+   (:mod:`prl.advantages`), and each shard is assembled (:mod:`prl.kl`, :mod:`prl.heads`) and written.
+6. **Publish**: parts are written as ``*.tmp``, fsynced and renamed; ``manifest.json`` is written last (temp file,
+   fsync, rename); then the whole staging folder is renamed to ``OUT/<set-id>/`` and ``OUT/_index.json`` is
+   rewritten from the manifests present. A reader that sees a set folder sees its manifest and every shard it names.
+
+The set id is derived from the source table versions, the options and the earlier sets whose samples were
+skipped, and nothing in a set depends on the clock, so building the same inputs again yields the same bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from prl import advantages as adv
+from prl import heads
+from prl import kl as klmod
+from prl.errors import ExitCode, UsageError
+from prl.locks import pid_alive
+from prl.recipe_shards import ShardOptions
+from prl.schema import SCHEMA_VERSION, SHARD
+from prl.store import Store
+
+DROP_REASONS = (
+    "duplicate_sample_id",
+    "finish_reason",
+    "empty_completion",
+    "too_short",
+    "prompt_too_long",
+    "completion_too_long",
+    "too_long",
+    "mask_length_mismatch",
+    "unknown_version",
+    "stale",
+    "unchecked",
+    "verdict_warn",
+    "verdict_drift",
+    "verdict_invalid",
+    "missing_reward",
+    "nonfinite_reward",
+    "missing_ref",
+    "ref_length_mismatch",
+    "missing_heads",
+    "heads_too_narrow",
+    "truncated_sampling",
+    "constant_group",
+)
+"""Why a sample did not ship, in the order they are tested (a sample counts under its first reason)."""
+
+MANIFEST = "manifest.json"
+SAMPLES_FILE = "sample_ids.parquet"
+INDEX = "_index.json"
+FLOAT_LEAVES = (
+    "behavior_logprobs.list.element",
+    "ref_logprobs.list.element",
+    "kl.list.element",
+    "token_advantages.list.element",
+    "topk_logprobs.list.element.list.element",
+    "reward",
+    "advantage",
+)
+"""Parquet leaf columns written with byte-stream-split encoding."""
+SCAN_BATCH_ROWS = 1024
+_VERSION_RE = r"(\d+)\D*$"
+
+
+def parse_version(version: str | int | None) -> int | None:
+    """The integer in a policy version string: ``"step-120"`` → 120, ``"120"`` → 120, none → None."""
+    if version is None:
+        return None
+    match = re.search(_VERSION_RE, str(version))
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class ShardResult:
+    """What :func:`build_shards` did. ``status``: ``built``, ``nothing_new`` or ``dry_run``."""
+
+    out: str
+    status: str
+    set_id: str | None = None
+    set_dir: str | None = None
+    rows: int = 0
+    tokens: int = 0
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    considered: int = 0
+    already_shipped: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+    statistics: dict[str, Any] = field(default_factory=dict)
+    source_versions: dict[str, int | None] = field(default_factory=dict)
+    drop_rate_exceeded: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return int(ExitCode.DATA_PROBLEMS if self.drop_rate_exceeded else ExitCode.OK)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": "build-shards",
+            "out": self.out,
+            "status": self.status,
+            "set_id": self.set_id,
+            "set_dir": self.set_dir,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "shards": self.shards,
+            "considered": self.considered,
+            "already_shipped": self.already_shipped,
+            "dropped": sum(self.drops.values()),
+            "drops": self.drops,
+            "statistics": self.statistics,
+            "source_versions": self.source_versions,
+            "exit_code": self.exit_code,
+        }
+
+
+# --- helpers -------------------------------------------------------------------------------------------------
+def _lengths(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64())
+
+
+def _summary(values: np.ndarray) -> dict[str, float | int | None]:
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return {"count": 0, "mean": None, "std": None, "min": None, "p50": None, "p95": None, "max": None}
+    p50, p95 = np.quantile(values, [0.5, 0.95])
+    return {
+        "count": len(values),
+        "mean": float(values.mean()),
+        "std": float(values.std()),
+        "min": float(values.min()),
+        "p50": float(p50),
+        "p95": float(p95),
+        "max": float(values.max()),
+    }
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish_file(tmp: str, final: str) -> None:
+    """fsync ``tmp`` and rename it to ``final``."""
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+
+
+def _write_json(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=2, sort_keys=True, allow_nan=False)
+        fh.write("\n")
+    _publish_file(tmp, path)
+
+
+def _clean_stale_staging(out: str) -> None:
+    """Remove staging folders left by killed builds (their pid is gone)."""
+    for name in os.listdir(out):
+        if not name.startswith((".staging-", ".trash-")):
+            continue
+        parts = name.split("-")
+        pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+        if pid is None or not pid_alive(pid):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+
+
+def existing_sets(out: str) -> list[dict[str, Any]]:
+    """Manifests of the complete shard sets in ``out`` (folders holding a ``manifest.json``), by set id."""
+    if not os.path.isdir(out):
+        return []
+    manifests = []
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name, MANIFEST)
+        if name.startswith(".") or not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            manifests.append(json.load(fh))
+    return manifests
+
+
+def _write_index(out: str) -> None:
+    sets = existing_sets(out)
+    sets.sort(key=lambda m: (len(m.get("excluded_sets", [])), m["set_id"]))
+    _write_json(
+        os.path.join(out, INDEX),
+        {
+            "schema_version": SCHEMA_VERSION,
+            "sets": [
+                {
+                    "set_id": m["set_id"],
+                    "rows": m["totals"]["rows"],
+                    "tokens": m["totals"]["tokens"],
+                    "source_versions": m["source"]["versions"],
+                    "options_sha256": m["options_sha256"],
+                    "samples_file": f"{m['set_id']}/{m['samples']['file']}",
+                }
+                for m in sets
+            ],
+        },
+    )
+
+
+# --- plan ----------------------------------------------------------------------------------------------------
+def _scan_plan_traces(store: Store, version: int, options: ShardOptions) -> pl.DataFrame:
+    """Per-sample scalars of every trace row, with its scan row number (``row``)."""
+    columns = [
+        "sample_id",
+        "group_id",
+        "policy_version",
+        "finish_reason",
+        "temperature",
+        "top_p",
+        "top_k",
+        "logprobs_mode",
+        "prompt_token_ids",
+        "completion_token_ids",
+        "completion_mask",
+    ]
+    baseline = options.singleton_baseline
+    if baseline not in ("batch", "none") and baseline not in columns:
+        columns.append(baseline)
+    if options.topk is not None:
+        columns.append("topk_ids")
+    frames = []
+    row = 0
+    for batch in store.scan("traces", columns=columns, batch_size=SCAN_BATCH_ROWS * 8, version=version):
+        n = batch.num_rows
+        cols = {
+            "row": pa.array(np.arange(row, row + n, dtype=np.int64)),
+            "sample_id": batch["sample_id"],
+            "group_id": batch["group_id"],
+            "policy_version": batch["policy_version"],
+            "finish_reason": batch["finish_reason"],
+            "temperature": batch["temperature"],
+            "top_p": batch["top_p"],
+            "top_k": batch["top_k"],
+            "logprobs_mode": batch["logprobs_mode"],
+            "prompt_len": _lengths(batch["prompt_token_ids"]),
+            "completion_len": _lengths(batch["completion_token_ids"]),
+            "mask_len": pc.if_else(
+                pc.is_null(batch["completion_mask"]),
+                _lengths(batch["completion_token_ids"]),
+                _lengths(batch["completion_mask"]),
+            ),
+        }
+        if baseline not in ("batch", "none"):
+            cols["baseline_key"] = batch[baseline].cast(pa.string())
+        if options.topk is not None:
+            cols["head_width"] = pa.array(heads.min_head_width(batch["topk_ids"]))
+        frames.append(pl.from_arrow(pa.table(cols)))
+        row += n
+    if not frames:
+        return pl.DataFrame()
+    return pl.concat(frames, how="vertical")
+
+
+def _latest_rewards(store: Store, version: int | None, names: list[str]) -> pl.DataFrame:
+    """``sample_id`` + one float64 column ``r::<name>`` per component (latest event per sample and name)."""
+    cols = ["sample_id", "name", "value", "created_at", "ingested_at", "source_uri", "source_line"]
+    out = pl.DataFrame({"sample_id": pl.Series([], dtype=pl.String)})
+    if version is None:
+        return out.with_columns([pl.lit(None, dtype=pl.Float64).alias(f"r::{n}") for n in names])
+    table = store.read("rewards", columns=cols, filter=pc.field("name").isin(names), version=version)
+    latest = (
+        pl.from_arrow(table)
+        .sort(["sample_id", "name", "created_at", "ingested_at", "source_uri", "source_line"])
+        .unique(subset=["sample_id", "name"], keep="last", maintain_order=True)
+    )
+    wide = latest.select("sample_id").unique()
+    for name in names:
+        part = latest.filter(pl.col("name") == name).select("sample_id", pl.col("value").alias(f"r::{name}"))
+        wide = wide.join(part, on="sample_id", how="left")
+    return wide
+
+
+def _latest_verdicts(store: Store, version: int | None, fingerprint: str | None) -> pl.DataFrame:
+    if version is None:
+        return pl.DataFrame({"sample_id": pl.Series([], dtype=pl.String), "verdict": pl.Series([], dtype=pl.String)})
+    flt = pc.field("tokenizer_fingerprint") == fingerprint if fingerprint else None
+    table = store.read(
+        "checks",
+        columns=["sample_id", "verdict", "checked_at", "tokenizer_fingerprint"],
+        filter=flt,
+        version=version,
+    )
+    severity = {"ok": 0, "warn": 1, "drift": 2, "invalid": 3}
+    return (
+        pl.from_arrow(table)
+        .with_columns(pl.col("verdict").replace_strict(severity, default=4).alias("_sev"))
+        .sort(["sample_id", "checked_at", "_sev", "tokenizer_fingerprint"])
+        .unique(subset=["sample_id"], keep="last", maintain_order=True)
+        .select("sample_id", "verdict")
+    )
+
+
+def _ref_filter(options: ShardOptions) -> ds.Expression | None:
+    return pc.field("ref_model") == options.ref_model if options.ref_model else None
+
+
+def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> tuple[pl.DataFrame, int]:
+    """The winning reference row per sample (latest ingest) with its scan row number and length, and the
+    number of rows the scan yields."""
+    frames = []
+    row = 0
+    cols = ["sample_id", "ingested_at", "source_uri", "source_line", "ref_logprobs"]
+    for batch in store.scan(
+        "ref_logprobs",
+        columns=cols,
+        filter=_ref_filter(options),
+        batch_size=SCAN_BATCH_ROWS * 8,
+        version=version,
+    ):
+        n = batch.num_rows
+        frames.append(
+            pl.from_arrow(
+                pa.table(
+                    {
+                        "ref_row": pa.array(np.arange(row, row + n, dtype=np.int64)),
+                        "sample_id": batch["sample_id"],
+                        "ingested_at": batch["ingested_at"],
+                        "source_uri": batch["source_uri"],
+                        "source_line": batch["source_line"],
+                        "ref_len": _lengths(batch["ref_logprobs"]),
+                    }
+                )
+            )
+        )
+        row += n
+    if not frames:
+        empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64}
+        return pl.DataFrame(schema=empty), 0
+    return (
+        pl.concat(frames)
+        .sort(["sample_id", "ingested_at", "source_uri", "source_line", "ref_row"])
+        .unique(subset=["sample_id"], keep="last", maintain_order=True)
+        .select("sample_id", "ref_row", "ref_len")
+    ), row
+
+
+def _drop_reasons(options: ShardOptions, with_ref: bool) -> pl.Expr:
+    """One expression naming each sample's first failed filter (null when it passes them all)."""
+    o = options
+    c = pl.col
+    rules: list[tuple[str, pl.Expr]] = [
+        ("duplicate_sample_id", c("sample_id").is_duplicated()),
+        ("finish_reason", ~c("finish_reason").is_in(list(o.finish_reasons))),
+        ("empty_completion", c("completion_len") == 0),
+        ("too_short", c("completion_len") < o.min_completion_tokens),
+    ]
+    if o.max_prompt_tokens is not None:
+        rules.append(("prompt_too_long", c("prompt_len") > o.max_prompt_tokens))
+    if o.max_completion_tokens is not None:
+        rules.append(("completion_too_long", c("completion_len") > o.max_completion_tokens))
+    if o.max_total_tokens is not None:
+        rules.append(("too_long", c("prompt_len") + c("completion_len") > o.max_total_tokens))
+    rules.append(("mask_length_mismatch", c("mask_len") != c("completion_len")))
+    if o.max_staleness is not None:
+        rules.append(("unknown_version", c("staleness").is_null()))
+        rules.append(("stale", c("staleness") > o.max_staleness))
+    if o.require_checks:
+        rules.append(("unchecked", c("verdict").is_null()))
+    if not o.allow_warn:
+        rules.append(("verdict_warn", c("verdict") == "warn"))
+    rules.append(("verdict_drift", c("verdict") == "drift"))
+    rules.append(("verdict_invalid", c("verdict") == "invalid"))
+    rules.append(("missing_reward", c("_score_missing")))
+    rules.append(("nonfinite_reward", ~c("score").is_finite()))
+    if with_ref:
+        rules.append(("missing_ref", c("ref_row").is_null()))
+        rules.append(("ref_length_mismatch", c("ref_len") != c("completion_len")))
+    if o.topk is not None:
+        rules.append(("missing_heads", c("head_width") < 0))
+        if o.topk != "auto":
+            rules.append(("heads_too_narrow", c("head_width") < int(o.topk)))
+        rules.append(
+            (
+                "truncated_sampling",
+                (c("top_p").fill_null(1.0) < 1.0) | (c("top_k").fill_null(-1) > 0),
+            )
+        )
+    expr: Any = pl
+    for name, cond in rules:
+        expr = expr.when(cond.fill_null(False)).then(pl.lit(name))
+    return expr.otherwise(pl.lit(None, dtype=pl.String))
+
+
+@dataclass
+class _Plan:
+    """The shipped samples in final order, with their shard numbers, and what was dropped."""
+
+    ship: pl.DataFrame
+    """Columns: row, sample_id, group_id, policy_version, staleness, prompt_len, completion_len, score, shard,
+    (ref_row), (baseline_key), temperature, top_p, top_k, logprobs_mode, head_width."""
+    considered: int
+    already_shipped: int
+    drops: dict[str, int]
+    trace_rows: int
+    current_version: int | None
+    k: int | None
+    reward_names_seen: list[str]
+    constant_groups: int = 0
+    ref_scan_rows: int = 0
+
+
+def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, shipped: set[str]) -> _Plan:
+    with_ref = options.kl != "none"
+    ref_scan_rows = 0
+    traces = _scan_plan_traces(store, versions["traces"], options)  # type: ignore[arg-type]
+    if traces.is_empty():
+        return _Plan(traces, 0, 0, {}, 0, None, None, [])
+    trace_rows = traces.height
+    traces = traces.with_columns(pl.col("policy_version").str.extract(_VERSION_RE, 1).cast(pl.Int64).alias("_v"))
+    current = parse_version(options.current_version) if options.current_version else traces["_v"].max()
+    traces = traces.with_columns((pl.lit(current, dtype=pl.Int64) - pl.col("_v")).alias("staleness"))
+
+    already = 0
+    if shipped:
+        is_shipped = pl.Series(
+            pc.is_in(traces["sample_id"].to_arrow(), value_set=pa.array(sorted(shipped), pa.large_string()))
+        )
+        already = int(is_shipped.sum())
+        traces = traces.filter(~is_shipped)
+
+    names = list(options.rewards)
+    rewards = _latest_rewards(store, versions["rewards"], names)
+    verdicts = _latest_verdicts(store, versions["checks"], options.tokenizer_fingerprint)
+    plan = traces.join(rewards, on="sample_id", how="left").join(verdicts, on="sample_id", how="left")
+    if with_ref:
+        refs, ref_scan_rows = _scan_plan_refs(store, versions["ref_logprobs"], options)  # type: ignore[arg-type]
+        plan = plan.join(refs, on="sample_id", how="left")
+    plan = plan.sort("row")
+    components = {n: plan[f"r::{n}"].to_numpy().astype(np.float64) for n in names}
+    missing = np.zeros(plan.height, dtype=bool)
+    for n in names:
+        missing |= plan[f"r::{n}"].is_null().to_numpy()
+    score = adv.combine_rewards(components, options.rewards)
+    plan = plan.with_columns(pl.Series("score", np.where(missing, np.nan, score)), pl.Series("_score_missing", missing))
+    plan = plan.with_columns(_drop_reasons(options, with_ref).alias("drop"))
+    if with_ref and options.missing_ref == "error":
+        lacking = plan.filter(pl.col("drop") == "missing_ref")
+        if lacking.height:
+            examples = ", ".join(lacking["sample_id"].head(3).to_list())
+            raise UsageError(
+                f"KL is requested (kl = {options.kl!r}) but {lacking.height} sample(s) have no reference logprobs"
+                + (f" for ref_model {options.ref_model!r}" if options.ref_model else "")
+                + f" (e.g. {examples}); ingest them with `prl ingest --kind ref`, set missing_ref = 'drop',"
+                " or set kl = 'none'"
+            )
+
+    keep = plan.filter(pl.col("drop").is_null())
+    constant = 0
+    if options.drop_constant_groups and keep.height:
+        gidx, num_g = adv.dense_index(keep["group_id"].to_arrow())
+        const_G = adv.constant_groups(keep["score"].to_numpy(), gidx, num_g)
+        constant = int(const_G.sum())
+        const_N = const_G[gidx]
+        const_rows = np.isin(plan["row"].to_numpy(), keep["row"].to_numpy()[const_N])
+        plan = plan.with_columns(
+            pl.when(pl.col("drop").is_null() & pl.Series(const_rows))
+            .then(pl.lit("constant_group"))
+            .otherwise(pl.col("drop"))
+            .alias("drop")
+        )
+        keep = keep.filter(pl.Series(~const_N))
+    counts = plan.group_by("drop").len().drop_nulls("drop")
+    drops = {r: 0 for r in DROP_REASONS}
+    drops.update(dict(zip(counts["drop"].to_list(), counts["len"].to_list(), strict=True)))
+    drops = {k: v for k, v in drops.items() if v}
+
+    k = None
+    if options.topk == "auto" and keep.height:
+        k = int(keep["head_width"].min())  # type: ignore[arg-type]
+    elif isinstance(options.topk, int):
+        k = options.topk
+    if options.topk is not None and k is not None and k >= np.iinfo(np.int64).max:
+        k = None  # heads present but no positions anywhere: nothing to fix
+
+    ship = _pack(keep, options)
+    seen = [n for n in names if plan[f"r::{n}"].is_not_null().any()]
+    return _Plan(ship, plan.height + already, already, drops, trace_rows, current, k, seen, constant, ref_scan_rows)
+
+
+def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
+    """Order ``keep`` into shuffled whole groups and number the shards (``shard`` column)."""
+    if keep.is_empty():
+        return keep.with_columns(pl.lit(0, dtype=pl.Int32).alias("shard"))
+    keep = keep.sort(["group_id", "sample_id"])
+    gidx, num_g = adv.dense_index(keep["group_id"].to_arrow())  # sorted → group numbers increase with group_id
+    perm_G = np.random.default_rng(options.seed).permutation(num_g)
+    rank_G = np.empty(num_g, dtype=np.int64)
+    rank_G[perm_G] = np.arange(num_g)
+    tokens = (keep["prompt_len"] + keep["completion_len"]).to_numpy()
+    group_tokens_G = np.bincount(gidx, weights=tokens, minlength=num_g)
+    start_by_rank = np.concatenate(([0.0], np.cumsum(group_tokens_G[perm_G])[:-1]))
+    window_G = (start_by_rank // options.target_tokens).astype(np.int64)[rank_G]
+    order = np.lexsort((np.arange(len(gidx)), rank_G[gidx]))
+    keep = keep[order]
+    _, shard = np.unique(window_G[gidx][order], return_inverse=True)
+    return keep.with_columns(pl.Series("shard", shard.astype(np.int32)))
+
+
+# --- spill ---------------------------------------------------------------------------------------------------
+class _Spill:
+    """Per-shard Arrow IPC files in the staging folder; rows carry ``_pos`` (their place in the final order)."""
+
+    def __init__(self, folder: str, prefix: str) -> None:
+        self.folder = folder
+        self.prefix = prefix
+        self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+        os.makedirs(folder, exist_ok=True)
+
+    def path(self, shard: int) -> str:
+        return os.path.join(self.folder, f"{self.prefix}-{shard:05d}.arrow")
+
+    def write(self, shard: int, batch: pa.RecordBatch) -> None:
+        writer = self.writers.get(shard)
+        if writer is None:
+            writer = pa.ipc.new_stream(pa.OSFile(self.path(shard), "wb"), batch.schema)
+            self.writers[shard] = writer
+        writer.write_batch(batch)
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers.clear()
+
+    def read(self, shard: int, schema: pa.Schema) -> pa.Table:
+        """The shard's rows, sorted by ``_pos``."""
+        path = self.path(shard)
+        if not os.path.exists(path):
+            return schema.empty_table()
+        with pa.memory_map(path) as source:
+            table = pa.ipc.open_stream(source).read_all()
+        order = np.argsort(table["_pos"].to_numpy(), kind="stable")
+        return table.take(order)
+
+
+def _route(
+    store: Store,
+    table: str,
+    version: int,
+    columns: list[str],
+    dest_shard_R: np.ndarray,
+    dest_pos_R: np.ndarray,
+    expected_ids: pa.Array,
+    spill: _Spill,
+    flt: ds.Expression | None = None,
+) -> pa.Schema | None:
+    """Stream ``table`` and append each row whose scan row number ships to its shard's spill file."""
+    row = 0
+    schema = None
+    for batch in store.scan(table, columns=columns, filter=flt, batch_size=SCAN_BATCH_ROWS, version=version):
+        n = batch.num_rows
+        shard_n = dest_shard_R[row : row + n]
+        sel = np.flatnonzero(shard_n >= 0)
+        row += n
+        if len(sel) == 0:
+            continue
+        order = sel[np.argsort(shard_n[sel], kind="stable")]
+        pos = dest_pos_R[row - n + order]
+        picked = batch.take(pa.array(order))
+        if not picked["sample_id"].equals(expected_ids.take(pa.array(pos))):
+            raise RuntimeError(f"table {table} changed while it was read at version {version}")
+        picked = picked.append_column("_pos", pa.array(pos))
+        schema = picked.schema
+        shards = shard_n[order]
+        bounds = np.flatnonzero(np.diff(shards)) + 1
+        for start, stop in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(order)])), strict=True):
+            spill.write(int(shards[start]), picked.slice(int(start), int(stop - start)))
+    if row != len(dest_shard_R):
+        raise RuntimeError(f"table {table} changed while it was read at version {version}")
+    return schema
+
+
+# --- assembly ------------------------------------------------------------------------------------------------
+def _flat_values(column: pa.ChunkedArray | pa.Array, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(values_T, offsets_N1)`` of a list column (nulls inside become NaN for floats)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks else pa.array([], column.type)
+    offsets = column.offsets.to_numpy().astype(np.int64)
+    values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    out = values.to_numpy(zero_copy_only=False)
+    if np.dtype(dtype).kind == "f" and values.null_count:
+        out = np.where(values.is_valid().to_numpy(zero_copy_only=False), out, np.nan)
+    return np.asarray(out, dtype=dtype), offsets - offsets[0]
+
+
+def _concat_lists(
+    a_T: np.ndarray, a_off: np.ndarray, b_T: np.ndarray, b_off: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise concatenation of two flat list columns: ``(values, offsets)`` (two scatters, no per-row work)."""
+    a_len = np.diff(a_off)
+    b_len = np.diff(b_off)
+    out_off = np.concatenate(([0], np.cumsum(a_len + b_len))).astype(np.int64)
+    out = np.empty(int(out_off[-1]), dtype=a_T.dtype)
+    out[np.arange(len(a_T)) + np.repeat(out_off[:-1] - a_off[:-1], a_len)] = a_T
+    out[np.arange(len(b_T)) + np.repeat(out_off[:-1] + a_len - b_off[:-1], b_len)] = b_T
+    return out, out_off
+
+
+def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, valid: np.ndarray | None = None):
+    arr = pa.array(values, type=value_type, mask=None if valid is None else ~valid)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), arr)
+
+
+@dataclass
+class _Scores:
+    """Per shipped sample (final order): score after any KL penalty, advantage, group size; KL batch mean."""
+
+    reward_N: np.ndarray
+    advantage_N: np.ndarray
+    group_size_N: np.ndarray
+    mean_d: float
+    kl_sum_N: np.ndarray | None
+    kl_tokens_N: np.ndarray | None
+    singleton_groups: int
+    singletons_without_baseline: int
+
+
+def _kl_for(table: pa.Table, refs: pa.Table, options: ShardOptions):
+    lp_T, off = _flat_values(table["completion_logprobs"], np.float64)
+    ref_T, _ = _flat_values(refs["ref_logprobs"], np.float64)
+    mask_T = _mask_T(table, off)
+    d_T, k_T, valid_T = klmod.masked_kl(lp_T, ref_T, mask_T, options.kl_estimator)
+    return d_T, k_T, valid_T, off, mask_T
+
+
+def _mask_T(table: pa.Table, off: np.ndarray) -> np.ndarray:
+    masks = table["completion_mask"]
+    if masks.null_count == len(masks):
+        return np.ones(int(off[-1]), dtype=bool)
+    masks = masks.combine_chunks() if isinstance(masks, pa.ChunkedArray) else masks
+    vals, moff = _flat_values(masks, bool)
+    present = masks.is_valid().to_numpy(zero_copy_only=False)
+    out = np.ones(int(off[-1]), dtype=bool)
+    row_T = np.repeat(np.arange(len(present)), np.diff(off))
+    have_T = present[row_T]
+    # rows with a mask: lengths equal completion lengths (checked in the plan), so offsets line up row by row
+    src_T = moff[:-1][row_T] + (np.arange(len(out)) - off[:-1][row_T])
+    out[have_T] = vals[src_T[have_T]]
+    return out
+
+
+def _scores(ship: pl.DataFrame, options: ShardOptions, kl_sum_N, kl_tokens_N, d_sum: float, d_count: int):
+    reward_N = ship["score"].to_numpy().astype(np.float64)
+    if options.kl == "reward" and kl_sum_N is not None:
+        reward_N = reward_N - options.kl_coef * kl_sum_N
+    gidx, _ = adv.dense_index(ship["group_id"].to_arrow())
+    if options.singleton_baseline == "batch":
+        fallback = np.zeros(ship.height, dtype=np.int64)
+    elif options.singleton_baseline == "none":
+        fallback = None
+    else:
+        fallback, _ = adv.dense_index(ship["baseline_key"].to_arrow())
+    result = adv.compute_advantages(reward_N, gidx, options.advantage, fallback)
+    return _Scores(
+        reward_N,
+        result.advantages_N,
+        result.group_size_N,
+        d_sum / d_count if d_count else 0.0,
+        kl_sum_N,
+        kl_tokens_N,
+        result.singleton_groups,
+        result.singletons_without_baseline if fallback is not None else result.singleton_groups,
+    )
+
+
+def _assemble(
+    table: pa.Table,
+    refs: pa.Table | None,
+    meta: pl.DataFrame,
+    scores: _Scores,
+    options: ShardOptions,
+    k: int | None,
+) -> pa.Table:
+    """One shard's Arrow table in ``SHARD`` schema; ``table``/``refs``/``meta`` rows are in final order."""
+    pos = table["_pos"].to_numpy()
+    p_T, p_off = _flat_values(table["prompt_token_ids"], np.int32)
+    c_T, c_off = _flat_values(table["completion_token_ids"], np.int32)
+    ids, ids_off = _concat_lists(p_T, p_off, c_T, c_off)
+    mask_T = _mask_T(table, c_off)
+    adv_T = klmod.broadcast(scores.advantage_N[pos], c_off) * mask_T
+    ref_col = kl_col = pa.nulls(table.num_rows, SHARD.field("kl").type)
+    if refs is not None:
+        d_T, k_T, valid_T, _, _ = _kl_for(table, refs, options)
+        ref_col = refs["ref_logprobs"]
+        kl_col = _list_array(k_T.astype(np.float32), c_off, pa.float32(), valid_T)
+        if options.kl == "advantages":
+            adv_T = klmod.kl_into_token_advantages(adv_T, d_T, valid_T, options.kl_coef, scores.mean_d)
+    if k is not None:
+        topk_ids = heads.fixed_k(table["topk_ids"], k, heads.PAD_ID)
+        topk_lps = heads.fixed_k(table["topk_logprobs"], k, heads.PAD_LOGPROB)
+    else:
+        topk_ids = pa.nulls(table.num_rows, SHARD.field("topk_ids").type)
+        topk_lps = pa.nulls(table.num_rows, SHARD.field("topk_logprobs").type)
+    columns = {
+        "sample_id": table["sample_id"],
+        "group_id": meta["group_id"].to_arrow(),
+        "policy_version": meta["policy_version"].to_arrow(),
+        "staleness": meta["staleness"].to_arrow(),
+        "input_ids": _list_array(ids, ids_off, pa.int32()),
+        "prompt_len": pa.array(np.diff(p_off).astype(np.int32)),
+        "loss_mask": _list_array(mask_T, c_off, pa.bool_()),
+        "behavior_logprobs": table["completion_logprobs"],
+        "ref_logprobs": ref_col,
+        "kl": kl_col,
+        "token_advantages": _list_array(adv_T.astype(np.float32), c_off, pa.float32()),
+        "reward": pa.array(scores.reward_N[pos]),
+        "advantage": pa.array(scores.advantage_N[pos]),
+        "group_size": pa.array(scores.group_size_N[pos]),
+        "topk_ids": topk_ids,
+        "topk_logprobs": topk_lps,
+    }
+    arrays = []
+    for f in SHARD:
+        col = columns[f.name]
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks() if col.num_chunks else pa.array([], f.type)
+        arrays.append(col.cast(f.type) if col.type != f.type else col)
+    return pa.Table.from_arrays(arrays, schema=SHARD)
+
+
+def _write_parquet(table: pa.Table, path: str) -> None:
+    tmp = f"{path}.tmp"
+    pq.write_table(
+        table,
+        tmp,
+        compression="zstd",
+        use_dictionary=["sample_id", "group_id", "policy_version"],
+        use_byte_stream_split=list(FLOAT_LEAVES),
+        write_statistics=["staleness", "prompt_len", "reward", "advantage", "group_size"],
+        row_group_size=max(1, table.num_rows),
+    )
+    _publish_file(tmp, path)
+
+
+# --- entry point ---------------------------------------------------------------------------------------------
+def build_shards(
+    store: Store, out: str, options: ShardOptions | None = None, rebuild: bool = False, dry_run: bool = False
+) -> ShardResult:
+    """Build one shard set from ``store`` into ``out/<set-id>/`` (see the module docstring for the steps).
+
+    Samples shipped by earlier sets in ``out`` are skipped unless ``rebuild``. ``dry_run`` plans and reports
+    without writing anything. Raises :class:`~prl.errors.UsageError` for bad options or missing inputs.
+    """
+    options = options or ShardOptions()
+    if out.startswith("s3://") or "://" in out:
+        raise UsageError(f"shard output must be a local folder for now, got {out!r}")
+    out = os.path.abspath(out)
+    versions = store.versions()
+    if options.kl != "none" and versions.get("ref_logprobs") is None:
+        raise UsageError(
+            f"KL is requested (kl = {options.kl!r}) but the store has no ref_logprobs table; ingest reference "
+            "logprobs with `prl ingest --kind ref` or set kl = 'none'"
+        )
+    result = ShardResult(out=out, status="nothing_new", source_versions=versions)
+    if versions.get("traces") is None:
+        return result
+
+    prior = [] if rebuild else existing_sets(out)
+    shipped: set[str] = set()
+    for manifest in prior:
+        shipped.update(
+            pq.read_table(os.path.join(out, manifest["set_id"], manifest["samples"]["file"]))["sample_id"].to_pylist()
+        )
+    plan = _plan(store, versions, options, shipped)
+    ship = plan.ship
+    result.considered = plan.considered
+    result.already_shipped = plan.already_shipped
+    result.drops = plan.drops
+    dropped = sum(plan.drops.values())
+    denominator = plan.considered - plan.already_shipped
+    result.drop_rate_exceeded = bool(
+        options.max_drop_rate is not None and denominator and dropped / denominator > options.max_drop_rate
+    )
+    digest = hashlib.sha256(
+        json.dumps(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "versions": versions,
+                "options": options.to_dict(),
+                "excluded_sets": sorted(m["set_id"] for m in prior),
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+    set_id = f"v{versions['traces']}-{digest[:12]}"
+    with_ref = options.kl != "none"
+    needs_global_kl = options.kl in ("reward", "advantages")
+
+    if ship.is_empty():
+        result.statistics = _statistics(plan, None, options)
+        return result
+    if dry_run:
+        scores = _scores(ship, options, None, None, 0.0, 0)
+        result.status = "dry_run"
+        result.set_id = set_id
+        result.rows = ship.height
+        result.tokens = int((ship["prompt_len"] + ship["completion_len"]).sum())
+        result.statistics = _statistics(plan, scores, options)
+        return result
+
+    os.makedirs(out, exist_ok=True)
+    _clean_stale_staging(out)
+    staging = os.path.join(out, f".staging-{set_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    os.makedirs(staging)
+    try:
+        spill_dir = os.path.join(staging, "_spill")
+        trace_spill = _Spill(spill_dir, "traces")
+        ref_spill = _Spill(spill_dir, "ref")
+        n_ship = ship.height
+        ship_rows = ship["row"].to_numpy()
+        shard_N = ship["shard"].to_numpy()
+        dest_shard = np.full(plan.trace_rows, -1, dtype=np.int32)
+        dest_pos = np.zeros(plan.trace_rows, dtype=np.int64)
+        dest_shard[ship_rows] = shard_N
+        dest_pos[ship_rows] = np.arange(n_ship)
+        expected = ship["sample_id"].to_arrow().cast(pa.string())
+        cols = [
+            "sample_id",
+            "prompt_token_ids",
+            "completion_token_ids",
+            "completion_logprobs",
+            "completion_mask",
+        ]
+        if plan.k is not None:
+            cols += ["topk_ids", "topk_logprobs"]
+        try:
+            trace_schema = _route(
+                store,
+                "traces",
+                versions["traces"],
+                cols,
+                dest_shard,
+                dest_pos,
+                expected,
+                trace_spill,  # type: ignore[arg-type]
+            )
+            ref_schema = None
+            if with_ref:
+                ref_rows = ship["ref_row"].to_numpy()
+                n_ref = plan.ref_scan_rows
+                rdest_shard = np.full(n_ref, -1, dtype=np.int32)
+                rdest_pos = np.zeros(n_ref, dtype=np.int64)
+                rdest_shard[ref_rows] = shard_N
+                rdest_pos[ref_rows] = np.arange(n_ship)
+                ref_schema = _route_prefix(
+                    store,
+                    versions["ref_logprobs"],
+                    options,
+                    rdest_shard,
+                    rdest_pos,
+                    expected,
+                    ref_spill,  # type: ignore[arg-type]
+                )
+        finally:
+            trace_spill.close()
+            ref_spill.close()
+        assert trace_schema is not None
+        num_shards = int(shard_N.max()) + 1
+
+        kl_sum_N = kl_tokens_N = None
+        d_sum, d_count = 0.0, 0
+        if needs_global_kl:
+            kl_sum_N = np.zeros(n_ship)
+            kl_tokens_N = np.zeros(n_ship, dtype=np.int64)
+            for s in range(num_shards):
+                table = trace_spill.read(s, trace_schema)
+                refs = ref_spill.read(s, ref_schema)  # type: ignore[arg-type]
+                d_T, k_T, valid_T, off, _ = _kl_for(table, refs, options)
+                pos = table["_pos"].to_numpy()
+                kl_sum_N[pos] = klmod.segment_sum(k_T, off)
+                kl_tokens_N[pos] = klmod.segment_sum(valid_T, off).astype(np.int64)
+                d_sum += float(d_T.sum())
+                d_count += int(valid_T.sum())
+        scores = _scores(ship, options, kl_sum_N, kl_tokens_N, d_sum, d_count)
+
+        shard_entries: list[dict[str, Any]] = []
+        kl_tok_sum, kl_tok_n = 0.0, 0
+
+        def write_one(shard: pa.Table, name: str, groups: int) -> dict[str, Any]:
+            path = os.path.join(staging, name)
+            _write_parquet(shard, path)
+            return {
+                "file": name,
+                "rows": shard.num_rows,
+                "groups": groups,
+                "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
+                "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
+                "bytes": os.path.getsize(path),
+                "sha256": _sha256(path),
+            }
+
+        # Writing (zstd, fsync, sha256) releases the GIL: shard s is written while shard s + 1 is assembled.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending: Future | None = None
+            for s in range(num_shards):
+                table = trace_spill.read(s, trace_schema)
+                refs = ref_spill.read(s, ref_schema) if with_ref else None  # type: ignore[arg-type]
+                meta = ship[table["_pos"].to_numpy()]
+                shard = _assemble(table, refs, meta, scores, options, plan.k)
+                del table, refs
+                if with_ref:
+                    kl_vals = pc.list_flatten(shard["kl"]).drop_null()
+                    kl_tok_sum += float(pc.sum(kl_vals.cast(pa.float64())).as_py() or 0.0)
+                    kl_tok_n += len(kl_vals)
+                if pending is not None:
+                    shard_entries.append(pending.result())
+                pending = pool.submit(write_one, shard, f"part-{s:05d}.parquet", int(meta["group_id"].n_unique()))
+                del shard
+                os.remove(trace_spill.path(s))
+                if with_ref and os.path.exists(ref_spill.path(s)):
+                    os.remove(ref_spill.path(s))
+            if pending is not None:
+                shard_entries.append(pending.result())
+        shutil.rmtree(spill_dir, ignore_errors=True)
+
+        samples_path = os.path.join(staging, SAMPLES_FILE)
+        pq.write_table(
+            pa.table({"sample_id": expected.take(pc.sort_indices(expected))}),
+            f"{samples_path}.tmp",
+            compression="zstd",
+        )
+        _publish_file(f"{samples_path}.tmp", samples_path)
+
+        statistics = _statistics(plan, scores, options)
+        if with_ref:
+            statistics["kl"] = {
+                "estimator": options.kl_estimator,
+                "placement": options.kl,
+                "coef": options.kl_coef,
+                "mean_per_token": kl_tok_sum / kl_tok_n if kl_tok_n else None,
+                "tokens": kl_tok_n,
+                "mean_log_ratio": scores.mean_d if needs_global_kl else None,
+            }
+        manifest = {
+            "format": "prl.shards",
+            "schema_version": SCHEMA_VERSION,
+            "set_id": set_id,
+            "columns": SHARD.names,
+            "options": options.to_dict(),
+            "options_sha256": options.digest(),
+            "source": {"versions": versions, "current_version": plan.current_version},
+            "excluded_sets": sorted(m["set_id"] for m in prior),
+            "shuffle": {"seed": options.seed, "unit": "group", "target_tokens": options.target_tokens},
+            "shards": shard_entries,
+            "samples": {
+                "file": SAMPLES_FILE,
+                "rows": n_ship,
+                "bytes": os.path.getsize(samples_path),
+                "sha256": _sha256(samples_path),
+            },
+            "totals": {
+                "rows": n_ship,
+                "groups": int(ship["group_id"].n_unique()),
+                "tokens": sum(e["tokens"] for e in shard_entries),
+                "completion_tokens": sum(e["completion_tokens"] for e in shard_entries),
+                "shards": len(shard_entries),
+            },
+            "heads": _heads_info(ship, plan.k),
+            "statistics": statistics,
+            "drops": plan.drops,
+            "conventions": {
+                "input_ids": "prompt + completion",
+                "completion_aligned": [
+                    "loss_mask",
+                    "behavior_logprobs",
+                    "ref_logprobs",
+                    "kl",
+                    "token_advantages",
+                    "topk_ids",
+                    "topk_logprobs",
+                ],
+                "token_advantages": "advantage on loss_mask tokens, 0 elsewhere"
+                + (" , plus kl_coef·(mean_log_ratio − d_t) on valid tokens" if options.kl == "advantages" else ""),
+                "kl": "per-token estimate; null where the token is outside loss_mask or a logprob is missing",
+                "behavior_logprobs": "as sampled; null where the server gave none (never 0.0)",
+            },
+        }
+        _write_json(os.path.join(staging, MANIFEST), manifest)
+        _fsync_dir(staging)
+        final = os.path.join(out, set_id)
+        if os.path.exists(final):
+            trash = os.path.join(out, f".trash-{set_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            os.replace(final, trash)
+            os.replace(staging, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+        _fsync_dir(out)
+        _write_index(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+    result.status = "built"
+    result.set_id = set_id
+    result.set_dir = final
+    result.rows = n_ship
+    result.tokens = manifest["totals"]["tokens"]
+    result.shards = shard_entries
+    result.statistics = statistics
+    return result
+
+
+def _route_prefix(store, version, options, rdest_shard, rdest_pos, expected, spill):
+    return _route(
+        store,
+        "ref_logprobs",
+        version,
+        ["sample_id", "ref_logprobs"],
+        rdest_shard,
+        rdest_pos,
+        expected,
+        spill,
+        flt=_ref_filter(options),
+    )
+
+
+def _heads_info(ship: pl.DataFrame, k: int | None) -> dict[str, Any]:
+    def distinct(col: str) -> list[Any]:
+        values = ship[col].unique().sort(nulls_last=True).to_list()
+        return [float(v) if isinstance(v, float) else v for v in values]
+
+    return {
+        "k": k,
+        "pad_id": heads.PAD_ID,
+        "pad_logprob": "-inf",
+        "convention": "first k entries per position (sorted descending); rows narrower than k never ship",
+        "sampling": {
+            "temperature": distinct("temperature"),
+            "top_p": distinct("top_p"),
+            "top_k": distinct("top_k"),
+            "logprobs_mode": distinct("logprobs_mode"),
+        },
+    }
+
+
+def _statistics(plan: _Plan, scores: _Scores | None, options: ShardOptions) -> dict[str, Any]:
+    ship = plan.ship
+    stats: dict[str, Any] = {
+        "considered": plan.considered,
+        "already_shipped": plan.already_shipped,
+        "shipped": ship.height,
+        "dropped": sum(plan.drops.values()),
+        "drops": plan.drops,
+        "reward_names_seen": plan.reward_names_seen,
+        "constant_groups_dropped": 0,
+    }
+    if ship.height:
+        stats["prompt_len"] = _summary(ship["prompt_len"].to_numpy())
+        stats["completion_len"] = _summary(ship["completion_len"].to_numpy())
+        stats["staleness"] = _summary(ship["staleness"].to_numpy().astype(np.float64))
+        stats["score"] = _summary(ship["score"].to_numpy())
+    if scores is not None:
+        stats["reward"] = _summary(scores.reward_N)
+        stats["advantage"] = _summary(scores.advantage_N)
+        stats["group_size"] = _summary(scores.group_size_N)
+        stats["groups_of_one"] = scores.singleton_groups
+        stats["groups_of_one_fell_back"] = scores.singleton_groups - scores.singletons_without_baseline
+        stats["groups_of_one_without_baseline"] = scores.singletons_without_baseline
+        stats["singleton_baseline"] = options.singleton_baseline
+    if options.drop_constant_groups and "constant_group" in plan.drops:
+        stats["constant_samples_dropped"] = plan.drops["constant_group"]
+        stats["constant_groups_dropped"] = plan.constant_groups
+    return stats

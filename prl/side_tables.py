@@ -1,0 +1,290 @@
+"""``prl ingest --kind rewards|ref``: reward events and reference-model logprobs into their tables.
+
+Reward files (JSONL, CSV or Parquet; gz/zst for JSONL) hold one event per row, keyed by ``sample_id`` or by
+``request_id`` + ``choice_index`` (→ ``request_id#choice_index``), in any of these shapes:
+
+- long: ``{"sample_id", "name", "value", "created_at"?}``;
+- one value: ``{"sample_id", "reward": 0.7}`` (name ``reward``);
+- components: ``{"sample_id", "rewards": {"correct": 1, "format": 0.5}}`` (also ``components``).
+
+``created_at`` (ISO-8601, seconds or milliseconds) orders events; without it the ingest time does. A later event
+for the same (sample_id, name) supersedes an earlier one when shards are built. Reference logprob files are JSONL
+``{"sample_id" | "request_id"+"choice_index", "ref_model", "ref_logprobs": [...]}``.
+
+Bad rows are quarantined (table ``rewards`` or ``ref_logprobs``) with a reason: ``missing_key``,
+``missing_value``, ``bad_value``, ``nonfinite_reward``, ``bad_logprob``, ``nonfinite_logprob``,
+``positive_logprob``, ``malformed_json``. Files already consumed (same uri, size, mtime) are skipped; a grown file
+adds only rows from lines not yet in the table.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table
+
+from prl.errors import ExitCode
+from prl.formats.base import Quarantined, decode_json_line, logprob_array
+from prl.formats.fields import timestamp_ms
+from prl.ingest import new_quarantine_rows, quarantine_batches, quarantine_row
+from prl.locks import lock_for
+from prl.schema import REF_LOGPROBS, REWARDS
+from prl.sources import LineReader, SourceFile, expand
+from prl.store import Store, filesystem_for
+
+KINDS = {"rewards": "rewards", "ref": "ref_logprobs"}
+BATCH_ROWS = 50_000
+
+
+@dataclass
+class SideIngestResult:
+    """Summary of a rewards / reference-logprob ingest."""
+
+    store: str
+    table: str
+    files: int = 0
+    unchanged_files: int = 0
+    rows: int = 0
+    already_present: int = 0
+    quarantined: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    version: int | None = None
+    dry_run: bool = False
+
+    @property
+    def exit_code(self) -> ExitCode:
+        seen = self.rows + sum(self.quarantined.values())
+        return ExitCode.DATA_PROBLEMS if seen and sum(self.quarantined.values()) / seen > 0.05 else ExitCode.OK
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "command": f"ingest --kind {self.table}", "exit_code": int(self.exit_code)}
+
+    def render(self, console: Console) -> None:
+        table = Table(title=f"prl ingest → {self.store}/{self.table}" + ("  (dry run)" if self.dry_run else ""))
+        for col in ("files", "unchanged", "rows written", "already present", "quarantined"):
+            table.add_column(col, justify="right")
+        table.add_row(
+            str(self.files),
+            str(self.unchanged_files),
+            f"{self.rows:,}",
+            f"{self.already_present:,}",
+            f"{sum(self.quarantined.values()):,}",
+        )
+        console.print(table)
+        for reason, count in sorted(self.quarantined.items()):
+            console.print(f"  quarantined [yellow]{reason}[/yellow]: {count}")
+
+
+def _key(row: dict[str, Any]) -> str:
+    sample_id = row.get("sample_id")
+    if isinstance(sample_id, str) and sample_id:
+        return sample_id
+    request_id, choice = row.get("request_id"), row.get("choice_index")
+    if isinstance(request_id, str) and request_id and isinstance(choice, (int, float)) and not isinstance(choice, bool):
+        if float(choice).is_integer():
+            return f"{request_id}#{int(choice)}"
+    raise Quarantined("missing_key", "row has neither sample_id nor request_id + integer choice_index")
+
+
+def _number(value: Any, name: str) -> float:
+    if value is None:
+        raise Quarantined("missing_value", f"reward {name!r} has no value")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise Quarantined("bad_value", f"reward {name!r} is {value!r}, not a number") from None
+        else:
+            raise Quarantined("bad_value", f"reward {name!r} is {type(value).__name__}, not a number")
+    if not math.isfinite(value):
+        raise Quarantined("nonfinite_reward", f"reward {name!r} is {value}")
+    return float(value)
+
+
+def reward_events(row: dict[str, Any], now_ms: int) -> list[dict[str, Any]]:
+    """Normalise one input row to reward events ``{sample_id, name, value, created_at}``."""
+    sample_id = _key(row)
+    created = timestamp_ms(row.get("created_at", row.get("timestamp"))) or now_ms
+    if "name" in row and "value" in row:
+        pairs = [(str(row["name"]), row["value"])]
+    elif isinstance(row.get("rewards"), dict) or isinstance(row.get("components"), dict):
+        components = row.get("rewards") if isinstance(row.get("rewards"), dict) else row["components"]
+        pairs = [(str(k), v) for k, v in components.items()]
+        if not pairs:
+            raise Quarantined("missing_value", "empty reward components")
+    elif "reward" in row:
+        pairs = [("reward", row["reward"])]
+    else:
+        raise Quarantined("missing_value", "row has no name/value, reward, rewards or components field")
+    return [
+        {"sample_id": sample_id, "name": name, "value": _number(v, name), "created_at": created} for name, v in pairs
+    ]
+
+
+def ref_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Validate one reference-logprob row → ``{sample_id, ref_model, ref_logprobs}``."""
+    sample_id = _key(row)
+    model = row.get("ref_model") or row.get("model")
+    if not isinstance(model, str) or not model:
+        raise Quarantined("missing_value", "row has no ref_model")
+    values = row.get("ref_logprobs", row.get("logprobs"))
+    array = logprob_array(values, "ref_logprobs")
+    if array.null_count:
+        raise Quarantined("bad_logprob", "ref_logprobs has null entries")
+    numbers = array.to_numpy(zero_copy_only=False)
+    if not np.isfinite(numbers).all():
+        raise Quarantined(
+            "nonfinite_logprob", f"non-finite ref logprob at position {int(np.flatnonzero(~np.isfinite(numbers))[0])}"
+        )
+    if (numbers > 0).any():
+        raise Quarantined("positive_logprob", f"positive ref logprob at position {int(np.flatnonzero(numbers > 0)[0])}")
+    return {"sample_id": sample_id, "ref_model": model, "ref_logprobs": array}
+
+
+def _rows(src: SourceFile) -> Iterator[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]:
+    """(line, raw, row, error) for a JSONL, CSV or Parquet file; CSV/Parquet rows are numbered from 1 (header
+    excluded)."""
+    name = src.uri.lower()
+    if name.endswith(".parquet"):
+        fs, path = filesystem_for(src.uri)
+        with fs.open_input_file(path) as fh:
+            line = 0
+            for batch in pq.ParquetFile(fh).iter_batches(BATCH_ROWS):
+                for row in batch.to_pylist():
+                    line += 1
+                    yield line, repr(row).encode(), row, None
+        return
+    if name.endswith(".csv"):
+        fs, path = filesystem_for(src.uri)
+        with fs.open_input_stream(path) as fh:
+            reader = pacsv.open_csv(fh)
+            line = 0
+            for batch in reader:
+                for row in batch.to_pylist():
+                    line += 1
+                    yield line, repr(row).encode(), row, None
+        return
+    for line_no, raw in LineReader(src):
+        if not raw.strip():
+            continue
+        record = decode_json_line(line_no, raw)
+        if record.error is not None:
+            yield line_no, raw, None, record.error
+        elif not isinstance(record.obj, dict):
+            yield line_no, raw, None, Quarantined("bad_shape", "row is not a JSON object")
+        else:
+            yield line_no, raw, record.obj, None
+
+
+def ingest_side_table(
+    sources: list[str], store: Store | str, *, kind: str, dry_run: bool = False, lock: bool = True
+) -> SideIngestResult:
+    """Ingest reward events (``kind="rewards"``) or reference logprobs (``kind="ref"``) into ``store``."""
+    table = KINDS[kind]
+    store = store if isinstance(store, Store) else Store(store)
+    started = time.perf_counter()
+    result = SideIngestResult(store=store.uri, table=table, dry_run=dry_run)
+    files = expand(sources)
+    guard = lock_for(store.uri, f"ingest-{table}") if (lock and not dry_run) else None
+    if guard is not None:
+        guard.acquire()
+    try:
+        existing = store.open(table)
+        for src in files:
+            app_id = f"prl.source:{src.identity}"
+            if existing is not None and existing.transaction_version(app_id) is not None:
+                result.unchanged_files += 1
+                continue
+            result.files += 1
+            _ingest_one(src, store, table, result, dry_run, app_id)
+        result.version = store.version(table)
+    finally:
+        if guard is not None:
+            guard.release()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _ingest_one(
+    src: SourceFile, store: Store, table: str, result: SideIngestResult, dry_run: bool, app_id: str
+) -> None:
+    now_ms = int(time.time() * 1000)
+    done_lines = set(
+        store.read(table, columns=["source_line"], filter=ds.field("source_uri") == src.uri)
+        .column("source_line")
+        .to_pylist()
+    )
+    counts: Counter[str] = Counter()
+    quarantined: list[dict[str, Any]] = []
+    schema = REWARDS if table == "rewards" else REF_LOGPROBS
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        buffer: list[dict[str, Any]] = []
+        for line, raw, row, error in _rows(src):
+            if line in done_lines:
+                result.already_present += 1
+                continue
+            try:
+                if error is not None:
+                    raise error
+                assert row is not None
+                produced = reward_events(row, now_ms) if table == "rewards" else [ref_row(row)]
+            except Quarantined as q:
+                counts[q.reason] += 1
+                quarantined.append(quarantine_row(src.uri, line, table, raw, q, now_ms, table=table))
+                continue
+            for item in produced:
+                item.update(source_uri=src.uri, source_line=line, ingested_at=now_ms)
+                buffer.append(item)
+            if len(buffer) >= BATCH_ROWS:
+                yield _batch(buffer, schema)
+                buffer = []
+        if buffer:
+            yield _batch(buffer, schema)
+
+    pending = store.write_files(table, batches(), dry_run=dry_run)
+    if quarantined:
+        store.commit("quarantine", quarantine_batches(new_quarantine_rows(store, quarantined)), dry_run=dry_run)
+    pending.commit(
+        metadata={
+            "sources": [{"uri": src.uri, "size": src.size, "mtime_ns": src.mtime_ns}],
+            "command": f"ingest-{table}",
+        },
+        transactions={app_id: 1},
+    )
+    result.rows += pending.rows
+    for reason, count in counts.items():
+        result.quarantined[reason] = result.quarantined.get(reason, 0) + count
+
+
+def _batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
+    if schema is REF_LOGPROBS:
+        columns = {
+            "sample_id": pa.array([r["sample_id"] for r in rows], pa.string()),
+            "ref_model": pa.array([r["ref_model"] for r in rows], pa.string()),
+            "ref_logprobs": _lists([r["ref_logprobs"] for r in rows]),
+            "source_uri": pa.array([r["source_uri"] for r in rows], pa.string()),
+            "source_line": pa.array([r["source_line"] for r in rows], pa.int64()),
+            "ingested_at": pa.array([r["ingested_at"] for r in rows], schema.field("ingested_at").type),
+        }
+        return pa.RecordBatch.from_pydict(columns, schema=schema)
+    return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+def _lists(arrays: list[pa.Array]) -> pa.Array:
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.concat_arrays([a.cast(pa.float32()) for a in arrays]))

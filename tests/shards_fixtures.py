@@ -1,0 +1,114 @@
+"""Builders of small stores for the shard tests: Arrow tables in the real schemas, committed with ``Store``."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, TRACES
+from prl.store import Store
+
+T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+
+
+def trace(sample_id: str, group_id: str, prompt: list[int], completion: list[int], **extra: Any) -> dict[str, Any]:
+    """One trace row; logprobs default to -0.1·(position + 1)."""
+    row: dict[str, Any] = {
+        "sample_id": sample_id,
+        "request_id": sample_id.split(":")[0],
+        "choice_index": 0,
+        "group_id": group_id,
+        "policy_version": "step-10",
+        "created_at": T0,
+        "prompt_token_ids": prompt,
+        "completion_token_ids": completion,
+        "completion_logprobs": [-0.1 * (i + 1) for i in range(len(completion))],
+        "finish_reason": "stop",
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "record_digest": f"d-{sample_id}",
+        "source_uri": "mem://traces",
+        "source_line": 0,
+        "source_format": "test",
+        "ingested_at": T0,
+    }
+    row.update(extra)
+    return row
+
+
+def table(schema: pa.Schema, rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def reward(sample_id: str, value: float, name: str = "reward", at: int = 0, line: int = 0) -> dict[str, Any]:
+    return {
+        "sample_id": sample_id,
+        "name": name,
+        "value": value,
+        "created_at": T0 + timedelta(seconds=at),
+        "source_uri": "mem://rewards",
+        "source_line": line,
+        "ingested_at": T0,
+    }
+
+
+def verdict(sample_id: str, value: str = "ok", fingerprint: str = "tok-a", at: int = 0) -> dict[str, Any]:
+    return {
+        "sample_id": sample_id,
+        "tokenizer_fingerprint": fingerprint,
+        "verdict": value,
+        "reasons": [],
+        "checked_at": T0 + timedelta(seconds=at),
+    }
+
+
+def ref(sample_id: str, logprobs: list[float], model: str = "ref-a", at: int = 0) -> dict[str, Any]:
+    return {
+        "sample_id": sample_id,
+        "ref_model": model,
+        "ref_logprobs": logprobs,
+        "source_uri": "mem://ref",
+        "source_line": 0,
+        "ingested_at": T0 + timedelta(seconds=at),
+    }
+
+
+def make_store(
+    root: str,
+    traces: list[dict[str, Any]],
+    rewards: list[dict[str, Any]] | None = None,
+    checks: list[dict[str, Any]] | str | None = "ok",
+    refs: list[dict[str, Any]] | None = None,
+) -> Store:
+    """A store holding the given rows. ``checks="ok"`` gives every trace an ``ok`` verdict."""
+    store = Store(root)
+    store.commit("traces", table(TRACES, traces).to_batches())
+    if rewards:
+        store.commit("rewards", table(REWARDS, rewards).to_batches())
+    if checks == "ok":
+        checks = [verdict(t["sample_id"]) for t in traces]
+    if checks:
+        store.commit("checks", table(CHECKS, checks).to_batches())  # type: ignore[arg-type]
+    if refs:
+        store.commit("ref_logprobs", table(REF_LOGPROBS, refs).to_batches())
+    return store
+
+
+def random_store(root: str, n_groups: int, group_size: int, seed: int = 0, with_ref: bool = False) -> Store:
+    """A store of ``n_groups × group_size`` random samples with rewards, ok verdicts and (optionally) refs."""
+    rng = np.random.default_rng(seed)
+    traces, rewards, refs = [], [], []
+    for g in range(n_groups):
+        prompt = rng.integers(2, 1000, rng.integers(1, 8)).tolist()
+        for i in range(group_size):
+            sid = f"r{g}-{i}:0"
+            comp = rng.integers(2, 1000, rng.integers(1, 12)).tolist()
+            lps = (-rng.exponential(1.0, len(comp))).astype(np.float32).tolist()
+            traces.append(trace(sid, f"g{g}", prompt, comp, completion_logprobs=lps, source_line=len(traces)))
+            rewards.append(reward(sid, float(rng.integers(0, 3))))
+            if with_ref:
+                refs.append(ref(sid, (np.asarray(lps) + rng.normal(0, 0.3, len(comp))).astype(np.float32).tolist()))
+    return make_store(root, traces, rewards, "ok", refs if with_ref else None)

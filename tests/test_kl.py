@@ -1,0 +1,101 @@
+"""Sampled KL estimators and placements against plain-loop values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prl import kl
+
+
+def k3_loop(d: float) -> float:
+    x = min(max(-d, -20.0), 20.0)
+    return min(math.exp(x) - x - 1.0, 10.0)
+
+
+def test_estimators_exact():
+    d = np.array([0.0, 0.5, -1.0, 30.0, -30.0])
+    np.testing.assert_allclose(kl.kl_estimate(d, "k1"), d)
+    np.testing.assert_allclose(kl.kl_estimate(d, "k2"), 0.5 * d * d)
+    np.testing.assert_allclose(kl.kl_estimate(d, "k3"), [k3_loop(v) for v in d], rtol=1e-12)
+    # clamps: d = 30 → x = -20 → e^-20 + 19 → capped at 10; d = -30 → x = 20 → capped at 10
+    assert kl.kl_estimate(np.array([30.0, -30.0]), "k3").tolist() == [10.0, 10.0]
+
+
+def test_unknown_estimator():
+    with pytest.raises(ValueError, match="unknown KL estimator"):
+        kl.kl_estimate(np.zeros(1), "k4")
+
+
+def test_masked_kl_excludes_masked_and_missing_tokens():
+    lp = np.array([-1.0, -2.0, np.nan, -0.5])
+    ref = np.array([-1.5, -2.0, -1.0, -0.7])
+    mask = np.array([True, True, True, False])
+    d, k, valid = kl.masked_kl(lp, ref, mask, "k1")
+    assert valid.tolist() == [True, True, False, False]
+    np.testing.assert_allclose(d, [0.5, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(k, [0.5, 0.0, 0.0, 0.0])
+
+
+def test_reward_placement():
+    k_T = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    off = np.array([0, 2, 2, 5])
+    out = kl.kl_into_reward(np.array([1.0, 2.0, 3.0]), k_T, off, beta=0.5)
+    np.testing.assert_allclose(out, [1.0 - 0.5 * 0.3, 2.0, 3.0 - 0.5 * 1.2])
+
+
+def test_advantage_placement_tinker_style():
+    d = np.array([0.2, -0.2, 0.6, 0.0])
+    valid = np.array([True, True, True, False])
+    mean_d = kl.batch_mean_log_ratio(d, valid)
+    assert mean_d == pytest.approx(0.2)
+    out = kl.kl_into_token_advantages(np.array([1.0, 1.0, -1.0, 0.0]), d, valid, 0.1, mean_d)
+    np.testing.assert_allclose(out, [1.0, 1.0 + 0.1 * 0.4, -1.0 - 0.1 * 0.4, 0.0])
+
+
+def test_empty_batch():
+    off = np.array([0])
+    assert kl.segment_sum(np.array([]), off).shape == (0,)
+    assert kl.batch_mean_log_ratio(np.array([]), np.array([], dtype=bool)) == 0.0
+    assert kl.broadcast(np.array([]), off).shape == (0,)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.floats(-30, 0, allow_nan=False), st.floats(-30, 0, allow_nan=False), st.booleans()),
+            max_size=6,
+        ),
+        max_size=6,
+    ),
+    st.sampled_from(["k1", "k2", "k3"]),
+    st.floats(0, 2),
+)
+def test_matches_loop_reference(samples, estimator, beta):
+    lp = np.array([t[0] for s in samples for t in s])
+    ref = np.array([t[1] for s in samples for t in s])
+    mask = np.array([t[2] for s in samples for t in s], dtype=bool)
+    off = np.concatenate(([0], np.cumsum([len(s) for s in samples]))).astype(np.int64)
+    d, k, valid = kl.masked_kl(lp, ref, mask, estimator)
+    rewards = np.arange(len(samples), dtype=np.float64)
+    new_r = kl.kl_into_reward(rewards, k, off, beta)
+    fn = {"k1": lambda x: x, "k2": lambda x: 0.5 * x * x, "k3": k3_loop}[estimator]
+    total_d, count = 0.0, 0
+    for i, s in enumerate(samples):
+        acc = 0.0
+        for a, b, m in s:
+            if m:
+                acc += fn(a - b)
+                total_d += a - b
+                count += 1
+        assert new_r[i] == pytest.approx(rewards[i] - beta * acc, rel=1e-9, abs=1e-9)
+    mean_d = kl.batch_mean_log_ratio(d, valid)
+    assert mean_d == pytest.approx(total_d / count if count else 0.0, rel=1e-9, abs=1e-12)
+    adv_T = kl.kl_into_token_advantages(np.zeros(len(lp)), d, valid, beta, mean_d)
+    expected = [beta * (mean_d - (a - b)) if m else 0.0 for s in samples for a, b, m in s]
+    np.testing.assert_allclose(adv_T, expected, rtol=1e-9, atol=1e-9)

@@ -2,7 +2,7 @@
 
 Import the fixtures in a test module that needs them::
 
-    from s3_server import moto_endpoint, s3  # noqa: F401
+    from tests.s3_server import moto_endpoint, s3  # noqa: F401
 
 ``moto_endpoint`` (session) starts the server on a free port and stops it at the end; ``s3`` (per test) points
 the standard AWS environment at it (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID=testing``,

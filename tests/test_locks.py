@@ -10,13 +10,13 @@ import threading
 import time
 
 import pytest
-from s3_server import moto_endpoint, s3  # noqa: F401
 
 from prl import locks
 from prl.errors import LockedError
 from prl.locks import LocalLock, lock_for
 from prl.s3lock import S3Lock
 from prl.store import filesystem_for
+from tests.s3_server import moto_endpoint, s3  # noqa: F401
 
 
 @pytest.fixture(params=["local", "s3"])

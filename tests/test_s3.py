@@ -19,8 +19,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
-from records import sglang_generate, vllm_chat, vllm_completion
-from s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 
 import prl.ingest as prl_ingest
 from prl.errors import ExitCode, RetryableIOError
@@ -30,6 +28,8 @@ from prl.s3lock import S3Lock
 from prl.schema import REWARDS
 from prl.sources import expand
 from prl.store import Store, filesystem_for
+from tests.records import sglang_generate, vllm_chat, vllm_completion
+from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 

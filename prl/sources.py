@@ -10,8 +10,10 @@ import fnmatch
 import glob
 import hashlib
 import os
+import queue
+import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
@@ -21,6 +23,8 @@ from prl.errors import RetryableIOError, UsageError
 from prl.store import aws_endpoint, filesystem_for
 
 READ_CHUNK = 4 * 1024 * 1024
+READ_AHEAD_CHUNKS = 2
+"""Chunks of an ``s3://`` source fetched (and hashed) ahead by a background thread, while the caller parses."""
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SKIP_NAMES = ("_SUCCESS", ".DS_Store")
@@ -168,6 +172,12 @@ class LineReader:
         self.sha256 = self._hasher.hexdigest()
 
     def _raw_chunks(self) -> Iterator[bytes]:
+        chunks = self._read_chunks()
+        if self.source.uri.startswith("s3://"):  # each read is a ranged GET: overlap its latency with parsing
+            return _read_ahead(chunks, READ_AHEAD_CHUNKS)
+        return chunks
+
+    def _read_chunks(self) -> Generator[bytes, None, None]:
         fs, path = filesystem_for(self.source.uri)
         try:
             with fs.open_input_stream(path, compression=None) as stream:
@@ -244,3 +254,48 @@ class LineReader:
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield first
     yield from rest
+
+
+_END = object()
+
+
+def _read_ahead(chunks: Generator[bytes, None, None], depth: int) -> Iterator[bytes]:
+    """Iterate ``chunks`` while a background thread produces up to ``depth`` chunks ahead (memory: ``depth`` + 1
+    chunks). An error in the producer is raised in the consumer; a consumer that stops early stops the producer
+    (after at most one more read) and closes ``chunks``."""
+    ready: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def offer(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not offer(chunk):
+                    return
+            offer(_END)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            offer(exc)
+        finally:
+            chunks.close()
+
+    thread = threading.Thread(target=produce, name="prl-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        thread.join()

@@ -26,7 +26,7 @@ from prl.ingest import ingest
 from prl.locks import lock_for
 from prl.s3lock import S3Lock
 from prl.schema import REWARDS
-from prl.sources import expand
+from prl.sources import _read_ahead, expand
 from prl.store import Store, filesystem_for
 from tests.records import sglang_generate, vllm_chat, vllm_completion
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
@@ -319,3 +319,41 @@ def test_bad_endpoint_is_retryable_and_prints_no_secret(s3, tmp_path):  # noqa: 
     assert_retryable_without_secrets(as_source, f"cannot list {s3.url('in/')}")
     as_store = run_cli([str(local), "--store", s3.url("store")], env)
     assert_retryable_without_secrets(as_store, "ingest lock", dead.removeprefix("http://"))
+
+
+def test_read_ahead_keeps_order_bounds_memory_and_raises_errors():
+    produced: list[int] = []
+    closed: list[bool] = []
+
+    def chunks(fail_at: int | None):
+        try:
+            for i in range(100):
+                if i == fail_at:
+                    raise OSError("connection reset")
+                produced.append(i)
+                yield bytes([i])
+        finally:
+            closed.append(True)
+
+    assert b"".join(_read_ahead(chunks(None), 2)) == bytes(range(100))
+    produced.clear()
+    with pytest.raises(OSError, match="connection reset"):
+        list(_read_ahead(chunks(5), 2))
+    produced.clear()
+    reader = _read_ahead(chunks(None), 2)
+    assert next(reader) == bytes([0])
+    time.sleep(0.3)  # the producer fills its queue, then waits
+    assert len(produced) <= 4  # one taken, two queued, one in hand
+    reader.close()
+    assert closed == [True, True, True]
+
+
+def test_truncated_gzip_on_s3_is_quarantined_after_its_good_lines(s3, tmp_path):  # noqa: F811
+    data = gzip.compress(jsonl(CHAT, vllm_chat("chat-b", [5], [([6], [-1.0])])))
+    s3.put("in/cut.jsonl.gz", data[: len(data) - 8])  # the gzip trailer is gone: the data is whole
+    store = Store(str(tmp_path / "store"))
+    result = ingest([s3.url("in/cut.jsonl.gz")], store, max_quarantine_rate=None)
+    assert result.samples == 2
+    assert result.quarantined == {"truncated_input": 1}
+    reasons = pl.read_delta(store.table_uri("quarantine"))["reason"].to_list()
+    assert reasons == ["truncated_input"]

@@ -19,7 +19,7 @@ from prl.store import filesystem_for
 from tests.s3_server import moto_endpoint, s3  # noqa: F401
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def store_uri(request: pytest.FixtureRequest, tmp_path) -> str:
     if request.param == "local":
         return str(tmp_path / "store")
@@ -141,6 +141,7 @@ def test_two_breakers_cannot_both_win(store_uri):
     breakers[winners[0]].release()
 
 
+@pytest.mark.s3
 def test_s3_holder_learns_it_lost_the_lock(s3):  # noqa: F811
     store_uri = s3.url("store")
     dead = S3Lock(store_uri, "ingest")
@@ -157,6 +158,7 @@ def test_s3_holder_learns_it_lost_the_lock(s3):  # noqa: F811
     assert s3.keys("store/") == []
 
 
+@pytest.mark.s3
 def test_s3_lock_key_layout(s3):  # noqa: F811
     with S3Lock(s3.url("a/b/store/"), "build-shards") as lock:
         assert s3.keys() == ["a/b/store/_locks/build-shards.lock"]

@@ -26,10 +26,13 @@ from prl.ingest import ingest
 from prl.locks import lock_for
 from prl.s3lock import S3Lock
 from prl.schema import REWARDS
+from prl.side_tables import ingest_side_table
 from prl.sources import _read_ahead, expand
 from prl.store import Store, filesystem_for
 from tests.records import sglang_generate, vllm_chat, vllm_completion
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
+
+pytestmark = pytest.mark.s3
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -357,3 +360,32 @@ def test_truncated_gzip_on_s3_is_quarantined_after_its_good_lines(s3, tmp_path):
     assert result.quarantined == {"truncated_input": 1}
     reasons = pl.read_delta(store.table_uri("quarantine"))["reason"].to_list()
     assert reasons == ["truncated_input"]
+
+
+def test_rewards_and_ref_logprobs_from_s3_into_an_s3_store(s3):  # noqa: F811
+    s3.put("rewards/r.jsonl.gz", gzip.compress(jsonl({"sample_id": "chat-a#0", "reward": 0.75})))
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"request_id": ["rid-c"], "choice_index": [0], "reward": [-0.5]}), sink)
+    s3.put("rewards/r.parquet", sink.getvalue().to_pybytes())
+    s3.put("rewards/r.csv", b"sample_id,name,value\ncmpl-b#0,format,1\n")
+    s3.put(
+        "ref/ref.jsonl.zst",
+        zstandard.ZstdCompressor().compress(
+            jsonl({"sample_id": "chat-a#0", "ref_model": "base", "ref_logprobs": [-0.5, -0.03125]})
+        ),
+    )
+    store = Store(s3.url("warehouse/store"))
+    rewards = ingest_side_table([s3.url("rewards/")], store, kind="rewards")
+    assert (rewards.rows, rewards.quarantined) == (3, {})
+    assert ingest_side_table([s3.url("ref/")], store, kind="ref").rows == 1
+    df = pl.read_delta(store.table_uri("rewards"), storage_options=store.options).sort("sample_id")
+    assert df.select("sample_id", "name", "value").rows() == [
+        ("chat-a#0", "reward", 0.75),
+        ("cmpl-b#0", "format", 1.0),
+        ("rid-c#0", "reward", -0.5),
+    ]
+    ref = pl.read_delta(store.table_uri("ref_logprobs"), storage_options=store.options).row(0, named=True)
+    assert (ref["sample_id"], ref["ref_model"], ref["ref_logprobs"]) == ("chat-a#0", "base", [-0.5, -0.03125])
+    again = ingest_side_table([s3.url("rewards/")], store, kind="rewards")
+    assert (again.rows, again.unchanged_files) == (0, 3)
+    assert s3.keys("warehouse/store/_locks/") == []

@@ -211,7 +211,8 @@ class S3Lock:
                 return
 
     def release(self) -> None:
-        """Stop the heartbeat and delete the lock if this run still holds it."""
+        """Stop the heartbeat and delete the lock if this run still holds it. Never raises: a lock that cannot
+        be deleted is logged and goes stale."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
@@ -226,9 +227,13 @@ class S3Lock:
             except ClientError as exc:
                 if _code(exc) in CONDITION_FAILED | GONE:
                     return  # taken over meanwhile: not ours to delete
-                raise self._io_error("releasing", exc) from exc
+                self._left_behind(exc)
             except BotoCoreError as exc:
-                raise self._io_error("releasing", exc) from exc
+                self._left_behind(exc)
+
+    def _left_behind(self, exc: Exception) -> None:
+        """A lock that cannot be deleted does not fail the run that held it: it goes stale without heartbeats."""
+        log.warning("%s; the lock goes stale after %.0f s", self._io_error("releasing", exc), self.stale_after)
 
     def __enter__(self) -> S3Lock:
         self.acquire()

@@ -165,3 +165,17 @@ def test_s3_lock_key_layout(s3):  # noqa: F811
         assert lock.path == s3.url("a/b/store/_locks/build-shards.lock")
     with S3Lock(s3.url(""), "ingest"):
         assert s3.keys() == ["_locks/ingest.lock"]
+
+
+@pytest.mark.s3
+def test_s3_release_when_unreachable_logs_and_does_not_raise(s3, monkeypatch, caplog):  # noqa: F811
+    lock = S3Lock(s3.url("store"), "ingest", stale_after=60)
+    lock.acquire()
+    lock._client = None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{sock.getsockname()[1]}")
+    lock.release()
+    assert "releasing the ingest lock" in caplog.text and "goes stale after 60 s" in caplog.text
+    assert "testing" not in caplog.text
+    assert s3.keys("store/_locks/") == ["store/_locks/ingest.lock"]

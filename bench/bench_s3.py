@@ -6,9 +6,10 @@ RSS is its own:
 
 1. local file → local store (the baseline);
 2. ``s3://`` object → local store (S3 source reads: listing, buffered ranged GETs);
-3. ``s3://`` object → ``s3://`` store (also the Parquet upload, Delta commit and lock on S3).
+3. ``s3://`` object → ``s3://`` store (also the Parquet upload, Delta commit and lock on S3);
+4. the same again, which finds nothing new: the fixed per-run cost of an S3 store (lock, Delta log reads).
 
-Prints tokens/s, peak RSS and the ratio S3 / local (target ≥ 0.7).
+Each case runs ``--repeats`` times, interleaved, and the fastest counts. Prints tokens/s, peak RSS and the ratio S3 / local (target ≥ 0.7 for S3 sources).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def _ingest(source: str, store: str, env: dict[str, str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--mb", type=int, default=int(os.environ.get("PRL_BENCH_S3_MB", "50")))
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each case; the fastest counts")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
 
@@ -77,11 +79,19 @@ def main() -> None:
         client.create_bucket(Bucket="prl-bench")
         client.upload_file(path, "prl-bench", "traces/vllm_chat.jsonl")
 
-        runs = {
-            "local → local store": _ingest(path, os.path.join(work, "store-local"), env),
-            "s3    → local store": _ingest("s3://prl-bench/traces/", os.path.join(work, "store-s3src"), env),
-            "s3    → s3 store   ": _ingest("s3://prl-bench/traces/", "s3://prl-bench/store", env),
+        cases = {
+            "local → local store": (path, os.path.join(work, "store-local")),
+            "s3    → local store": ("s3://prl-bench/traces/", os.path.join(work, "store-s3src")),
+            "s3    → s3 store   ": ("s3://prl-bench/traces/", "s3://prl-bench/store"),
         }
+        runs: dict[str, dict] = {}
+        for attempt in range(args.repeats):  # interleaved; the fastest of each counts (a shared machine is noisy)
+            for name, (source, store) in cases.items():
+                run = _ingest(source, f"{store}-{attempt}", env)
+                if name not in runs or run["seconds"] < runs[name]["seconds"]:
+                    runs[name] = run
+        rerun = _ingest("s3://prl-bench/traces/", "s3://prl-bench/store-0", env)  # nothing new: fixed cost
+    assert rerun["samples"] == 0, rerun
     rates = {}
     for name, run in runs.items():
         assert run["samples"] == stats["records"] and run["tokens"] == tokens, (name, run)
@@ -93,6 +103,7 @@ def main() -> None:
     base = rates["local → local store"]
     ratio_src = rates["s3    → local store"] / base
     ratio_both = rates["s3    → s3 store   "] / base
+    print(f"rerun with nothing new on the S3 store (per-run fixed cost): {rerun['seconds']:.2f} s")
     print(f"ratio S3 source / local: {ratio_src:.2f}   S3 source + S3 store / local: {ratio_both:.2f}   (target ≥ 0.7)")
     summary = {"mb": args.mb, "ratio_s3_source": round(ratio_src, 3), "ratio_s3_store": round(ratio_both, 3)}
     print(json.dumps(summary))

@@ -9,16 +9,19 @@ breaking the same stale lock cannot both win.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from prl.errors import LockedError
+from prl.errors import LockedError, RetryableIOError
 
 HEARTBEAT_SECONDS = 15.0
 STALE_AFTER_SECONDS = 300.0
@@ -74,6 +77,14 @@ class LocalLock:
         return age > self.stale_after
 
     def acquire(self) -> None:
+        """Take the lock or raise :class:`LockedError` naming its live holder; a lock folder that cannot be
+        created or written (the store path is a file, permission denied) raises :class:`RetryableIOError`."""
+        try:
+            self._acquire()
+        except OSError as exc:
+            raise RetryableIOError(f"cannot take the {self.step} lock at {self.path}: {exc}") from exc
+
+    def _acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         for _ in range(5):
             try:
@@ -124,6 +135,30 @@ class LocalLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def step_name(*parts: str) -> str:
+    """A lock step name safe as a file name: ``step_name("build-shards", "/data/out")`` →
+    ``build-shards-<12 hex digits of the parts>`` (the parts themselves may hold slashes or ``s3://``)."""
+    head, *rest = parts
+    if not rest:
+        return head
+    return f"{head}-{hashlib.sha256(chr(0).join(rest).encode()).hexdigest()[:12]}"
+
+
+@contextmanager
+def holding(store_uri: str, step: str, enabled: bool = True) -> Iterator[Any]:
+    """Hold the ``step`` lock of the store for the ``with`` block (nothing when not ``enabled``, e.g. in a
+    dry run, which writes nothing)."""
+    if not enabled:
+        yield None
+        return
+    lock = lock_for(store_uri, step)
+    lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
 
 
 def lock_for(store_uri: str, step: str, stale_after: float = STALE_AFTER_SECONDS) -> Any:

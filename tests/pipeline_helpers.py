@@ -1,0 +1,147 @@
+"""Inputs, recipes and subprocess runners for the ``prl run`` / inspect / verify / crash-safety tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tests.records import vllm_chat
+
+REPO = str(Path(__file__).resolve().parent.parent)
+
+
+def prl_argv(*args: str) -> list[str]:
+    """argv that runs the ``prl`` console entry point (SIGTERM handler included) with this checkout."""
+    return [sys.executable, "-c", "from prl.cli import main; main()", *args]
+
+
+def prl_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("COLUMNS", "160")
+    return env
+
+
+def run_prl(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(prl_argv(*args), env=prl_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(value)
+
+
+def write_recipe(path: Path, tables: dict[str, dict[str, Any]]) -> Path:
+    """A TOML recipe from ``{table: {key: value}}``."""
+    lines = []
+    for table, values in tables.items():
+        lines.append(f"[{table}]")
+        lines.extend(f"{key} = {toml_value(value)}" for key, value in values.items())
+        lines.append("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+    return path
+
+
+@dataclass
+class GrowingInput:
+    """Trace and reward files that grow by whole lines between runs, with the expected outcome of each line.
+
+    Every good record is a vLLM chat completion with ``n`` choices (one group); every ``bad_every``-th record
+    has one more token ID than logprobs (quarantined as a length mismatch), and one malformed JSON line is
+    appended per growth step. Rewards are written for every good sample.
+    """
+
+    root: Path
+    files: int = 2
+    seed: int = 0
+    bad_every: int = 7
+    records: int = 0
+    good: set[str] = field(default_factory=set)
+    """sample ids expected in ``traces``."""
+    bad: set[tuple[str, int]] = field(default_factory=set)
+    """(source_uri, line) expected in ``quarantine``."""
+    lines: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+        (self.root / "traces").mkdir(parents=True, exist_ok=True)
+
+    def trace_path(self, i: int) -> Path:
+        return self.root / "traces" / f"part-{i}.jsonl"
+
+    @property
+    def rewards_path(self) -> Path:
+        return self.root / "rewards.jsonl"
+
+    def grow(self, n_records: int) -> None:
+        """Append ``n_records`` records (spread over the trace files) and one malformed line, plus rewards."""
+        rng = self.rng
+        per_file: dict[Path, list[str]] = {}
+        rewards = []
+        for _ in range(n_records):
+            k = self.records
+            self.records += 1
+            path = self.trace_path(k % self.files)
+            prompt = [0, 128803, *rng.integers(2, 120000, int(rng.integers(3, 40))).tolist(), 128804]
+            n = int(rng.integers(1, 4))
+            choices = []
+            for _c in range(n):
+                ids = [*rng.integers(2, 120000, int(rng.integers(1, 30))).tolist(), 1]
+                lps = np.round(-rng.exponential(0.8, len(ids)), 4).tolist()
+                choices.append((ids, lps))
+            request_id = f"req-{self.seed}-{k}"
+            bad = k % self.bad_every == self.bad_every - 1
+            record = vllm_chat(request_id, prompt, choices)
+            if bad:
+                record["choices"][0]["token_ids"] = [*choices[0][0], 5]
+            per_file.setdefault(path, []).append(json.dumps(record))
+            line = self._next_line(path)
+            if bad:
+                self.bad.add((str(path), line))
+                for c in range(1, n):
+                    self.good.add(f"{request_id}#{c}")
+                    rewards.append({"sample_id": f"{request_id}#{c}", "reward": float(rng.integers(0, 2))})
+            else:
+                for c in range(n):
+                    self.good.add(f"{request_id}#{c}")
+                    rewards.append({"sample_id": f"{request_id}#{c}", "reward": float(rng.integers(0, 2))})
+        path = self.trace_path(self.records % self.files)
+        per_file.setdefault(path, []).append('{"object": "chat.completion", "id": "broken", ')
+        self.bad.add((str(path), self._next_line(path)))
+        for path, lines in per_file.items():
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write("\n".join(lines) + "\n")
+        with open(self.rewards_path, "a", encoding="utf-8") as fh:
+            fh.write("".join(json.dumps(r) + "\n" for r in rewards))
+
+    def _next_line(self, path: Path) -> int:
+        self.lines[str(path)] = self.lines.get(str(path), 0) + 1
+        return self.lines[str(path)]
+
+    def recipe(self, store: Path, out: Path, **shards: Any) -> Path:
+        return write_recipe(
+            self.root / "recipe.toml",
+            {
+                "store": {"uri": str(store), "out": str(out)},
+                "ingest": {"sources": ["traces"], "max_quarantine_rate": 1.0},
+                "rewards": {"sources": ["rewards.jsonl"]},
+                "shards": {"require_checks": False, "target_tokens": 600, "seed": 1, **shards},
+            },
+        )

@@ -197,9 +197,13 @@ def inspect_store(store: Store) -> StoreInspection:
     if "traces" in versions:
         traces = _scan(store, "traces", versions["traces"])
         for column in ("source_format", "model", "policy_version"):
-            counts = _collect(traces.group_by(column).agg(pl.len().alias("samples")).sort(["samples", column]))
+            counts = _collect(
+                traces.group_by(column)
+                .agg(pl.len().alias("samples"))
+                .sort(["samples", column], descending=[True, False], nulls_last=True)
+            )
             result.traces_by[column] = [
-                {"value": value, "samples": n} for value, n in reversed(counts.select(column, "samples").rows())
+                {"value": value, "samples": n} for value, n in counts.select(column, "samples").rows()
             ]
     if "quarantine" in versions:
         counts = _collect(

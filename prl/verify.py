@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prl.errors import ExitCode, UsageError
-from prl.shards import MANIFEST, SAMPLES_FILE, existing_sets, sha256_file
+from prl.shards import MANIFEST, SAMPLES_FILE, sha256_file
 
 BATCH_ROWS = 1024
 
@@ -63,7 +63,11 @@ def set_dirs(path: str) -> list[str]:
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return [path]
     if os.path.isdir(path):
-        sets = [os.path.join(path, m["set_id"]) for m in existing_sets(path)]
+        sets = [
+            os.path.join(path, name)
+            for name in sorted(os.listdir(path))
+            if not name.startswith(".") and os.path.isfile(os.path.join(path, name, MANIFEST))
+        ]
         if sets or os.path.isfile(os.path.join(path, "_index.json")):
             return sets
         raise UsageError(f"{path} holds no shard set (no {MANIFEST} in it or in its subfolders)")
@@ -105,8 +109,10 @@ def verify_set(folder: str, result: VerifyResult) -> None:
     except (OSError, ValueError) as exc:
         result.problems.append(Problem(os.path.basename(folder), MANIFEST, f"unreadable: {exc}"))
         return
-    set_id = manifest.get("set_id", os.path.basename(folder))
+    set_id = os.path.basename(folder)
     result.sets.append(set_id)
+    if manifest.get("set_id") != set_id:
+        result.problems.append(Problem(set_id, MANIFEST, f"set_id {manifest.get('set_id')!r} != folder name"))
     for name in sorted(os.listdir(folder)):
         if ".tmp" in name:
             result.problems.append(Problem(set_id, name, "leftover temporary file in a published set"))

@@ -50,9 +50,7 @@ def _check_records(path: Path) -> list[dict]:
 @pytest.mark.parametrize("topk", [0, 5])
 def test_chat_file(tmp_path: Path, topk: int):
     path = tmp_path / "chat.jsonl"
-    result = _gen().make_vllm_chat_file(
-        path, 3_000_000, topk=topk, seed=1, prompt_tokens=400, completion_tokens=200
-    )
+    result = _gen().make_vllm_chat_file(path, 3_000_000, topk=topk, seed=1, prompt_tokens=400, completion_tokens=200)
     recs = _check_records(path)
     assert result["bytes"] == path.stat().st_size >= 3_000_000
     assert result["records"] == len(recs)

@@ -26,9 +26,7 @@ K = 5
 
 @functools.cache
 def _load_generator():
-    spec = importlib.util.spec_from_file_location(
-        "make_sample_data", REPO / "scripts" / "make_sample_data.py"
-    )
+    spec = importlib.util.spec_from_file_location("make_sample_data", REPO / "scripts" / "make_sample_data.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -231,16 +229,12 @@ def test_template_renders_every_prompt(hf_tokenizer):
     for r in _records("traces/vllm_chat.jsonl"):
         msgs = r["metadata"]["messages"]
         ids = _ids(
-            hf_tokenizer.apply_chat_template(
-                msgs, chat_template=template, add_generation_prompt=True, tokenize=True
-            )
+            hf_tokenizer.apply_chat_template(msgs, chat_template=template, add_generation_prompt=True, tokenize=True)
         )
         assert ids == r["prompt_token_ids"], r["id"]
         assert ids[0] == 0 and ids[-1] == 128804
         kept = _ids(
-            hf_tokenizer.apply_chat_template(
-                msgs, chat_template=keep, add_generation_prompt=True, tokenize=True
-            )
+            hf_tokenizer.apply_chat_template(msgs, chat_template=keep, add_generation_prompt=True, tokenize=True)
         )
         if kept != ids:
             drifted.append((r["metadata"]["session_id"].split("-")[1], r["metadata"]["turn"]))
@@ -260,9 +254,7 @@ def test_template_tool_markers(hf_tokenizer):
         {"role": "tool", "content": "x"},
         {"role": "tool", "content": "y"},
     ]
-    text = hf_tokenizer.apply_chat_template(
-        msgs, chat_template=template, add_generation_prompt=True, tokenize=False
-    )
+    text = hf_tokenizer.apply_chat_template(msgs, chat_template=template, add_generation_prompt=True, tokenize=False)
     assert text == (
         "<｜begin▁of▁sentence｜><｜User｜>q<｜Assistant｜><think>r</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f"
         '<｜tool▁sep｜>{"a": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'
@@ -276,9 +268,7 @@ def test_template_tool_markers(hf_tokenizer):
         {"role": "assistant", "content": "<think>r</think>b"},
         {"role": "user", "content": "c"},
     ]
-    text = hf_tokenizer.apply_chat_template(
-        msgs, chat_template=template, add_generation_prompt=False, tokenize=False
-    )
+    text = hf_tokenizer.apply_chat_template(msgs, chat_template=template, add_generation_prompt=False, tokenize=False)
     assert text == "<｜begin▁of▁sentence｜><｜User｜>a<｜Assistant｜>b<｜end▁of▁sentence｜><｜User｜>c"
 
 

@@ -51,8 +51,10 @@ def main() -> None:
     stats = make_vllm_chat_file(path, args.mb * 1024 * 1024, topk=args.topk, seed=0)
     size = os.path.getsize(path)
     tokens = stats["prompt_tokens"] + stats["completion_tokens"]
-    print(f"input: {size / 1e6:.0f} MB, {stats['records']:,} records, {tokens:,} tokens "
-          f"(generated in {time.perf_counter() - started:.1f}s)")
+    print(
+        f"input: {size / 1e6:.0f} MB, {stats['records']:,} records, {tokens:,} tokens "
+        f"(generated in {time.perf_counter() - started:.1f}s)"
+    )
 
     raw = _child(
         "import polars as pl\n"
@@ -70,12 +72,18 @@ def main() -> None:
     assert ing["samples"] == stats["records"], ing
     raw_rate = tokens / raw["seconds"]
     ing_rate = tokens / ing["seconds"]
-    print(f"polars.read_ndjson : {raw['seconds']:7.2f} s  {raw_rate / 1e6:7.2f} M tokens/s  "
-          f"{size / raw['seconds'] / 1e6:7.1f} MB/s  peak RSS {raw['peak_rss_mb']:7.0f} MB")
-    print(f"prl ingest         : {ing['seconds']:7.2f} s  {ing_rate / 1e6:7.2f} M tokens/s  "
-          f"{size / ing['seconds'] / 1e6:7.1f} MB/s  peak RSS {ing['peak_rss_mb']:7.0f} MB")
-    print(f"ratio ingest / raw parse: {ing_rate / raw_rate:.2f}x (target >= 0.5x); "
-          f"peak RSS {'<' if ing['peak_rss_mb'] < 1024 else '>='} 1 GB")
+    print(
+        f"polars.read_ndjson : {raw['seconds']:7.2f} s  {raw_rate / 1e6:7.2f} M tokens/s  "
+        f"{size / raw['seconds'] / 1e6:7.1f} MB/s  peak RSS {raw['peak_rss_mb']:7.0f} MB"
+    )
+    print(
+        f"prl ingest         : {ing['seconds']:7.2f} s  {ing_rate / 1e6:7.2f} M tokens/s  "
+        f"{size / ing['seconds'] / 1e6:7.1f} MB/s  peak RSS {ing['peak_rss_mb']:7.0f} MB"
+    )
+    print(
+        f"ratio ingest / raw parse: {ing_rate / raw_rate:.2f}x (target >= 0.5x); "
+        f"peak RSS {'<' if ing['peak_rss_mb'] < 1024 else '>='} 1 GB"
+    )
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
 

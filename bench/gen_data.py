@@ -116,10 +116,7 @@ def _ints(a: np.ndarray) -> str:
     return "[" + ",".join(map(str, a.tolist())) + "]"
 
 
-_LOREM = (
-    "The quick brown fox jumps over the lazy dog while the model reasons step by step about the answer. "
-    * 2000
-)
+_LOREM = "The quick brown fox jumps over the lazy dog while the model reasons step by step about the answer. " * 2000
 
 
 def _chat_record(

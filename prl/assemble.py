@@ -5,6 +5,7 @@ else that is wrong sends the sample to quarantine with one reason code:
 
 | reason | when |
 |---|---|
+| ``missing_finish_reason`` | the record has no finish reason and none was given with ``--finish-reason`` |
 | ``no_prompt_ids`` / ``empty_completion`` | no prompt tokens / no completion tokens |
 | ``bad_token_id`` | an ID < 0 or ≥ 2³¹ |
 | ``length_mismatch`` | ``len(completion_logprobs) != len(completion_token_ids)`` |
@@ -51,6 +52,11 @@ def validate(sample: Sample) -> Sample:
     """Check one sample's arrays (vectorized per array). Returns the sample with the ``-9999`` floor nulled;
     raises :class:`Quarantined` otherwise."""
     n = len(sample.completion_token_ids)
+    if sample.finish_reason is None:
+        raise Quarantined(
+            "missing_finish_reason",
+            "the record carries no finish reason (pass --finish-reason to set one for such records)",
+        )
     if len(sample.prompt_token_ids) == 0:
         raise Quarantined("no_prompt_ids", "the prompt has no token IDs")
     if n == 0:

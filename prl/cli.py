@@ -82,6 +82,10 @@ def ingest(
         str | None,
         typer.Option("--group-field", help="Record field that defines centering groups (default: prompt digest)."),
     ] = None,
+    finish_reason: Annotated[
+        str | None,
+        typer.Option("--finish-reason", help="Finish reason for records that carry none (stop, length, ...)."),
+    ] = None,
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
     ] = 0.05,
@@ -103,6 +107,7 @@ def ingest(
                     format=format,
                     policy_version=policy_version,
                     group_field=group_field,
+                    finish_reason=finish_reason,
                     dry_run=dry_run,
                     max_quarantine_rate=max_quarantine_rate,
                     progress=progress,
@@ -120,6 +125,55 @@ def ingest(
     else:
         report.stderr.print(f"[red]error:[/red] --kind must be traces, rewards or ref, not {kind!r}")
         raise typer.Exit(int(ExitCode.USAGE))
+
+
+@app.command("check-tokens")
+def check_tokens_cmd(
+    store: StoreOpt,
+    tokenizer: Annotated[
+        str, typer.Option("--tokenizer", help="A tokenizer.json, or a folder with it (+ tokenizer_config.json).")
+    ],
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            "--chat-template",
+            help="Jinja chat template file (or a packaged one: deepseek_v4, deepseek_v4_keep_think) for the "
+            "template check; default: the tokenizer folder's template, if any.",
+        ),
+    ] = None,
+    max_drift_rate: Annotated[
+        float | None,
+        typer.Option(
+            "--max-drift-rate", help="Exit 1 when more than this fraction of checked samples is drift/invalid."
+        ),
+    ] = None,
+    sample_rate: Annotated[
+        float, typer.Option("--sample-rate", help="Check this fraction of samples (picked by sample_id, stable).")
+    ] = 1.0,
+    fail_on_warn: Annotated[
+        bool, typer.Option("--fail-on-warn", help="Count warn verdicts as problems for --max-drift-rate.")
+    ] = False,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check token IDs, logprobs and top-k heads against retokenization drift; one verdict per sample."""
+    from prl.checks import check_tokens
+    from prl.checks.report import render
+    from prl.store import Store
+
+    _run(
+        lambda: check_tokens(
+            Store(store),
+            tokenizer,
+            chat_template=chat_template,
+            max_drift_rate=max_drift_rate,
+            sample_rate=sample_rate,
+            allow_warn=not fail_on_warn,
+            dry_run=dry_run,
+        ),
+        lambda r: render(r, report.stdout),
+        as_json,
+    )
 
 
 def _shard_options(recipe: str | None, overrides: list[str]) -> Any:

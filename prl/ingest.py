@@ -27,11 +27,11 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from prl.assemble import Located, assemble, record_digest, sample_id_of, validate
-from prl.errors import ExitCode, FormatDetectionError
+from prl.errors import ExitCode, FormatDetectionError, UsageError
 from prl.formats import registry
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.locks import lock_for
-from prl.schema import QUARANTINE, RAW_LIMIT
+from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
 from prl.sources import LineReader, SourceFile, expand
 from prl.store import Store
 
@@ -181,6 +181,7 @@ def ingest(
     format: str = "auto",
     policy_version: str | None = None,
     group_field: str | None = None,
+    finish_reason: str | None = None,
     dry_run: bool = False,
     max_quarantine_rate: float | None = DEFAULT_MAX_QUARANTINE_RATE,
     batch_tokens: int = BATCH_TOKENS,
@@ -191,7 +192,8 @@ def ingest(
 
     ``sources``: files, folders, globs or ``s3://`` prefixes. ``format``: ``auto`` (detected per file) or a
     format name from :mod:`prl.formats.registry`. ``policy_version`` fills in records that carry none;
-    ``group_field`` names the record field that defines centering groups (default: a digest of the prompt IDs).
+    ``group_field`` names the record field that defines centering groups (default: a digest of the prompt IDs);
+    ``finish_reason`` is used for records that carry none (RL rollout dumps often do not).
     ``progress`` is called with the number of source bytes read since the last call.
     """
     if format != "auto":
@@ -200,7 +202,9 @@ def ingest(
     started = time.perf_counter()
     result = IngestResult(store=store.uri, dry_run=dry_run, max_quarantine_rate=max_quarantine_rate)
     files = expand(sources)
-    options = ParseOptions(policy_version=policy_version, group_field=group_field)
+    if finish_reason is not None and finish_reason not in FINISH_REASONS:
+        raise UsageError(f"--finish-reason must be one of {', '.join(FINISH_REASONS)}, not {finish_reason!r}")
+    options = ParseOptions(policy_version=policy_version, group_field=group_field, finish_reason=finish_reason)
     guard = lock_for(store.uri, "ingest") if (lock and not dry_run) else None
     if guard is not None:
         guard.acquire()
@@ -335,6 +339,8 @@ def _ingest_file(
             if isinstance(item, Quarantined):
                 quarantine(record.line, record.raw, item)
                 continue
+            if item.finish_reason is None:
+                item.finish_reason = options.finish_reason
             try:
                 sample = validate(item)
             except Quarantined as q:

@@ -226,8 +226,14 @@ def _coerce(key: str, value: Any) -> Any:
             raise bad("a number in [0, 1]")
         return float(value)
     if key == "rewards":
+        if isinstance(value, str) and "=" in value:  # command line: "correct=1,format=0.2"
+            pairs = [part.partition("=") for part in value.split(",") if part.strip()]
+            try:
+                return {name.strip(): float(weight) for name, _, weight in pairs}
+            except ValueError:
+                raise bad("NAME=WEIGHT pairs separated by commas") from None
         if isinstance(value, str):
-            return {value: 1.0}
+            return {value.strip(): 1.0}
         if isinstance(value, Mapping):
             return {str(k): v for k, v in value.items()}
         raise bad("a reward name or a table of name = weight")

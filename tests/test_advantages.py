@@ -141,3 +141,13 @@ def test_matches_loop_reference(rows, method, use_fallback):
     sizes = [int((groups == g).sum()) for g in groups]
     assert res.group_size_N.tolist() == sizes
     assert res.singleton_groups == sizes.count(1)
+
+
+def test_reward_weights_from_command_line_text():
+    from prl.errors import UsageError
+    from prl.recipe_shards import ShardOptions
+
+    assert ShardOptions.from_mapping({"rewards": "correct=1,format=0.25"}).rewards == {"correct": 1.0, "format": 0.25}
+    assert ShardOptions.from_mapping({"rewards": "score"}).rewards == {"score": 1.0}
+    with pytest.raises(UsageError, match="NAME=WEIGHT"):
+        ShardOptions.from_mapping({"rewards": "correct=high"})

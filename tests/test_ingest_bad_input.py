@@ -223,3 +223,16 @@ def test_garbage_never_crashes_never_loses_a_good_line(tmp_path_factory, garbage
     # every non-blank line is accounted for: a sample, already present, or quarantined
     nonblank = sum(1 for line in lines if line.strip())
     assert result.records == nonblank
+
+
+def test_missing_finish_reason_quarantined_unless_given(store, write_trace):
+    record = vllm_chat("nofin", [1], [([2], [-1.0])])
+    record["choices"][0]["finish_reason"] = None
+    path = write_trace("nofin.jsonl", [record])
+    result = ingest([str(path)], store, max_quarantine_rate=None, dry_run=True)
+    assert result.quarantined == {"missing_finish_reason": 1}
+    result = ingest([str(path)], store, finish_reason="length")
+    assert result.samples == 1
+    assert pl.read_delta(store.table_uri("traces"))["finish_reason"].to_list() == ["length"]
+    with pytest.raises(UsageError, match="--finish-reason must be one of"):
+        ingest([str(path)], store, finish_reason="done")

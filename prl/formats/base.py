@@ -74,10 +74,12 @@ class RawRecord:
 
 @dataclass(slots=True)
 class ParseOptions:
-    """Options that apply to every record: a fixed policy version, or the field naming the centering group."""
+    """Options that apply to every record: the policy version and finish reason for records that carry none,
+    and the field naming the centering group."""
 
     policy_version: str | None = None
     group_field: str | None = None
+    finish_reason: str | None = None
 
 
 class Format:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from prl.formats.base import ParseOptions, Quarantined
@@ -22,11 +23,14 @@ FINISH_REASON_MAP = {
 }
 
 
-def finish_reason(value: Any) -> str:
+def finish_reason(value: Any) -> str | None:
     """Normalise a server's finish reason (a string, or SGLang's ``{"type": ...}`` dict) to one of
-    stop, length, tool_calls, abort, error. Unknown or missing → ``bad_finish_reason``."""
+    stop, length, tool_calls, abort, error. Missing → None (ingest then applies ``--finish-reason`` or
+    quarantines as ``missing_finish_reason``); unknown → ``bad_finish_reason``."""
     if isinstance(value, dict):
         value = value.get("type")
+    if value is None:
+        return None
     if isinstance(value, str) and value in FINISH_REASON_MAP:
         return FINISH_REASON_MAP[value]
     raise Quarantined("bad_finish_reason", f"finish reason {value!r} is not one of {sorted(FINISH_REASON_MAP)}")
@@ -37,6 +41,8 @@ def epoch_ms(value: Any) -> int | None:
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            return None
         # OpenAI 'created' is in seconds; values past year 5138 in seconds are taken as milliseconds.
         return int(value * 1000) if value < 1e11 else int(value)
     if isinstance(value, str):

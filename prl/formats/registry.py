@@ -6,15 +6,35 @@ from typing import Any
 
 from prl.errors import FormatDetectionError, UsageError
 from prl.formats.base import Format, RawRecord
+from prl.formats.envelopes import LiteLLMLog, OpenAIBatch, ProxyCapture
+from prl.formats.openai_text import OpenAIText
+from prl.formats.rollouts import PrimeRL, SkyRL, Slime, Verl
 from prl.formats.sglang import SglangGenerate
+from prl.formats.sse import Sse
+from prl.formats.tgi import Tgi
 from prl.formats.vllm import VllmChat, VllmCompletions
+from prl.formats.vllm_generate import VllmGenerate, VllmRequestOutput
 
 FORMATS: list[Format] = [
+    OpenAIBatch(),
+    ProxyCapture(),
+    LiteLLMLog(),
     VllmChat(),
     VllmCompletions(),
     SglangGenerate(),
+    Sse(),
+    VllmGenerate(),
+    VllmRequestOutput(),
+    Tgi(),
+    Verl(),
+    Slime(),
+    SkyRL(),
+    PrimeRL(),
+    OpenAIText(),
 ]
-"""Detection order matters: envelopes first (they wrap other formats), text-only formats last."""
+"""Detection order matters: envelopes first (they wrap other formats), text-only formats last. ``sse`` comes
+after ``openai_completions``: a streamed ``text_completion`` chunk and a whole response share ``object``, and
+only framing (``data:`` lines) tells a stream capture apart."""
 
 
 def names() -> list[str]:

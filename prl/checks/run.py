@@ -1,0 +1,298 @@
+"""``check_tokens``: stream the traces table, run every check on each batch, append verdict rows to
+``STORE/checks`` and return a :class:`~prl.checks.result.CheckResult`.
+
+Incremental: samples already checked under the same tokenizer fingerprint (tokenizer.json bytes, chat
+template, options) are left out of the scan (an anti-join on ``sample_id``); a run killed at any point
+loses at most its uncommitted chunk, and the next run picks up there. Memory is bounded by one batch, the
+segment and template caches, the multi-turn sequence cache (a token budget) and the key columns of
+multi-turn rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prl.checks.batch import COLUMNS, TokenBatch
+from prl.checks.findings import Findings
+from prl.checks.heads import check_heads
+from prl.checks.history import SequenceCache, previous_for, session_index
+from prl.checks.logprobs import check_logprobs
+from prl.checks.options import CheckOptions
+from prl.checks.prefix import check_prefix
+from prl.checks.result import GROUP_COLUMNS, CheckResult, Example
+from prl.checks.roundtrip import RoundTripper, check_roundtrip
+from prl.checks.special import check_special
+from prl.checks.template import TemplateChecker
+from prl.checks.tokenizer import CheckTokenizer
+from prl.checks.verdict import REASONS, SEVERITY, RowVerdict, assemble
+from prl.checks.vocab import check_vocab, max_id
+from prl.errors import UsageError
+from prl.locks import lock_for
+from prl.store import Store
+
+MISMATCH_FRACTION = 0.5
+"""More than this fraction of a run's first batch with out-of-vocabulary IDs means the wrong tokenizer."""
+
+
+def keep_sampled(sample_ids: list[str], rate: float) -> np.ndarray:
+    """Deterministic sampling by sample_id: the same samples are picked on every run (bool[R])."""
+    if rate >= 1.0:
+        return np.ones(len(sample_ids), dtype=bool)
+    bound = int(rate * (1 << 64))
+    return np.array(
+        [int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big") < bound for s in sample_ids],
+        dtype=bool,
+    )
+
+
+@dataclass
+class BatchChecker:
+    """Runs every check on batches of one run, sharing the caches between batches."""
+
+    store: Store
+    tok: CheckTokenizer
+    opts: CheckOptions
+    fingerprint: str
+    traces_version: int
+    index: pl.DataFrame
+    roundtrip: RoundTripper = field(init=False)
+    template: TemplateChecker = field(init=False)
+    sequences: SequenceCache = field(default_factory=SequenceCache)
+
+    def __post_init__(self) -> None:
+        self.roundtrip = RoundTripper(self.tok)
+        self.template = TemplateChecker(self.tok)
+
+    def check(self, rb: pa.RecordBatch, guard: bool = False) -> tuple[pa.RecordBatch, list[RowVerdict], list]:
+        """Verdict rows, non-ok rows, and prefix status per row for one batch of traces rows."""
+        tb = TokenBatch.from_record_batch(rb)
+        vocab_size = self.tok.vocab_size
+        findings, vocab_ok = check_vocab(tb, vocab_size)
+        if guard:
+            bad = int((~vocab_ok).sum())
+            if bad >= 2 and bad > MISMATCH_FRACTION * tb.rows:
+                raise UsageError(
+                    f"tokenizer {self.tok.path} does not match the data: {bad} of {tb.rows} samples hold "
+                    f"token IDs outside its vocabulary of {vocab_size} (largest ID {max_id(tb)})"
+                )
+        findings.extend(check_logprobs(tb, self.opts))
+        findings.extend(check_roundtrip(tb, tb.sequence(), vocab_ok, self.roundtrip))
+        findings.extend(self.template.check(tb, vocab_ok))
+        status = self._prefix(rb, tb, findings)
+        findings.extend(check_special(tb, self.tok, vocab_ok))
+        heads, heads_present = check_heads(tb, vocab_size, self.opts)
+        findings.extend(heads)
+        out, flagged = assemble(tb, findings, status, heads_present, self.fingerprint, self.tok)
+        return out, flagged, status
+
+    def _prefix(self, rb: pa.RecordBatch, tb: TokenBatch, findings: Findings) -> list[str | None]:
+        previous = previous_for(self.index, tb.sample_id)
+        wanted = {sid for cands in previous if cands for sid in cands}
+        if not wanted:
+            return [None] * tb.rows
+        sequences = self.sequences.get_many(self.store, self.traces_version, wanted)
+        found, status = check_prefix(tb, previous, sequences, self.opts.realign_window)
+        findings.extend(found)
+        return status
+
+    def remember(self, rb: pa.RecordBatch) -> None:
+        """Cache the sequences of a batch's multi-turn rows: later turns compare against them."""
+        has_session = rb.column("session_id").is_valid().to_numpy(zero_copy_only=False)
+        if has_session.any():
+            self.sequences.put_batch(rb, only=has_session)
+
+
+def check_tokens(
+    store: Store,
+    tokenizer: str,
+    chat_template: str | None = None,
+    max_drift_rate: float | None = None,
+    sample_rate: float = 1.0,
+    allow_warn: bool = True,
+    dry_run: bool = False,
+    *,
+    lock: bool = True,
+    options: CheckOptions | None = None,
+    batch_size: int = 2048,
+    commit_rows: int = 1 << 18,
+    worst: int = 10,
+    on_batch: Callable[[int], None] | None = None,
+) -> CheckResult:
+    """Check every not-yet-checked sample of ``store``'s traces against ``tokenizer``.
+
+    ``tokenizer``: a tokenizer.json or a folder holding one; ``chat_template``: a Jinja file (or source)
+    for the ``template`` check, default the folder's tokenizer_config.json template; ``max_drift_rate``: the
+    problem rate above which ``exit_code`` is 1; ``sample_rate``: fraction of samples checked, picked by
+    sample_id hash; ``allow_warn``: when False, warn verdicts count as problems; ``dry_run``: check and
+    report, write nothing. Verdict rows are committed every ``commit_rows`` rows. Raises
+    :class:`UsageError` for a missing tokenizer or template, bad options, or a tokenizer that does not match
+    the data.
+    """
+    if not 0.0 < sample_rate <= 1.0:
+        raise UsageError(f"sample rate must be in (0, 1], got {sample_rate}")
+    if max_drift_rate is not None and not 0.0 <= max_drift_rate <= 1.0:
+        raise UsageError(f"max drift rate must be in [0, 1], got {max_drift_rate}")
+    started = time.perf_counter()
+    opts = options or CheckOptions()
+    tok = CheckTokenizer.load(tokenizer, chat_template, opts.stop_token_ids)
+    fingerprint = tok.fingerprint(opts.to_dict())
+    traces_version = store.version("traces")
+    result = CheckResult(
+        store=store.uri,
+        tokenizer=tok.path,
+        fingerprint=fingerprint,
+        template=tok.template is not None,
+        traces_version=traces_version,
+        dry_run=dry_run,
+        max_drift_rate=max_drift_rate,
+        allow_warn=allow_warn,
+        sample_rate=sample_rate,
+    )
+    if traces_version is None:
+        result.elapsed_s = time.perf_counter() - started
+        return result
+    guard = lock_for(store.uri, "check-tokens") if (lock and not dry_run) else None
+    if guard is not None:
+        guard.acquire()
+    try:
+        _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch)
+    finally:
+        if guard is not None:
+            guard.release()
+    result.elapsed_s = time.perf_counter() - started
+    return result
+
+
+def _run(
+    store: Store,
+    tok: CheckTokenizer,
+    opts: CheckOptions,
+    result: CheckResult,
+    dry_run: bool,
+    batch_size: int,
+    commit_rows: int,
+    worst: int,
+    on_batch: Callable[[int], None] | None,
+) -> None:
+    """Stream, check and commit (``result`` is filled in place)."""
+    fingerprint, traces_version, sample_rate = result.fingerprint, result.traces_version, result.sample_rate
+    assert traces_version is not None
+
+    done = store.read("checks", columns=["sample_id"], filter=pc.field("tokenizer_fingerprint") == fingerprint)
+    done_ids = pc.unique(done.column("sample_id").combine_chunks()) if done.num_rows else None
+    result.skipped_existing = 0 if done_ids is None else len(done_ids)
+    checker = BatchChecker(store, tok, opts, fingerprint, traces_version, session_index(store, traces_version))
+    flt = None if done_ids is None else ~pc.field("sample_id").isin(done_ids)
+    heap: list[tuple[int, int, str, int, Example]] = []
+
+    def verdict_batches() -> Iterator[pa.RecordBatch]:
+        first = True
+        for rb in store.scan("traces", columns=COLUMNS, filter=flt, batch_size=batch_size, version=traces_version):
+            checker.remember(rb)
+            keep = keep_sampled(rb.column("sample_id").to_pylist(), sample_rate)
+            result.sampled_out += int((~keep).sum())
+            if not keep.all():
+                rb = rb.filter(pa.array(keep))
+            if rb.num_rows == 0:
+                continue
+            out, flagged, status = checker.check(rb, guard=first)
+            first = False
+            _tally(result, out, flagged, status, heap, worst)
+            if on_batch is not None:
+                on_batch(rb.num_rows)
+            yield out
+
+    metadata = {
+        "operation": "check-tokens",
+        "tokenizer_fingerprint": fingerprint,
+        "tokenizer": tok.path,
+        "tokenizer_sha256": tok.tokenizer_bytes_sha256,
+        "chat_template_sha256": hashlib.sha256((tok.template or "").encode()).hexdigest() if tok.template else None,
+        "options": opts.to_dict(),
+        "traces_version": traces_version,
+        "sample_rate": sample_rate,
+    }
+    stream = verdict_batches()
+    head = next(stream, None)  # the tokenizer/data mismatch guard runs before anything is written
+    exhausted = head is None
+    stream = itertools.chain([head] if head is not None else [], stream)
+
+    def chunk() -> Iterator[pa.RecordBatch]:
+        nonlocal exhausted
+        rows = 0
+        for b in stream:
+            yield b
+            rows += b.num_rows
+            if rows >= commit_rows:
+                return
+        exhausted = True
+
+    while not exhausted:
+        committed = store.commit("checks", chunk(), metadata=metadata, dry_run=dry_run)
+        if committed.version is not None:
+            result.checks_version = committed.version
+
+    result.tokens = checker.roundtrip.stats.tokens
+    result.tokens_roundtripped = checker.roundtrip.stats.tokens_encoded
+    result.worst = [ex for *_, ex in sorted(heap, reverse=True)]
+
+
+def _tally(
+    result: CheckResult,
+    out: pa.RecordBatch,
+    flagged: list[RowVerdict],
+    status: list,
+    heap: list[tuple[int, int, str, int, Example]],
+    worst: int,
+) -> None:
+    """Fold one batch of verdicts into the run summary."""
+    result.checked += out.num_rows
+    verdicts = out.column("verdict").to_pylist()
+    for v in verdicts:
+        result.verdicts[v] += 1
+    for s in status:
+        if s is not None:
+            result.prefix[s] += 1
+    groups = {name: out.column(name).to_pylist() for name in GROUP_COLUMNS}
+    for name, values in groups.items():
+        slot = result.groups[name]
+        for value, v in zip(values, verdicts, strict=False):
+            counts = slot.setdefault(str(value) if value is not None else "(none)", {"checked": 0})
+            counts["checked"] += 1
+            counts[v] = counts.get(v, 0) + 1
+    sample_ids = out.column("sample_id").to_pylist()
+    for fv in flagged:
+        families = set()
+        for code in fv.reasons:
+            result.reasons[code] = result.reasons.get(code, 0) + 1
+            families.add(REASONS[code][0])
+        for fam in families:
+            result.checks[fam] += 1
+        ex = Example(
+            sample_id=sample_ids[fv.row],
+            verdict=fv.verdict,
+            reasons=fv.reasons,
+            first_divergence=fv.position,
+            detail=fv.detail,
+            **{name: groups[name][fv.row] for name in GROUP_COLUMNS},
+        )
+        item = (SEVERITY[fv.verdict], len(fv.reasons), _neg_key(ex.sample_id), -result.checked - fv.row, ex)
+        if len(heap) < worst:
+            heapq.heappush(heap, item)
+        elif worst > 0 and item[:4] > heap[0][:4]:
+            heapq.heapreplace(heap, item)
+
+
+def _neg_key(sample_id: str) -> str:
+    """Ties between equally bad samples go to the smaller sample_id (stable output)."""
+    return "".join(chr(0x10FFFF - ord(c)) for c in sample_id[:64])

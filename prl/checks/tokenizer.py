@@ -1,0 +1,238 @@
+"""Loading a tokenizer (and optionally a chat template) for the token checks.
+
+``PATH`` is a ``tokenizer.json`` or a folder holding one (plus ``tokenizer_config.json`` for the special-token
+names and an optional ``chat_template``). Encoding and decoding go through the Rust ``tokenizers`` batch calls
+with no special tokens added and none skipped; chat templates are rendered only by transformers' sandboxed
+Jinja renderer. Nothing is downloaded and no remote code is ever run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from prl.errors import UsageError
+
+END_OF_TURN_NAMES = (
+    "<|EOT|>",
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|return|>",
+)
+"""Added-token contents that end a turn in common chat formats; those present in a vocabulary count as stop
+tokens next to the EOS token."""
+
+
+def _token_content(value: Any) -> str | None:
+    """A special-token entry of ``tokenizer_config.json``: a string or an ``AddedToken`` dict."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+PACKAGED_TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
+"""Chat templates shipped with prl (``deepseek_v4``, ``deepseek_v4_keep_think``), usable by name."""
+
+
+def read_template(chat_template: str) -> str:
+    """The template text from a file path, a packaged template's name, or the argument itself when it is
+    template source."""
+    if os.path.isfile(chat_template):
+        with open(chat_template, encoding="utf-8") as fh:
+            return fh.read()
+    packaged = os.path.join(PACKAGED_TEMPLATES, f"{chat_template}.jinja")
+    if os.sep not in chat_template and os.path.isfile(packaged):
+        with open(packaged, encoding="utf-8") as fh:
+            return fh.read()
+    if "{%" in chat_template or "{{" in chat_template:
+        return chat_template
+    raise UsageError(f"chat template file not found: {chat_template}")
+
+
+@dataclass
+class CheckTokenizer:
+    """A loaded tokenizer with what the checks need from it.
+
+    ``vocab_size`` counts added tokens; ``special_ids`` are added tokens flagged ``special``; ``boundary_ids``
+    are added tokens that the tokenizer splits out before pre-tokenization (no lstrip/rstrip/single-word), so
+    text between two of them is tokenized independently; ``stop_ids`` are EOS plus known end-of-turn tokens.
+    """
+
+    path: str
+    tokenizer: Tokenizer
+    tokenizer_bytes_sha256: str
+    config: dict[str, Any] = field(default_factory=dict)
+    template: str | None = None
+    extra_stop_ids: tuple[int, ...] = ()
+
+    # --- loading -------------------------------------------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        path: str,
+        chat_template: str | None = None,
+        stop_token_ids: Sequence[int] = (),
+    ) -> CheckTokenizer:
+        """Load ``path`` (a tokenizer.json or a folder with one). ``chat_template`` is a file or template
+        source; without it the folder's ``tokenizer_config.json`` template is used when present.
+
+        Raises :class:`UsageError` when the path or template is missing or unreadable.
+        """
+        if not os.path.exists(path):
+            raise UsageError(f"tokenizer not found: {path} (give a tokenizer.json or a folder holding one)")
+        folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        tok_file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        if not os.path.isfile(tok_file):
+            raise UsageError(f"no tokenizer.json in {path}")
+        with open(tok_file, "rb") as fh:
+            raw = fh.read()
+        try:
+            tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as exc:
+            raise UsageError(f"cannot load tokenizer {tok_file}: {exc}") from exc
+        config: dict[str, Any] = {}
+        config_file = os.path.join(folder, "tokenizer_config.json")
+        if os.path.isfile(config_file):
+            try:
+                with open(config_file, encoding="utf-8") as fh:
+                    config = json.load(fh)
+            except ValueError as exc:
+                raise UsageError(f"cannot read {config_file}: {exc}") from exc
+        template = read_template(chat_template) if chat_template is not None else None
+        if template is None:
+            found = config.get("chat_template")
+            if isinstance(found, list):  # named templates: take "default"
+                found = next((t.get("template") for t in found if t.get("name") == "default"), None)
+            template = found if isinstance(found, str) else None
+        return cls(
+            path=tok_file,
+            tokenizer=tokenizer,
+            tokenizer_bytes_sha256=hashlib.sha256(raw).hexdigest(),
+            config=config,
+            template=template,
+            extra_stop_ids=tuple(int(i) for i in stop_token_ids),
+        )
+
+    # --- vocabulary facts ---------------------------------------------------------------------------------
+    @cached_property
+    def vocab_size(self) -> int:
+        added = self.tokenizer.get_added_tokens_decoder()
+        return max(self.tokenizer.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
+
+    @cached_property
+    def special_ids(self) -> np.ndarray:
+        """Sorted int64 IDs of added tokens flagged ``special``."""
+        ids = [i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special]
+        return np.array(sorted(ids), dtype=np.int64)
+
+    @cached_property
+    def boundary_lut(self) -> np.ndarray:
+        """bool[vocab_size]: True for added tokens that split the text before pre-tokenization."""
+        lut = np.zeros(self.vocab_size, dtype=bool)
+        for i, t in self.tokenizer.get_added_tokens_decoder().items():
+            if not (t.lstrip or t.rstrip or t.single_word):
+                lut[i] = True
+        return lut
+
+    @cached_property
+    def special_lut(self) -> np.ndarray:
+        lut = np.zeros(self.vocab_size, dtype=bool)
+        lut[self.special_ids] = True
+        return lut
+
+    def special_token(self, name: str) -> str | None:
+        """Content of a named special token (``bos_token``, ``eos_token``) from tokenizer_config.json."""
+        return _token_content(self.config.get(name))
+
+    @cached_property
+    def eos_id(self) -> int | None:
+        content = self.special_token("eos_token")
+        return None if content is None else self.tokenizer.token_to_id(content)
+
+    @cached_property
+    def stop_ids(self) -> np.ndarray:
+        """Sorted int64 IDs that may end a completion the model stopped (EOS, end-of-turn tokens, extras)."""
+        ids = set(self.extra_stop_ids)
+        if self.eos_id is not None:
+            ids.add(self.eos_id)
+        for name in END_OF_TURN_NAMES:
+            found = self.tokenizer.token_to_id(name)
+            if found is not None:
+                ids.add(found)
+        return np.array(sorted(ids), dtype=np.int64)
+
+    def fingerprint(self, options: dict[str, Any]) -> str:
+        """sha256 over the tokenizer.json bytes, the chat template and the check options (hex, 64 chars)."""
+        h = hashlib.sha256()
+        h.update(self.tokenizer_bytes_sha256.encode())
+        h.update(b"\0template\0")
+        h.update((self.template or "").encode("utf-8"))
+        h.update(b"\0options\0")
+        h.update(json.dumps(options, sort_keys=True).encode())
+        h.update(json.dumps(sorted(self.extra_stop_ids)).encode())
+        return h.hexdigest()
+
+    # --- batch calls ---------------------------------------------------------------------------------------
+    def decode_batch(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        """Decode token-ID lists to text, special tokens kept."""
+        return self.tokenizer.decode_batch(list(ids), skip_special_tokens=False)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode texts to token-ID lists, no special tokens added."""
+        encode = getattr(self.tokenizer, "encode_batch_fast", None) or self.tokenizer.encode_batch  # no offsets
+        return [e.ids for e in encode(list(texts), add_special_tokens=False)]
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """Each token decoded alone (partial UTF-8 shows as U+FFFD), for showing a divergence."""
+        return self.tokenizer.decode_batch([[int(i)] for i in ids], skip_special_tokens=False)
+
+    # --- chat templates -----------------------------------------------------------------------------------
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """Render ``messages`` with the chat template (``add_generation_prompt=True``) in transformers'
+        sandboxed Jinja environment. Raises ValueError without a template."""
+        if self.template is None:
+            raise ValueError("no chat template")
+        extra = {
+            name: content
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if (content := self.special_token(name)) is not None
+        }
+        try:
+            from transformers.utils.chat_template_utils import render_jinja_template
+        except ImportError:  # older transformers: go through a fast tokenizer object
+            return self._fast_tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=self.template, add_generation_prompt=True, tokenize=False
+            )
+        rendered, _ = render_jinja_template(
+            conversations=[messages],
+            tools=tools,
+            chat_template=self.template,
+            add_generation_prompt=True,
+            **extra,
+        )
+        return rendered[0]
+
+    @cached_property
+    def _fast_tokenizer(self) -> Any:
+        from transformers import PreTrainedTokenizerFast
+
+        kwargs = {
+            name: content
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if (content := self.special_token(name)) is not None
+        }
+        return PreTrainedTokenizerFast(tokenizer_file=self.path, **kwargs)

@@ -1,0 +1,192 @@
+"""Verdict assembly: per-sample findings of every check → one ``checks`` row (schema ``prl.schema.CHECKS``).
+
+Reason codes, their check family and the verdict they force (the worst one wins: invalid > drift > warn > ok):
+
+=============================  =========  =======  ===========================================================
+reason                         check      verdict  meaning
+=============================  =========  =======  ===========================================================
+vocab_prompt/_completion       vocab      invalid  a token ID outside [0, vocab size)
+logprob_count                  logprobs   invalid  len(logprobs) ≠ len(completion IDs) (off by one, …)
+mask_count                     logprobs   invalid  len(completion_mask) ≠ len(completion IDs)
+logprob_missing                logprobs   invalid  null logprob on a scored token
+logprob_nonfinite              logprobs   invalid  NaN / ±inf
+logprob_positive               logprobs   invalid  logprob > 0
+heads_*                        heads      invalid  malformed, misaligned or degenerate top-k heads
+roundtrip_prompt/_completion   roundtrip  drift    encode(decode(ids)) ≠ ids
+template_prompt                template   drift    chat template rendering ≠ prompt IDs
+prefix_fork                    prefix     drift    previous turn is not a prefix of this prompt
+logprob_placeholder            logprobs   drift    exact 0.0 placeholders
+logprob_low                    logprobs   drift    many sampled tokens below −15: retokenized data
+prefix_realign                 prefix     warn     only the previous turn's last few tokens differ
+special_no_stop                special    warn     finish_reason stop without a stop token at the end
+special_mid_completion         special    warn     a special token inside the completion
+roundtrip_partial_char         roundtrip  warn     a UTF-8 character cut at the end of the sequence
+template_error                 template   warn     messages could not be parsed or rendered
+=============================  =========  =======  ===========================================================
+
+``first_divergence`` is the position of the worst reason that has one (a prompt position for ``*_prompt``,
+``template_*`` and ``prefix_*`` reasons, a completion position otherwise); ``detail`` is a JSON object with
+each reason's position and, for the worst reason, the token window as ``[id, piece]`` pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import orjson
+import pyarrow as pa
+
+from prl.checks.batch import TokenBatch
+from prl.checks.findings import Findings
+from prl.checks.tokenizer import CheckTokenizer
+from prl.schema import CHECKS
+
+SEVERITY = {"ok": 0, "warn": 1, "drift": 2, "invalid": 3}
+
+REASONS: dict[str, tuple[str, str]] = {
+    "vocab_prompt": ("vocab", "invalid"),
+    "vocab_completion": ("vocab", "invalid"),
+    "logprob_count": ("logprobs", "invalid"),
+    "mask_count": ("logprobs", "invalid"),
+    "logprob_missing": ("logprobs", "invalid"),
+    "logprob_nonfinite": ("logprobs", "invalid"),
+    "logprob_positive": ("logprobs", "invalid"),
+    "heads_shape": ("heads", "invalid"),
+    "heads_k_varies": ("heads", "invalid"),
+    "heads_id_range": ("heads", "invalid"),
+    "heads_id_duplicate": ("heads", "invalid"),
+    "heads_nonfinite": ("heads", "invalid"),
+    "heads_not_sorted": ("heads", "invalid"),
+    "heads_positive": ("heads", "invalid"),
+    "heads_mass": ("heads", "invalid"),
+    "heads_misaligned": ("heads", "invalid"),
+    "heads_degenerate": ("heads", "invalid"),
+    "roundtrip_prompt": ("roundtrip", "drift"),
+    "roundtrip_completion": ("roundtrip", "drift"),
+    "template_prompt": ("template", "drift"),
+    "prefix_fork": ("prefix", "drift"),
+    "logprob_placeholder": ("logprobs", "drift"),
+    "logprob_low": ("logprobs", "drift"),
+    "prefix_realign": ("prefix", "warn"),
+    "special_no_stop": ("special", "warn"),
+    "special_mid_completion": ("special", "warn"),
+    "roundtrip_partial_char": ("roundtrip", "warn"),
+    "template_error": ("template", "warn"),
+}
+"""reason code → (check family, verdict)."""
+
+CHECK_FAMILIES = ("vocab", "logprobs", "roundtrip", "template", "prefix", "special", "heads")
+_ORDER = {code: i for i, code in enumerate(REASONS)}
+
+
+def verdict_of(reasons: Sequence[str]) -> str:
+    """The worst verdict among reason codes ("ok" for none)."""
+    worst = "ok"
+    for code in reasons:
+        v = REASONS[code][1]
+        if SEVERITY[v] > SEVERITY[worst]:
+            worst = v
+    return worst
+
+
+@dataclass
+class RowVerdict:
+    """What the run summary keeps of one non-ok row."""
+
+    row: int
+    verdict: str
+    reasons: list[str]
+    position: int | None
+    detail: dict[str, Any]
+
+
+def assemble(
+    batch: TokenBatch,
+    findings: Findings,
+    prefix_status: Sequence[str | None],
+    heads_present_R: np.ndarray,
+    fingerprint: str,
+    tok: CheckTokenizer,
+    checked_at: datetime | None = None,
+) -> tuple[pa.RecordBatch, list[RowVerdict]]:
+    """The ``checks`` rows of a batch, and the non-ok rows for the summary."""
+    n = batch.rows
+    per_row: dict[int, list[tuple[str, int]]] = {}
+    for r, code, pos in zip(findings.rows, findings.reasons, findings.positions, strict=False):
+        per_row.setdefault(r, []).append((code, pos))
+    verdicts = ["ok"] * n
+    reasons: list[list[str]] = [[] for _ in range(n)]
+    first: list[int | None] = [None] * n
+    details: list[str | None] = [None] * n
+    heads_ok: list[bool | None] = [bool(p) if p else None for p in heads_present_R.tolist()]
+    flagged: list[RowVerdict] = []
+    primaries: list[tuple[int, str, dict[str, Any]]] = []
+    for r, items in per_row.items():
+        items.sort(key=lambda it: (-SEVERITY[REASONS[it[0]][1]], _ORDER[it[0]]))
+        codes = sorted({c for c, _ in items}, key=_ORDER.__getitem__)
+        verdicts[r] = REASONS[items[0][0]][1]
+        reasons[r] = codes
+        primary = next(((c, p) for c, p in items if p >= 0), None)
+        first[r] = primary[1] if primary else None
+        if heads_ok[r] is not None and any(c.startswith("heads_") for c in codes):
+            heads_ok[r] = False
+        detail: dict[str, Any] = {"positions": {c: p for c, p in items if p >= 0}}
+        main_code = primary[0] if primary else items[0][0]
+        detail["primary"] = main_code
+        evidence = findings.evidence.get((r, main_code))
+        if evidence:
+            primaries.append((r, main_code, evidence))
+        if (r, "template_error") in findings.evidence:
+            detail["template_error"] = findings.evidence[(r, "template_error")].get("error")
+        flagged.append(RowVerdict(r, verdicts[r], codes, first[r], detail))
+    _attach_pieces(primaries, {fv.row: fv.detail for fv in flagged}, tok)
+    for fv in flagged:
+        details[fv.row] = orjson.dumps(fv.detail).decode()
+
+    rec = batch.record
+    stamp = checked_at or datetime.now(timezone.utc)
+    out = pa.RecordBatch.from_arrays(
+        [
+            rec.column("sample_id"),
+            pa.array([fingerprint] * n, pa.string()),
+            pa.array(verdicts, pa.string()),
+            pa.array(reasons, pa.list_(pa.string())),
+            pa.array(first, pa.int32()),
+            pa.array(list(prefix_status), pa.string()),
+            pa.array(heads_ok, pa.bool_()),
+            pa.array(details, pa.string()),
+            rec.column("source_format"),
+            rec.column("model"),
+            rec.column("policy_version"),
+            pa.array([stamp] * n, CHECKS.field("checked_at").type),
+        ],
+        schema=CHECKS,
+    )
+    return out, flagged
+
+
+_ID_LISTS = ("ids", "reencoded", "rendered", "previous")
+
+
+def _attach_pieces(
+    primaries: list[tuple[int, str, dict[str, Any]]], details: dict[int, dict[str, Any]], tok: CheckTokenizer
+) -> None:
+    """Put each primary reason's evidence into its row's detail, token windows as [id, piece] pairs (one
+    decode call for the whole batch)."""
+    ids: list[int] = []
+    for _, _, ev in primaries:
+        for key in _ID_LISTS:
+            ids.extend(ev.get(key, ()))
+    pieces = dict(zip(ids, tok.pieces(ids), strict=False)) if ids else {}
+    for r, _code, ev in primaries:
+        shown: dict[str, Any] = {}
+        for key, value in ev.items():
+            if key in _ID_LISTS:
+                shown[key] = [[int(i), pieces.get(int(i), "")] for i in value]
+            else:
+                shown[key] = value
+        details[r]["evidence"] = shown

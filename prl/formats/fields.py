@@ -1,0 +1,241 @@
+"""Small, strict helpers the format readers share: typed field access that raises :class:`Quarantined`
+instead of ``KeyError``/``TypeError``, request-side metadata (sampling settings, sessions, timestamps), and
+stable request IDs for records that carry none.
+
+Everything here touches one record's scalar fields; per-token values stay in Arrow (see
+:mod:`prl.formats.base` and :mod:`prl.formats.logprobs`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from prl.formats.base import Quarantined, Sample, dumps, token_id_array
+
+BAD_SHAPE = "bad_shape"
+
+
+def as_dict(value: Any, what: str, reason: str = BAD_SHAPE) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else :class:`Quarantined` with ``reason``."""
+    if not isinstance(value, dict):
+        raise Quarantined(reason, f"{what} is {type(value).__name__}, expected an object")
+    return value
+
+
+def as_list(value: Any, what: str, reason: str = BAD_SHAPE) -> list[Any]:
+    """``value`` if it is a JSON array, else :class:`Quarantined` with ``reason``."""
+    if not isinstance(value, list):
+        raise Quarantined(reason, f"{what} is {type(value).__name__}, expected a list")
+    return value
+
+
+def opt_dict(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one (for optional metadata blocks)."""
+    return value if isinstance(value, dict) else {}
+
+
+def opt_str(value: Any) -> str | None:
+    """A string, or an integer ID rendered as one; anything else is None."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def opt_float(value: Any) -> float | None:
+    """A finite-or-not JSON number as float; booleans and other types are None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def opt_int(value: Any) -> int | None:
+    """A JSON integer (or integral float such as ``40.0``); anything else is None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def choice_index(value: Any, default: int, what: str) -> int:
+    """A choice's ``index``: a non-negative integer, or ``default`` when absent."""
+    if value is None:
+        return default
+    index = opt_int(value)
+    if index is None or index < 0:
+        raise Quarantined(BAD_SHAPE, f"{what} index {value!r} is not a non-negative integer")
+    return index
+
+
+def json_text(value: Any) -> str:
+    """Compact JSON text (``messages`` and other pass-through fields); integers beyond 64 bits, which
+    orjson refuses, go through the standard library instead."""
+    try:
+        return dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+# --- timestamps ----------------------------------------------------------------------------------------
+
+_MS_THRESHOLD = 1e11
+"""Epoch numbers above this are milliseconds (1e11 s is the year 5138; 1e11 ms is 1973)."""
+_MS_LIMIT = 253402300800000
+"""9999-12-31T23:59:59Z + 1 s in milliseconds: larger numbers are not timestamps."""
+
+
+def timestamp_ms(value: Any) -> int | None:
+    """Milliseconds since the epoch (UTC) from epoch seconds, epoch milliseconds or an ISO-8601 string
+    (naive strings are read as UTC). Unparseable values are None: a timestamp is metadata, not a reason to
+    drop a sample."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        if not np.isfinite(value) or value < 0:
+            return None
+        ms = round(value if value > _MS_THRESHOLD else value * 1000.0)
+        return ms if ms < _MS_LIMIT else None
+    if isinstance(value, str):
+        text = value.strip()
+        if text.endswith("Z"):
+            text = text[:-1] + "+00:00"
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return round(moment.timestamp() * 1000.0)
+    return None
+
+
+# --- request-side metadata -----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RequestSide:
+    """What the request (or an envelope around it) says about a sample; None where it says nothing.
+
+    ``messages`` is compact JSON text; ``created_at_ms`` is epoch milliseconds (UTC)."""
+
+    prompt_token_ids: pa.Array | None = None
+    messages: str | None = None
+    session_id: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    logprobs_mode: str | None = None
+    created_at_ms: int | None = None
+    model: str | None = None
+    policy_version: str | None = None
+
+    def fill(self, sample: Sample) -> Sample:
+        """Set every field of ``sample`` that the response left empty from the request side. A prompt from
+        the request replaces an empty response prompt (servers echo prompt IDs only when asked)."""
+        if self.prompt_token_ids is not None and len(sample.prompt_token_ids) == 0:
+            sample.prompt_token_ids = self.prompt_token_ids
+        for name in (
+            "messages",
+            "session_id",
+            "temperature",
+            "top_p",
+            "top_k",
+            "logprobs_mode",
+            "created_at_ms",
+            "model",
+            "policy_version",
+        ):
+            if getattr(sample, name) is None:
+                setattr(sample, name, getattr(self, name))
+        return sample
+
+
+def sampling_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """Temperature, top-p, top-k and logprobs mode from an OpenAI/vLLM/SGLang/TGI request body or its
+    ``sampling_params``/``parameters`` block. vLLM's ``top_k = -1`` (and 0) mean "no top-k filtering" and
+    are kept as given; ``logprobs_mode`` is vLLM's ``raw_logprobs``/``processed_logprobs``/… when the
+    request names it."""
+    blocks = [params[key] for key in ("sampling_params", "parameters") if isinstance(params.get(key), dict)]
+    blocks.append(params)
+
+    def first(key: str, convert: Any) -> Any:
+        for block in blocks:
+            value = convert(block.get(key))
+            if value is not None:
+                return value
+        return None
+
+    return {
+        "temperature": first("temperature", opt_float),
+        "top_p": first("top_p", opt_float),
+        "top_k": first("top_k", opt_int),
+        "logprobs_mode": first("logprobs_mode", opt_str),
+    }
+
+
+def request_session(request: dict[str, Any]) -> str | None:
+    """``session_id``, else ``metadata.session_id``, else ``user`` (OpenAI's end-user field)."""
+    return (
+        opt_str(request.get("session_id"))
+        or opt_str(opt_dict(request.get("metadata")).get("session_id"))
+        or opt_str(request.get("user"))
+    )
+
+
+def request_side(request: dict[str, Any], created: Any = None) -> RequestSide:
+    """Read a request body: prompt IDs (vLLM/SGLang ``prompt_token_ids``/``input_ids``/``token_ids``, or a
+    completions ``prompt`` given as a list of IDs), ``messages``, session, sampling settings, model and a
+    creation time (``created`` overrides the request's own ``created``/``timestamp``)."""
+    prompt_ids = None
+    for key in ("prompt_token_ids", "input_ids", "token_ids"):
+        if isinstance(request.get(key), list):
+            prompt_ids = token_id_array(request[key], f"request {key}")
+            break
+    else:
+        prompt = request.get("prompt")
+        if isinstance(prompt, list) and prompt and type(prompt[0]) is int:
+            prompt_ids = token_id_array(prompt, "request prompt")
+    messages = request.get("messages")
+    if messages is None:
+        messages = request.get("input") if isinstance(request.get("input"), list) else None
+    settings = sampling_settings(request)
+    return RequestSide(
+        prompt_token_ids=prompt_ids,
+        messages=json_text(messages) if messages is not None else None,
+        session_id=request_session(request),
+        created_at_ms=timestamp_ms(created if created is not None else request.get("created")),
+        model=opt_str(request.get("model")),
+        **settings,
+    )
+
+
+# --- IDs -----------------------------------------------------------------------------------------------
+
+DERIVED_ID_PREFIX = "sha256:"
+
+
+def derived_request_id(*arrays: pa.Array, salt: str | None = None) -> str:
+    """A stable request ID for records that carry none (TGI responses, RL rollout dumps):
+    ``"sha256:"`` + the first 32 hex digits of a SHA-256 over the records' token IDs, each array as
+    little-endian int64 preceded by its length, then ``salt`` (UTF-8) when given. The same tokens (and salt)
+    always give the same ID, whatever the JSON formatting; different token sequences give different IDs.
+    ``salt`` holds whatever tells apart samples whose tokens coincide (a rollout's index, a batch row)."""
+    digest = hashlib.sha256()
+    for array in arrays:
+        values = np.asarray(array.to_numpy(zero_copy_only=False), dtype="<i8")
+        digest.update(np.int64(len(values)).astype("<i8").tobytes())
+        digest.update(values.tobytes())
+    if salt is not None:
+        digest.update(salt.encode("utf-8", errors="surrogatepass"))
+    return DERIVED_ID_PREFIX + digest.hexdigest()[:32]

@@ -1,0 +1,99 @@
+"""Envelopes: OpenAI/vLLM batch output, proxy captures, LiteLLM logging payloads."""
+
+from __future__ import annotations
+
+import pytest
+
+from prl.formats.envelopes import LiteLLMLog, OpenAIBatch, ProxyCapture
+from prl.formats.registry import detect_file
+from tests.formats_helpers import C2, FIXTURES, P2, lines_of, parse_file, reason_of, reasons, samples
+
+
+@pytest.mark.parametrize("name", ["openai_batch", "proxy_capture", "litellm_log"])
+def test_detected(name):
+    assert detect_file(name, lines_of(FIXTURES / f"envelopes/{name}.jsonl")).name == name
+
+
+def test_batch_output():
+    items = parse_file("openai_batch", "envelopes/openai_batch.jsonl")
+    (s,) = samples(items)
+    assert (s.request_id, s.finish_reason) == ("chatcmpl-b1", "stop")
+    assert s.prompt_token_ids.to_pylist() == P2 and s.completion_token_ids.to_pylist() == C2
+    assert reasons(items) == [(2, "upstream_error"), (3, "upstream_error")]
+
+
+def test_proxy_capture_fills_request_side():
+    items = parse_file("proxy_capture", "envelopes/proxy_capture.jsonl")
+    chat, generate = samples(items)
+    assert chat.request_id == "chatcmpl-p1"
+    assert chat.messages == '[{"role":"user","content":"Capital of France?"}]'
+    assert (chat.session_id, chat.temperature, chat.top_p, chat.top_k) == ("s-1", 0.7, 0.95, -1)
+    assert chat.created_at_ms == 1767225600000  # the chat body's own "created" wins over the envelope
+    # tokens-in/out: the prompt comes from the request's token_ids, the session from "user"
+    assert generate.request_id == "gen-p2"
+    assert generate.prompt_token_ids.to_pylist() == P2
+    assert (generate.session_id, generate.temperature, generate.top_p) == ("u-7", 1.0, None)
+    assert generate.created_at_ms == 1767225600123
+    assert reasons(items) == [(3, "upstream_error")]
+
+
+def test_litellm_payload():
+    items = parse_file("litellm_log", "envelopes/litellm_log.jsonl")
+    (s,) = samples(items)
+    assert (s.request_id, s.session_id, s.temperature, s.top_p) == ("chatcmpl-l1", "ls-1", 0.6, 1.0)
+    assert s.messages == '[{"role":"user","content":"Capital of France?"}]'
+    assert reasons(items) == [(2, "upstream_error")]
+
+
+def test_streamed_body_in_a_proxy_capture():
+    body = (
+        'data: {"id":"c9","object":"chat.completion.chunk","prompt_token_ids":[1,2],"choices":[{"index":0,'
+        '"delta":{"content":"a"},"token_ids":[5],"logprobs":{"content":[{"token":"token_id:5","logprob":-0.5}]},'
+        '"finish_reason":"stop"}]}\n\ndata: [DONE]\n'
+    )
+    record = {
+        "request": {"messages": [{"role": "user", "content": "q"}], "temperature": 0.2},
+        "response": body,
+    }
+    (s,) = ProxyCapture().parse(record, __import__("prl.formats.base").formats.base.ParseOptions())
+    assert (s.request_id, s.completion_token_ids.to_pylist(), s.temperature) == ("c9", [5], 0.2)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "record", "reason"),
+    [
+        (
+            OpenAIBatch(),
+            {"custom_id": "a", "response": {"status_code": 200, "body": {"foo": 1}}},
+            "unknown_format",
+        ),
+        (OpenAIBatch(), {"custom_id": "a", "response": "nope"}, "bad_shape"),
+        (OpenAIBatch(), {"custom_id": "a", "response": {"status_code": 200, "body": [1, 2]}}, "bad_shape"),
+        (
+            ProxyCapture(),
+            {"request": {}, "response": {"status_code": 200, "body": "plain text"}},
+            "no_token_ids",
+        ),
+        (ProxyCapture(), {"request": {"prompt_token_ids": [1.5]}, "response": {}}, "bad_token_id"),
+        (
+            ProxyCapture(),
+            {"request": {}, "response": {"custom_id": "x", "response": {"status_code": 200, "body": {}}}},
+            "unknown_format",
+        ),
+        (LiteLLMLog(), {"response": "just text", "model_parameters": {}}, "no_token_ids"),
+        (
+            LiteLLMLog(),
+            {
+                "response": {
+                    "id": "x",
+                    "object": "chat.completion",
+                    "choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+                },
+                "model_parameters": {},
+            },
+            "no_token_ids",
+        ),
+    ],
+)
+def test_bad_shapes(fmt, record, reason):
+    assert reason_of(fmt, record) == reason

@@ -33,7 +33,6 @@ from prl.store import Store
 log = logging.getLogger(__name__)
 
 RUN_LOCK = "run"
-CHECK_LOCK = "check-tokens"
 
 
 @dataclass
@@ -137,9 +136,9 @@ def _side(kind: str) -> Callable[[Recipe, Store, bool], Any]:
 
 
 def check_tokens_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-    """The ``[check]`` step: ``prl.checks.check_tokens`` under the store's ``check-tokens`` lock."""
+    """The ``[check]`` step: :func:`prl.checks.check_tokens`, which holds the store's ``check-tokens`` lock."""
     try:
-        from prl.checks import check_tokens  # type: ignore[attr-defined]
+        from prl.checks import check_tokens
     except ImportError as exc:
         raise UsageError(
             "this installation has no token checks (prl.checks.check_tokens); drop [check] from the recipe "
@@ -147,16 +146,15 @@ def check_tokens_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
         ) from exc
     section = recipe.check
     assert section is not None
-    with holding(store.uri, CHECK_LOCK, enabled=not dry_run):
-        return check_tokens(
-            store,
-            section.tokenizer,
-            chat_template=section.chat_template,
-            max_drift_rate=section.max_drift_rate,
-            sample_rate=section.sample_rate,
-            allow_warn=section.allow_warn,
-            dry_run=dry_run,
-        )
+    return check_tokens(
+        store,
+        section.tokenizer,
+        chat_template=section.chat_template,
+        max_drift_rate=section.max_drift_rate,
+        sample_rate=section.sample_rate,
+        allow_warn=section.allow_warn,
+        dry_run=dry_run,
+    )
 
 
 def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:

@@ -230,9 +230,9 @@ def render_inspect(result: Any, console: Console = stdout) -> None:
         _render_shard_sets(result, console)
 
 
-def _counts_table(title: str, rows: list[tuple[str, int]], unit: str) -> Table:
+def _counts_table(title: str, rows: list[tuple[str, int]], unit: str, key: str = "value") -> Table:
     table = Table(title=title, title_justify="left")
-    table.add_column("value")
+    table.add_column(key)
     table.add_column(unit, justify="right")
     table.add_column("")
     top = max((n for _, n in rows), default=0)
@@ -249,10 +249,12 @@ def _render_store(result: Any, console: Console) -> None:
         tables.add_row(name, _num(t["version"]), _num(t["rows"]), _num(t["files"]), human_count(t["bytes"]) + "B")
     console.print(tables)
     for column, rows in result.traces_by.items():
-        console.print(_counts_table(f"traces by {column}", [(str(r["value"]), r["samples"]) for r in rows], "samples"))
+        console.print(
+            _counts_table(f"traces by {column}", [(str(r["value"]), r["samples"]) for r in rows], "samples", column)
+        )
     if result.quarantine:
         rows = [(f"{r['table']}: {r['reason']}", r["records"]) for r in result.quarantine]
-        console.print(_counts_table("quarantine by reason", rows, "records"))
+        console.print(_counts_table("quarantine by reason", rows, "records", "table: reason"))
     for check in result.checks:
         v = check["verdicts"]
         console.print(
@@ -261,7 +263,7 @@ def _render_store(result: Any, console: Console) -> None:
             f"drift rate {check['drift_rate']:.2%}, warn rate {check['warn_rate']:.2%}"
         )
         if check["top_reasons"]:
-            console.print(_counts_table("  reasons", list(check["top_reasons"].items()), "samples"))
+            console.print(_counts_table("  reasons", list(check["top_reasons"].items()), "samples", "reason"))
     if result.rewards:
         rewards = Table(title="rewards by name", title_justify="left")
         for column in ("name", "events", "samples", "mean", "min", "max"):
@@ -305,7 +307,7 @@ def _render_shard_sets(result: Any, console: Console) -> None:
             f"excludes {s['excluded_sets']} earlier set(s)"
         )
     if result.drops:
-        console.print(_counts_table("dropped by reason", list(result.drops.items()), "samples"))
+        console.print(_counts_table("dropped by reason", list(result.drops.items()), "samples", "reason"))
     for name, hist in result.histograms.items():
         if hist["count"]:
             console.print(histogram_table(name, hist))

@@ -33,7 +33,7 @@ def test_demo_recipe_resolves_every_path():
     assert r.store.out == os.path.join(REPO, "demo_out", "shards")
     assert r.ingest is not None
     assert r.ingest.sources == (os.path.join(REPO, "sample_data", "traces"), os.path.join(REPO, "sample_data", "bad"))
-    assert r.ingest.max_quarantine_rate == 0.25
+    assert r.ingest.max_quarantine_rate == 0.1
     assert r.rewards is not None and r.rewards.sources == (
         os.path.join(REPO, "sample_data", "rewards.jsonl"),
         os.path.join(REPO, "sample_data", "rewards.csv"),
@@ -47,7 +47,7 @@ def test_demo_recipe_resolves_every_path():
         kl_coef=0.05,
         missing_ref="drop",
         allow_warn=True,
-        target_tokens=20000,
+        target_tokens=1000,
     )
 
 

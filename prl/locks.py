@@ -27,7 +27,8 @@ HEARTBEAT_SECONDS = 15.0
 STALE_AFTER_SECONDS = 300.0
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -73,7 +74,7 @@ class LocalLock:
         except FileNotFoundError:
             return True
         if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-            return not _pid_alive(info["pid"]) or age > self.stale_after
+            return not pid_alive(info["pid"]) or age > self.stale_after
         return age > self.stale_after
 
     def acquire(self) -> None:

@@ -48,7 +48,7 @@ from prl import advantages as adv
 from prl import heads
 from prl import kl as klmod
 from prl.errors import ExitCode, UsageError
-from prl.locks import holding, step_name
+from prl.locks import holding, pid_alive, step_name
 from prl.recipe_shards import ShardOptions
 from prl.schema import SCHEMA_VERSION, SHARD
 from prl.store import Store
@@ -200,16 +200,6 @@ def _write_json(path: str, obj: Any) -> None:
     _publish_file(tmp, path)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _clean_stale_staging(out: str) -> None:
     """Remove staging folders left by killed builds (their pid is gone)."""
     for name in os.listdir(out):
@@ -217,7 +207,7 @@ def _clean_stale_staging(out: str) -> None:
             continue
         parts = name.split("-")
         pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
-        if pid is None or not _pid_alive(pid):
+        if pid is None or not pid_alive(pid):
             shutil.rmtree(os.path.join(out, name), ignore_errors=True)
 
 

@@ -36,7 +36,7 @@ from rich.table import Table
 
 from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
-from prl.formats.common import epoch_ms
+from prl.formats.fields import timestamp_ms
 from prl.ingest import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.locks import lock_for
 from prl.schema import REF_LOGPROBS, REWARDS
@@ -116,7 +116,7 @@ def _number(value: Any, name: str) -> float:
 def reward_events(row: dict[str, Any], now_ms: int) -> list[dict[str, Any]]:
     """Normalise one input row to reward events ``{sample_id, name, value, created_at}``."""
     sample_id = _key(row)
-    created = epoch_ms(row.get("created_at", row.get("timestamp"))) or now_ms
+    created = timestamp_ms(row.get("created_at", row.get("timestamp"))) or now_ms
     if "name" in row and "value" in row:
         pairs = [(str(row["name"]), row["value"])]
     elif isinstance(row.get("rewards"), dict) or isinstance(row.get("components"), dict):

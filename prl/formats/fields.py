@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from prl.formats.base import Quarantined, Sample, dumps, token_id_array
+from prl.formats.base import ParseOptions, Quarantined, Sample, dumps, token_id_array
 
 BAD_SHAPE = "bad_shape"
 
@@ -85,6 +85,86 @@ def json_text(value: Any) -> str:
         return dumps(value)
     except TypeError:
         return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+# --- record-level conventions ----------------------------------------------------------------------------
+
+FINISH_REASON_MAP = {
+    "stop": "stop",
+    "eos_token": "stop",
+    "stop_sequence": "stop",
+    "eos": "stop",
+    "end_turn": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "abort": "abort",
+    "cancelled": "abort",
+    "error": "error",
+}
+
+
+def finish_reason(value: Any) -> str | None:
+    """Normalise a server's finish reason (a string, or SGLang's ``{"type": ...}`` dict) to one of
+    stop, length, tool_calls, abort, error. Missing → None (ingest then applies ``--finish-reason`` or
+    quarantines as ``missing_finish_reason``); unknown → ``bad_finish_reason``."""
+    if isinstance(value, dict):
+        value = value.get("type")
+    if value is None:
+        return None
+    if isinstance(value, str) and value in FINISH_REASON_MAP:
+        return FINISH_REASON_MAP[value]
+    raise Quarantined("bad_finish_reason", f"finish reason {value!r} is not one of {sorted(FINISH_REASON_MAP)}")
+
+
+def as_version(value: Any) -> str | None:
+    """Policy versions are kept as text (``"step-120"``, ``"120"``)."""
+    if value is None or isinstance(value, bool):
+        return None
+    return str(value)
+
+
+def metadata_of(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def session_of(obj: dict[str, Any]) -> tuple[str | None, int | None]:
+    """Session id and 0-based turn from ``session_id`` / ``metadata.session_id`` (or ``user``) and ``turn``."""
+    meta = metadata_of(obj)
+    session = obj.get("session_id") or meta.get("session_id") or meta.get("conversation_id")
+    turn = obj.get("turn") if obj.get("turn") is not None else meta.get("turn")
+    return (str(session) if session is not None else None), opt_int(turn)
+
+
+def messages_of(obj: dict[str, Any]) -> str | None:
+    """The chat ``messages`` a record carries (top level or under ``metadata``), as compact JSON text."""
+    messages = obj.get("messages")
+    if messages is None:
+        messages = metadata_of(obj).get("messages")
+    if not isinstance(messages, list):
+        return None
+    return json_text(messages)
+
+
+def group_key_of(obj: dict[str, Any], options: ParseOptions) -> str | None:
+    """The value of the user-named group field, looked up at top level then under ``metadata``."""
+    if not options.group_field:
+        return None
+    value = obj.get(options.group_field)
+    if value is None:
+        value = metadata_of(obj).get(options.group_field)
+    return None if value is None else str(value)
+
+
+def policy_version_of(*candidates: Any, options: ParseOptions) -> str | None:
+    """The first version the record carries; ``--policy-version`` fills in records that carry none."""
+    for value in candidates:
+        version = as_version(value)
+        if version is not None:
+            return version
+    return options.policy_version
 
 
 # --- timestamps ----------------------------------------------------------------------------------------

@@ -42,15 +42,18 @@ from prl.formats.base import (
     logprob_array,
     token_id_array,
 )
-from prl.formats.common import finish_reason, group_key_of, policy_version_of, session_of
 from prl.formats.fields import (
     as_dict,
     as_list,
     derived_request_id,
+    finish_reason,
+    group_key_of,
     json_text,
     opt_dict,
     opt_str,
+    policy_version_of,
     request_session,
+    session_of,
 )
 
 

@@ -22,17 +22,17 @@ import numpy as np
 import pyarrow as pa
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample, logprob_array, token_id_array
-from prl.formats.common import (
-    as_float,
-    as_int,
+from prl.formats.fields import (
+    as_dict,
+    as_list,
     as_version,
-    epoch_ms,
     finish_reason,
     group_key_of,
+    opt_float,
+    opt_int,
     policy_version_of,
-    require_dict,
-    require_list,
     session_of,
+    timestamp_ms,
 )
 
 
@@ -71,7 +71,7 @@ def version_spans(value: Any, n_tokens: int) -> list[dict[str, Any]] | None:
     if isinstance(value[0], dict):
         spans = []
         for span in value:
-            if not isinstance(span, dict) or as_int(span.get("start")) is None or as_int(span.get("end")) is None:
+            if not isinstance(span, dict) or opt_int(span.get("start")) is None or opt_int(span.get("end")) is None:
                 raise Quarantined("bad_shape", "weight_versions spans need integer start and end")
             spans.append({"version": as_version(span.get("version")), "start": span["start"], "end": span["end"]})
         return spans
@@ -99,12 +99,12 @@ class SglangGenerate(Format):
         )
 
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
-        obj = require_dict(obj, "record")
-        meta = require_dict(obj.get("meta_info"), "meta_info")
+        obj = as_dict(obj, "record")
+        meta = as_dict(obj.get("meta_info"), "meta_info")
         request_id = meta.get("id") or obj.get("rid") or obj.get("id")
         if not isinstance(request_id, str) or not request_id:
             raise Quarantined("missing_request_id", "meta_info has no 'id'")
-        index = as_int(obj.get("index")) or 0
+        index = opt_int(obj.get("index")) or 0
         try:
             return [self._sample(obj, meta, request_id, index, options)]
         except Quarantined as q:
@@ -119,7 +119,7 @@ class SglangGenerate(Format):
             if obj.get("output_ids") is None:
                 raise Quarantined("no_token_ids", "no output_ids and no output_token_logprobs")
             raise Quarantined("no_logprobs", "no output_token_logprobs (request return_logprob=true)")
-        lps, ids = _columns(require_list(out_lp_raw, "output_token_logprobs"), "output_token_logprobs")
+        lps, ids = _columns(as_list(out_lp_raw, "output_token_logprobs"), "output_token_logprobs")
         completion = token_id_array(list(ids), "output_token_logprobs ids")
         logprobs = logprob_array(list(lps), "output_token_logprobs logprobs")
         if obj.get("output_ids") is not None:
@@ -158,9 +158,9 @@ class SglangGenerate(Format):
             ),
             policy_version_spans=spans,
             model=obj.get("model") if isinstance(obj.get("model"), str) else None,
-            created_at_ms=epoch_ms(obj.get("created", meta.get("created"))),
+            created_at_ms=timestamp_ms(obj.get("created", meta.get("created"))),
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
-            temperature=as_float(obj.get("temperature")),
+            temperature=opt_float(obj.get("temperature")),
             completion_text=obj.get("text") if isinstance(obj.get("text"), str) else None,
         )

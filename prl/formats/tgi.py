@@ -12,7 +12,7 @@
 The main sequence is choice 0 and ``best_of_sequences[i]`` is choice ``i + 1``. ``prefill`` (the prompt IDs)
 is only sent with ``decoder_input_details: true``; without it the prompt is empty unless an envelope's
 request side supplies one. TGI responses carry no request ID: it is derived from the token IDs
-(:func:`prl.formats.common.derived_request_id`).
+(:func:`prl.formats.fields.derived_request_id`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
-from prl.formats.common import finish_reason, group_key_of
-from prl.formats.fields import as_dict, as_list, derived_request_id, opt_str
+from prl.formats.fields import as_dict, as_list, derived_request_id, finish_reason, group_key_of, opt_str
 from prl.formats.logprobs import build_heads, float_field, int_field, list_offsets, struct_rows
 
 

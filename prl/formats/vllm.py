@@ -15,7 +15,7 @@ Where the IDs come from (design.md §3):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,17 +32,17 @@ from prl.formats.base import (
     token_id_array,
     typed_array,
 )
-from prl.formats.common import (
-    as_int,
-    epoch_ms,
+from prl.formats.fields import (
+    as_dict,
+    as_list,
     finish_reason,
     group_key_of,
     messages_of,
     metadata_of,
+    opt_int,
     policy_version_of,
-    require_dict,
-    require_list,
     session_of,
+    timestamp_ms,
 )
 
 HEAD_ENTRY = pa.struct([("token", pa.string()), ("logprob", pa.float64())])
@@ -86,56 +86,62 @@ def _check_same(ids: pa.Array, other: pa.Array, what: str) -> None:
         raise Quarantined("token_mismatch", f"{what} disagree with the completion token_ids")
 
 
-class VllmChat(Format):
-    name = "openai_chat"
-    description = "OpenAI-style chat.completion with token IDs (vLLM, SGLang, NeMo, LiteLLM)"
+class _OpenAIReader(Format):
+    """The choice loop both OpenAI-style readers share: one Sample (or Quarantined) per choice."""
+
+    object_type: ClassVar[str] = ""
 
     def detect(self, obj: Any) -> bool:
-        return isinstance(obj, dict) and obj.get("object") == "chat.completion" and "choices" in obj
+        return isinstance(obj, dict) and obj.get("object") == self.object_type and "choices" in obj
 
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
-        obj = require_dict(obj, "record")
+        obj = as_dict(obj, "record")
         request_id = obj.get("id")
         if not isinstance(request_id, str) or not request_id:
-            raise Quarantined("missing_request_id", "chat.completion without an 'id'")
-        choices = require_list(obj.get("choices"), "choices")
+            raise Quarantined("missing_request_id", f"{self.object_type} without an 'id'")
+        choices = as_list(obj.get("choices"), "choices")
         if not choices:
-            raise Quarantined("no_choices", "chat.completion with an empty 'choices' list")
-        top_prompt = obj.get("prompt_token_ids")
-        session_id, turn = session_of(obj)
+            raise Quarantined("no_choices", f"{self.object_type} with an empty 'choices' list")
         out: list[Sample | Quarantined] = []
         for position, choice in enumerate(choices):
-            index = as_int(choice.get("index")) if isinstance(choice, dict) else None
+            index = opt_int(choice.get("index")) if isinstance(choice, dict) else None
             index = position if index is None else index
             try:
-                out.append(
-                    self._choice(
-                        obj,
-                        request_id,
-                        index,
-                        require_dict(choice, "choice"),
-                        top_prompt,
-                        session_id,
-                        turn,
-                        options,
-                    )
-                )
+                out.append(self._choice(obj, request_id, index, as_dict(choice, "choice"), options))
             except Quarantined as q:
                 q.choice_index = index
                 out.append(q)
         return out
 
     def _choice(
-        self,
-        obj: dict[str, Any],
-        request_id: str,
-        index: int,
-        choice: dict[str, Any],
-        top_prompt: Any,
-        session_id: str | None,
-        turn: int | None,
-        options: ParseOptions,
+        self, obj: dict[str, Any], request_id: str, index: int, choice: dict[str, Any], options: ParseOptions
     ) -> Sample:
+        raise NotImplementedError
+
+
+def _record_fields(obj: dict[str, Any], choice: dict[str, Any], options: ParseOptions) -> dict[str, Any]:
+    """Sample fields that come from the record rather than the tokens: session, group, version, model, time."""
+    session_id, turn = session_of(obj)
+    return {
+        "session_id": session_id,
+        "turn": turn,
+        "group_key": group_key_of(obj, options),
+        "policy_version": policy_version_of(*_version_candidates(obj, choice), options=options),
+        "model": obj.get("model") if isinstance(obj.get("model"), str) else None,
+        "created_at_ms": timestamp_ms(obj.get("created")),
+        "messages": messages_of(obj),
+    }
+
+
+class VllmChat(_OpenAIReader):
+    name = "openai_chat"
+    description = "OpenAI-style chat.completion with token IDs (vLLM, SGLang, NeMo, LiteLLM)"
+    object_type = "chat.completion"
+
+    def _choice(
+        self, obj: dict[str, Any], request_id: str, index: int, choice: dict[str, Any], options: ParseOptions
+    ) -> Sample:
+        top_prompt = obj.get("prompt_token_ids")
         message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
         prompt_raw = top_prompt if top_prompt is not None else choice.get("prompt_token_ids")
         if prompt_raw is None:
@@ -155,7 +161,7 @@ class VllmChat(Format):
                 raise Quarantined("no_token_ids", "choice has neither token_ids nor logprobs.content")
             raise Quarantined("no_logprobs", "choice has token_ids but no logprobs (request logprobs=true)")
         entries = typed_array(
-            require_list(content, "logprobs.content"), CHAT_CONTENT_ENTRY, "bad_logprob", "logprobs.content"
+            as_list(content, "logprobs.content"), CHAT_CONTENT_ENTRY, "bad_logprob", "logprobs.content"
         )
         tokens = pc.struct_field(entries, "token")
         logprobs = pc.struct_field(entries, "logprob")
@@ -174,57 +180,20 @@ class VllmChat(Format):
             completion_token_ids=completion,
             completion_logprobs=logprobs.cast(pa.float64()),
             finish_reason=finish_reason(choice.get("finish_reason")),
-            session_id=session_id,
-            turn=turn,
-            group_key=group_key_of(obj, options),
-            policy_version=policy_version_of(*_version_candidates(obj, choice), options=options),
-            model=obj.get("model") if isinstance(obj.get("model"), str) else None,
-            created_at_ms=epoch_ms(obj.get("created")),
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
             completion_text=message.get("content") if isinstance(message.get("content"), str) else None,
-            messages=messages_of(obj),
+            **_record_fields(obj, choice, options),
         )
 
 
-class VllmCompletions(Format):
+class VllmCompletions(_OpenAIReader):
     name = "openai_completions"
     description = "OpenAI-style text_completion with token IDs (vLLM /v1/completions)"
-
-    def detect(self, obj: Any) -> bool:
-        return isinstance(obj, dict) and obj.get("object") == "text_completion" and "choices" in obj
-
-    def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
-        obj = require_dict(obj, "record")
-        request_id = obj.get("id")
-        if not isinstance(request_id, str) or not request_id:
-            raise Quarantined("missing_request_id", "text_completion without an 'id'")
-        choices = require_list(obj.get("choices"), "choices")
-        if not choices:
-            raise Quarantined("no_choices", "text_completion with an empty 'choices' list")
-        session_id, turn = session_of(obj)
-        out: list[Sample | Quarantined] = []
-        for position, choice in enumerate(choices):
-            index = as_int(choice.get("index")) if isinstance(choice, dict) else None
-            index = position if index is None else index
-            try:
-                out.append(
-                    self._choice(obj, request_id, index, require_dict(choice, "choice"), session_id, turn, options)
-                )
-            except Quarantined as q:
-                q.choice_index = index
-                out.append(q)
-        return out
+    object_type = "text_completion"
 
     def _choice(
-        self,
-        obj: dict[str, Any],
-        request_id: str,
-        index: int,
-        choice: dict[str, Any],
-        session_id: str | None,
-        turn: int | None,
-        options: ParseOptions,
+        self, obj: dict[str, Any], request_id: str, index: int, choice: dict[str, Any], options: ParseOptions
     ) -> Sample:
         prompt_raw = choice.get("prompt_token_ids", obj.get("prompt_token_ids"))
         if prompt_raw is None:
@@ -274,14 +243,8 @@ class VllmCompletions(Format):
             completion_token_ids=completion,
             completion_logprobs=logprobs,
             finish_reason=finish_reason(choice.get("finish_reason")),
-            session_id=session_id,
-            turn=turn,
-            group_key=group_key_of(obj, options),
-            policy_version=policy_version_of(*_version_candidates(obj, choice), options=options),
-            model=obj.get("model") if isinstance(obj.get("model"), str) else None,
-            created_at_ms=epoch_ms(obj.get("created")),
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
             completion_text=choice.get("text") if isinstance(choice.get("text"), str) else None,
-            messages=messages_of(obj),
+            **_record_fields(obj, choice, options),
         )

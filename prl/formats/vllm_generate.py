@@ -25,14 +25,17 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample, token_id_array
-from prl.formats.common import finish_reason, group_key_of, policy_version_of, session_of
 from prl.formats.fields import (
     as_dict,
     as_list,
     choice_index,
     derived_request_id,
+    finish_reason,
+    group_key_of,
     opt_dict,
     opt_str,
+    policy_version_of,
+    session_of,
     timestamp_ms,
 )
 from prl.formats.logprobs import TokenColumns, completions_logprobs, content_logprobs, dict_logprobs

@@ -184,13 +184,13 @@ def run(recipe: str | Recipe, *, dry_run: bool = False, steps: list[str] | tuple
     """
     loaded = recipes.load(recipe) if isinstance(recipe, str) else recipe
     chosen = recipes.resolve_steps(steps, loaded)
-    store = Store(loaded.store.uri)
-    result = RunResult(recipe=loaded.path, store=store.uri, dry_run=dry_run)
+    result = RunResult(recipe=loaded.path, store=loaded.store.uri, dry_run=dry_run)
     started = time.perf_counter()
     try:
+        store = Store(loaded.store.uri)
         with holding(store.uri, RUN_LOCK, enabled=not dry_run):
             _run_steps(loaded, store, chosen, dry_run, result)
-    except PrlError as exc:  # the run lock: another run holds it, or the store cannot hold a lock
+    except PrlError as exc:  # the run lock is held, or the store is unusable (a file, permission denied)
         result.error, result.error_code = str(exc), int(exc.exit_code)
     except KeyboardInterrupt:
         result.error, result.error_code = "interrupted", int(ExitCode.INTERRUPTED)

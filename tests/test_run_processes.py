@@ -14,8 +14,14 @@ import polars as pl
 import pytest
 
 from prl.store import Store
-from tests.pipeline_helpers import GrowingInput, prl_argv, prl_env, run_prl
-from tests.test_crash_safety import assert_exactly_once, assert_shards_sound
+from tests.pipeline_helpers import (
+    GrowingInput,
+    assert_exactly_once,
+    assert_shards_sound,
+    prl_argv,
+    prl_env,
+    run_prl,
+)
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:

@@ -195,6 +195,50 @@ def make_vllm_chat_file(
     }
 
 
+def make_sse_file(path: str | os.PathLike, target_bytes: int, seed: int = 0, completion_tokens: int = 500) -> dict:
+    """Write vLLM chat streams as an SSE capture (``data: {chunk}`` lines, one token per chunk with
+    ``token_ids`` and ``"token_id:N"`` logprobs, prompt IDs in the first chunk, ``data: [DONE]`` after each
+    stream) until ``path`` holds at least ``target_bytes``. Returns ``{records, prompt_tokens,
+    completion_tokens, chunks, bytes}``."""
+    rng = np.random.default_rng(seed)
+    pool = np.sort(rng.choice(np.arange(200, 128000), ID_POOL, replace=False))
+    written = records = n_prompt = n_completion = chunks = 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < target_bytes:
+            req = f"chatcmpl-{rng.bytes(16).hex()}"
+            c = int(completion_tokens * rng.uniform(0.8, 1.2))
+            prompt = np.concatenate([[BOS, USER], pool[rng.integers(0, ID_POOL, 300)], [ASSISTANT]])
+            ids = pool[rng.integers(0, ID_POOL, c)].tolist()
+            lps = _lp_table()[1][_quantize(_draw_logprobs(rng, c))].tolist()
+            head = f'data: {{"id":"{req}","object":"chat.completion.chunk","created":{BASE_TS + records},"model":"{MODEL}","choices":['
+            lines = [
+                head + '{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],'
+                f'"prompt_token_ids":{_ints(prompt)}}}\n\n'
+            ]
+            finishes = ["null"] * (c - 1) + ['"length"']
+            lines.extend(
+                head + f'{{"index":0,"delta":{{"content":"w"}},"logprobs":{{"content":[{{"token":"token_id:{t}",'
+                f'"logprob":{lp},"bytes":[119],"top_logprobs":[]}}]}},'
+                f'"finish_reason":{fin},"token_ids":[{t}]}}]}}\n\n'
+                for t, lp, fin in zip(ids, lps, finishes)
+            )
+            lines.append("data: [DONE]\n\n")
+            text = "".join(lines)
+            f.write(text)
+            written += len(text)
+            records += 1
+            chunks += c + 1
+            n_prompt += len(prompt)
+            n_completion += c
+    return {
+        "records": records,
+        "prompt_tokens": n_prompt,
+        "completion_tokens": n_completion,
+        "chunks": chunks,
+        "bytes": written,
+    }
+
+
 _WORDS = """
 time year people way day man thing woman life child world school state family student group country
 problem hand part place case week company system program question work government number night point

@@ -1,10 +1,12 @@
 """One writer per store step: a lock file that names its holder and goes stale when the holder is dead.
 
-The lock is ``STORE/_locks/<step>.lock``, created exclusively (``O_EXCL`` locally; a conditional put on S3),
-holding JSON ``{holder, host, pid, run_id, started_at}``. The holder refreshes its mtime every
-``HEARTBEAT_SECONDS``; a lock is stale when its holder's process is gone (same host) or its heartbeat is older
-than ``stale_after`` seconds (any host). A stale lock is taken over by renaming it away first, so two runs
-breaking the same stale lock cannot both win.
+The lock is ``STORE/_locks/<step>.lock``, created exclusively with its content (a hard link of a fully written
+private file locally; a conditional put on S3), holding JSON ``{holder, host, pid, run_id, started_at}``. The
+holder refreshes its mtime every ``HEARTBEAT_SECONDS``; a lock is stale when its holder's process is gone (same
+host) or its heartbeat is older than ``stale_after`` seconds (any host). A stale lock is removed by one breaker
+at a time (``<lock>.break``, created exclusively), and only while it still holds what was judged stale, so two
+runs breaking the same stale lock cannot both win and a fresh lock is never broken. An acquire interrupted
+half-way (Ctrl-C, SIGTERM) removes what it created.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from prl.errors import LockedError, RetryableIOError
 
 HEARTBEAT_SECONDS = 15.0
 STALE_AFTER_SECONDS = 300.0
+CONTENDED_SECONDS = 5.0
+"""How long to keep trying while other processes are creating or breaking the same lock."""
+BREAK_STALE_SECONDS = 30.0
+"""A ``<lock>.break`` file older than this was left by a breaker that died; it is removed."""
 
 
 def pid_alive(pid: int) -> bool:
@@ -87,32 +93,70 @@ class LocalLock:
 
     def _acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        for _ in range(5):
+        deadline = time.monotonic() + CONTENDED_SECONDS
+        while time.monotonic() < deadline:
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                info = self._read()
-                if info is None:
-                    continue
-                if not self._is_stale(info):
-                    raise LockedError(
-                        f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
-                        f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); lock file {self.path}"
-                    ) from None
-                try:  # take a stale lock over atomically: only one renamer succeeds
-                    os.rename(self.path, f"{self.path}.stale-{self.run_id}")
-                    os.unlink(f"{self.path}.stale-{self.run_id}")
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                if self._create():
+                    self._thread = threading.Thread(target=self._heartbeat, name=f"prl-lock-{self.step}", daemon=True)
+                    self._thread.start()
+                    return
+            except BaseException:  # interrupted half-way: never leave a lock that names a live process
+                self.release()
+                raise
+            info = self._read()
+            if info is None:
+                continue  # released in between: try again
+            if not self._is_stale(info):
+                raise LockedError(
+                    f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
+                    f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); lock file {self.path}"
+                )
+            self._break(info)
+        raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
+
+    def _create(self) -> bool:
+        """Create the lock file with its content in one step: written to a private file, then hard-linked to
+        the lock path (fails if it exists), so a lock file is never seen empty. True when it is ours."""
+        tmp = f"{self.path}.{self.run_id}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump(self.holder_info(), fh)
                 fh.flush()
                 os.fsync(fh.fileno())
-            self._thread = threading.Thread(target=self._heartbeat, name=f"prl-lock-{self.step}", daemon=True)
-            self._thread.start()
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+
+    def _break(self, stale: dict[str, Any]) -> None:
+        """Remove a stale lock, one breaker at a time: under ``<lock>.break`` (created exclusively), and only if
+        the lock still holds what was judged stale, so a fresh lock taken meanwhile is never removed."""
+        breaker = f"{self.path}.break"
+        try:
+            fd = os.open(breaker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:  # a breaker that died mid-break leaves its file behind: it goes stale quickly
+                if time.time() - os.stat(breaker).st_mtime > BREAK_STALE_SECONDS:
+                    os.unlink(breaker)
+            except FileNotFoundError:
+                pass
+            time.sleep(0.01)
             return
-        raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
+        os.close(fd)
+        try:
+            current = self._read()
+            if current is not None and current == stale and self._is_stale(current):
+                os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.unlink(breaker)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
@@ -155,11 +199,11 @@ def holding(store_uri: str, step: str, enabled: bool = True) -> Iterator[Any]:
         yield None
         return
     lock = lock_for(store_uri, step)
-    lock.acquire()
     try:
+        lock.acquire()
         yield lock
     finally:
-        lock.release()
+        lock.release()  # only removes the lock if it is ours
 
 
 def lock_for(store_uri: str, step: str, stale_after: float = STALE_AFTER_SECONDS) -> Any:

@@ -1,0 +1,156 @@
+"""Local step locks: exclusive, name their holder, stale when the holder is dead, broken by one process only."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from prl.errors import LockedError, RetryableIOError
+from prl.locks import LocalLock, holding, lock_for, step_name
+
+
+def lock_path(store: str, step: str = "ingest") -> str:
+    return os.path.join(store, "_locks", f"{step}.lock")
+
+
+def write_lock(path: str, **info) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump({"holder": f"{info.get('host')}:{info.get('pid')}", "run_id": "old", **info}, fh)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_acquire_names_the_holder_and_release_removes_only_its_own(tmp_path):
+    store = str(tmp_path)
+    first = lock_for(store, "ingest")
+    first.acquire()
+    info = json.loads(Path(lock_path(store)).read_text())
+    assert (info["pid"], info["host"], info["run_id"], info["step"]) == (
+        os.getpid(),
+        socket.gethostname(),
+        first.run_id,
+        "ingest",
+    )
+    second = lock_for(store, "ingest")
+    with pytest.raises(LockedError, match=rf"holds the ingest lock: {socket.gethostname()}:{os.getpid()} "):
+        second.acquire()
+    second.release()  # not its lock: nothing happens
+    assert os.path.exists(lock_path(store))
+    with pytest.raises(LockedError), holding(store, "ingest"):
+        pass  # a failed acquire inside holding() does not release the holder's lock either
+    assert os.path.exists(lock_path(store))
+    first.release()
+    assert os.listdir(os.path.join(store, "_locks")) == []
+
+
+def test_a_dead_holder_on_this_host_is_taken_over(tmp_path):
+    write_lock(lock_path(str(tmp_path)), host=socket.gethostname(), pid=dead_pid())
+    with holding(str(tmp_path), "ingest") as lock:
+        assert json.loads(Path(lock_path(str(tmp_path))).read_text())["run_id"] == lock.run_id
+    assert os.listdir(tmp_path / "_locks") == []
+
+
+def test_other_hosts_are_judged_by_heartbeat_age(tmp_path):
+    path = lock_path(str(tmp_path))
+    write_lock(path, host="elsewhere", pid=1)
+    with pytest.raises(LockedError, match="elsewhere:1"):
+        LocalLock(path, "ingest").acquire()
+    old = time.time() - 301
+    os.utime(path, (old, old))
+    lock = LocalLock(path, "ingest")
+    lock.acquire()
+    lock.release()
+
+
+def test_a_fresh_lock_is_never_broken_on_a_stale_judgement(tmp_path):
+    path = lock_path(str(tmp_path))
+    fresh = LocalLock(path, "ingest")
+    fresh.acquire()
+    late = LocalLock(path, "ingest")
+    late._break({"host": socket.gethostname(), "pid": dead_pid(), "run_id": "old"})  # judged before fresh took it
+    assert json.loads(Path(path).read_text())["run_id"] == fresh.run_id
+    fresh.release()
+
+
+def test_a_break_file_left_by_a_dead_breaker_expires(tmp_path):
+    path = lock_path(str(tmp_path))
+    write_lock(path, host=socket.gethostname(), pid=dead_pid())
+    Path(f"{path}.break").touch()
+    with pytest.raises(LockedError, match="contended"):
+        lock = LocalLock(path, "ingest")
+        with pytest.MonkeyPatch.context() as mp_:
+            mp_.setattr("prl.locks.CONTENDED_SECONDS", 0.2)
+            lock.acquire()
+    old = time.time() - 31
+    os.utime(f"{path}.break", (old, old))
+    lock = LocalLock(path, "ingest")
+    lock.acquire()
+    assert not os.path.exists(f"{path}.break")
+    lock.release()
+
+
+def test_an_interrupted_acquire_leaves_no_lock(tmp_path, monkeypatch):
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lock_for(str(tmp_path), "ingest").acquire()
+    assert os.listdir(tmp_path / "_locks") == []
+
+
+def test_an_unusable_lock_folder_is_retryable_io(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RetryableIOError, match="Not a directory"):
+        lock_for(str(tmp_path / "file"), "ingest").acquire()
+
+
+def test_step_names_are_file_names():
+    assert step_name("ingest") == "ingest"
+    name = step_name("build-shards", "/data/out")
+    assert name.startswith("build-shards-") and len(name) == len("build-shards-") + 12 and "/" not in name
+    assert step_name("build-shards", "/data/out") == name != step_name("build-shards", "/data/out2")
+
+
+def _race(path: str, barrier, results) -> None:
+    lock = LocalLock(path, "ingest")
+    barrier.wait()
+    try:
+        lock.acquire()
+    except LockedError:
+        results.put("locked")
+        return
+    results.put("won")
+    time.sleep(1.0)  # hold while the others try
+    lock.release()
+
+
+@pytest.mark.slow
+def test_many_processes_breaking_one_stale_lock_only_one_wins(tmp_path):
+    path = lock_path(str(tmp_path))
+    ctx = mp.get_context("fork")
+    for _round in range(3):
+        write_lock(path, host=socket.gethostname(), pid=dead_pid())
+        barrier, results = ctx.Barrier(6), ctx.Queue()
+        procs = [ctx.Process(target=_race, args=(path, barrier, results)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        outcomes = sorted(results.get(timeout=5) for _ in procs)
+        assert outcomes == ["locked"] * 5 + ["won"]
+        assert os.listdir(os.path.dirname(path)) == []

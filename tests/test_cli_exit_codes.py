@@ -91,14 +91,10 @@ def test_ingest_codes(tmp_path, monkeypatch):
 
 def test_ingest_permission_denied_is_retryable(tmp_path, monkeypatch):
     clean = fresh(tmp_path)
-    real_open = os.open
+    def denied(src, dst, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", dst)
 
-    def denied(path, flags, *args):
-        if str(path).endswith(".lock"):
-            raise PermissionError(13, "Permission denied", path)
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", denied)
+    monkeypatch.setattr(os, "link", denied)  # the lock file cannot be created
     code, summary = invoke(["ingest", str(clean.root / "traces"), "--store", str(tmp_path / "store")])
     assert code == 5 and "Permission denied" in summary["error"]
 

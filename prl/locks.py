@@ -1,16 +1,19 @@
 """One writer per store step: a lock file that names its holder and goes stale when the holder is dead.
 
-The lock is ``STORE/_locks/<step>.lock``, created exclusively with its content (a hard link of a fully written
-private file locally; a conditional put on S3), holding JSON ``{holder, host, pid, run_id, started_at}``. The
-holder refreshes its mtime every ``HEARTBEAT_SECONDS``; a lock is stale when its holder's process is gone (same
-host) or its heartbeat is older than ``stale_after`` seconds (any host). A stale lock is removed by one breaker
-at a time (``<lock>.break``, created exclusively), and only while it still holds what was judged stale, so two
-runs breaking the same stale lock cannot both win and a fresh lock is never broken. An acquire interrupted
-half-way (Ctrl-C, SIGTERM) removes what it created.
+The lock is ``STORE/_locks/<step>.lock``, created exclusively with its content (a fully written private file
+hard-linked to the lock path, so a lock file is never seen empty; a conditional put on S3), holding JSON
+``{holder, host, pid, run_id, started_at}``. The holder refreshes its mtime every ``HEARTBEAT_SECONDS``; a lock
+is stale when its holder's process is gone (same host) or its heartbeat is older than ``stale_after`` seconds
+(any host). A stale lock is judged and removed while holding a short ``flock`` on ``<step>.lock.guard`` (released
+by the kernel if the process dies), and release happens under it too, so two runs breaking the same stale lock
+cannot both win. An acquire interrupted half-way (Ctrl-C, SIGTERM) removes what it created. On S3
+(:mod:`prl.s3lock`) conditional puts on the ETag do the same.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -19,7 +22,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +29,6 @@ from prl.errors import LockedError, RetryableIOError
 
 HEARTBEAT_SECONDS = 15.0
 STALE_AFTER_SECONDS = 300.0
-CONTENDED_SECONDS = 5.0
-"""How long to keep trying while other processes are creating or breaking the same lock."""
-BREAK_STALE_SECONDS = 30.0
-"""A ``<lock>.break`` file older than this was left by a breaker that died; it is removed."""
 
 
 def pid_alive(pid: int) -> bool:
@@ -93,30 +91,31 @@ class LocalLock:
 
     def _acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        deadline = time.monotonic() + CONTENDED_SECONDS
-        while time.monotonic() < deadline:
+        for _ in range(5):
             try:
                 if self._create():
                     self._thread = threading.Thread(target=self._heartbeat, name=f"prl-lock-{self.step}", daemon=True)
                     self._thread.start()
                     return
-            except BaseException:  # interrupted half-way: never leave a lock that names a live process
+            except BaseException:  # interrupted half-way: never leave a lock that names this process
                 self.release()
                 raise
-            info = self._read()
-            if info is None:
-                continue  # released in between: try again
-            if not self._is_stale(info):
-                raise LockedError(
-                    f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
-                    f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); lock file {self.path}"
-                )
-            self._break(info)
+            with self._guard():  # judge and remove under the guard: the lock removed is the one judged stale
+                info = self._read()
+                if info is None:
+                    continue
+                if not self._is_stale(info):
+                    raise LockedError(
+                        f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
+                        f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); "
+                        f"lock file {self.path}"
+                    )
+                os.unlink(self.path)
         raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
 
     def _create(self) -> bool:
         """Create the lock file with its content in one step: written to a private file, then hard-linked to
-        the lock path (fails if it exists), so a lock file is never seen empty. True when it is ours."""
+        the lock path (which fails if it exists). True when the lock is ours."""
         tmp = f"{self.path}.{self.run_id}.tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
@@ -134,29 +133,15 @@ class LocalLock:
             except FileNotFoundError:
                 pass
 
-    def _break(self, stale: dict[str, Any]) -> None:
-        """Remove a stale lock, one breaker at a time: under ``<lock>.break`` (created exclusively), and only if
-        the lock still holds what was judged stale, so a fresh lock taken meanwhile is never removed."""
-        breaker = f"{self.path}.break"
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Hold an exclusive ``flock`` on ``<lock>.guard`` (a few file operations long)."""
+        fd = os.open(f"{self.path}.guard", os.O_CREAT | os.O_RDWR, 0o644)
         try:
-            fd = os.open(breaker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:  # a breaker that died mid-break leaves its file behind: it goes stale quickly
-                if time.time() - os.stat(breaker).st_mtime > BREAK_STALE_SECONDS:
-                    os.unlink(breaker)
-            except FileNotFoundError:
-                pass
-            time.sleep(0.01)
-            return
-        os.close(fd)
-        try:
-            current = self._read()
-            if current is not None and current == stale and self._is_stale(current):
-                os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
         finally:
-            os.unlink(breaker)
+            os.close(fd)  # closing the descriptor drops the flock
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
@@ -166,13 +151,12 @@ class LocalLock:
                 return
 
     def release(self) -> None:
+        """Remove the lock if this run holds it (safe to call after a failed acquire)."""
         self._stop.set()
-        info = self._read()
-        if info and info.get("run_id") == self.run_id:
-            try:
+        with self._guard():
+            info = self._read()
+            if info and info.get("run_id") == self.run_id:
                 os.unlink(self.path)
-            except FileNotFoundError:
-                pass
 
     def __enter__(self) -> LocalLock:
         self.acquire()
@@ -191,7 +175,7 @@ def step_name(*parts: str) -> str:
     return f"{head}-{hashlib.sha256(chr(0).join(rest).encode()).hexdigest()[:12]}"
 
 
-@contextmanager
+@contextlib.contextmanager
 def holding(store_uri: str, step: str, enabled: bool = True) -> Iterator[Any]:
     """Hold the ``step`` lock of the store for the ``with`` block (nothing when not ``enabled``, e.g. in a
     dry run, which writes nothing)."""

@@ -91,6 +91,7 @@ def test_ingest_codes(tmp_path, monkeypatch):
 
 def test_ingest_permission_denied_is_retryable(tmp_path, monkeypatch):
     clean = fresh(tmp_path)
+
     def denied(src, dst, *args, **kwargs):
         raise PermissionError(13, "Permission denied", dst)
 

@@ -1,156 +1,181 @@
-"""Local step locks: exclusive, name their holder, stale when the holder is dead, broken by one process only."""
+"""The lock contract, the same for local folders (``O_EXCL`` files) and ``s3://`` stores (conditional puts):
+one holder per step, a LockedError that names the holder, heartbeats, stale takeover with exactly one winner."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from prl.errors import LockedError, RetryableIOError
-from prl.locks import LocalLock, holding, lock_for, step_name
+from prl import locks
+from prl.errors import LockedError
+from prl.locks import LocalLock, lock_for
+from prl.s3lock import S3Lock
+from prl.store import filesystem_for
+from tests.s3_server import moto_endpoint, s3  # noqa: F401
 
 
-def lock_path(store: str, step: str = "ingest") -> str:
-    return os.path.join(store, "_locks", f"{step}.lock")
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def store_uri(request: pytest.FixtureRequest, tmp_path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "store")
+    return request.getfixturevalue("s3").url("store")
 
 
-def write_lock(path: str, **info) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as fh:
-        json.dump({"holder": f"{info.get('host')}:{info.get('pid')}", "run_id": "old", **info}, fh)
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
-
-
-def test_acquire_names_the_holder_and_release_removes_only_its_own(tmp_path):
-    store = str(tmp_path)
-    first = lock_for(store, "ingest")
-    first.acquire()
-    info = json.loads(Path(lock_path(store)).read_text())
-    assert (info["pid"], info["host"], info["run_id"], info["step"]) == (
-        os.getpid(),
-        socket.gethostname(),
-        first.run_id,
-        "ingest",
-    )
-    second = lock_for(store, "ingest")
-    with pytest.raises(LockedError, match=rf"holds the ingest lock: {socket.gethostname()}:{os.getpid()} "):
-        second.acquire()
-    second.release()  # not its lock: nothing happens
-    assert os.path.exists(lock_path(store))
-    with pytest.raises(LockedError), holding(store, "ingest"):
-        pass  # a failed acquire inside holding() does not release the holder's lock either
-    assert os.path.exists(lock_path(store))
-    first.release()
-    assert os.listdir(os.path.join(store, "_locks")) == []
-
-
-def test_a_dead_holder_on_this_host_is_taken_over(tmp_path):
-    write_lock(lock_path(str(tmp_path)), host=socket.gethostname(), pid=dead_pid())
-    with holding(str(tmp_path), "ingest") as lock:
-        assert json.loads(Path(lock_path(str(tmp_path))).read_text())["run_id"] == lock.run_id
-    assert os.listdir(tmp_path / "_locks") == []
-
-
-def test_other_hosts_are_judged_by_heartbeat_age(tmp_path):
-    path = lock_path(str(tmp_path))
-    write_lock(path, host="elsewhere", pid=1)
-    with pytest.raises(LockedError, match="elsewhere:1"):
-        LocalLock(path, "ingest").acquire()
-    old = time.time() - 301
-    os.utime(path, (old, old))
-    lock = LocalLock(path, "ingest")
-    lock.acquire()
-    lock.release()
-
-
-def test_a_fresh_lock_is_never_broken_on_a_stale_judgement(tmp_path):
-    path = lock_path(str(tmp_path))
-    fresh = LocalLock(path, "ingest")
-    fresh.acquire()
-    late = LocalLock(path, "ingest")
-    late._break({"host": socket.gethostname(), "pid": dead_pid(), "run_id": "old"})  # judged before fresh took it
-    assert json.loads(Path(path).read_text())["run_id"] == fresh.run_id
-    fresh.release()
-
-
-def test_a_break_file_left_by_a_dead_breaker_expires(tmp_path):
-    path = lock_path(str(tmp_path))
-    write_lock(path, host=socket.gethostname(), pid=dead_pid())
-    Path(f"{path}.break").touch()
-    with pytest.raises(LockedError, match="contended"):
-        lock = LocalLock(path, "ingest")
-        with pytest.MonkeyPatch.context() as mp_:
-            mp_.setattr("prl.locks.CONTENDED_SECONDS", 0.2)
-            lock.acquire()
-    old = time.time() - 31
-    os.utime(f"{path}.break", (old, old))
-    lock = LocalLock(path, "ingest")
-    lock.acquire()
-    assert not os.path.exists(f"{path}.break")
-    lock.release()
-
-
-def test_an_interrupted_acquire_leaves_no_lock(tmp_path, monkeypatch):
-    def interrupted(self):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(threading.Thread, "start", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        lock_for(str(tmp_path), "ingest").acquire()
-    assert os.listdir(tmp_path / "_locks") == []
-
-
-def test_an_unusable_lock_folder_is_retryable_io(tmp_path):
-    (tmp_path / "file").write_text("")
-    with pytest.raises(RetryableIOError, match="Not a directory"):
-        lock_for(str(tmp_path / "file"), "ingest").acquire()
-
-
-def test_step_names_are_file_names():
-    assert step_name("ingest") == "ingest"
-    name = step_name("build-shards", "/data/out")
-    assert name.startswith("build-shards-") and len(name) == len("build-shards-") + 12 and "/" not in name
-    assert step_name("build-shards", "/data/out") == name != step_name("build-shards", "/data/out2")
-
-
-def _race(path: str, barrier, results) -> None:
-    lock = LocalLock(path, "ingest")
-    barrier.wait()
+def lock_info(lock) -> dict | None:
+    """The holder info JSON stored in a lock, read through the store's filesystem (None when absent)."""
+    fs, path = filesystem_for(lock.path)
     try:
-        lock.acquire()
-    except LockedError:
-        results.put("locked")
-        return
-    results.put("won")
-    time.sleep(1.0)  # hold while the others try
+        with fs.open_input_stream(path) as stream:
+            return json.loads(stream.read())
+    except FileNotFoundError:
+        return None
+
+
+def test_lock_for_picks_the_store_kind(store_uri):
+    lock = lock_for(store_uri, "ingest")
+    if store_uri.startswith("s3://"):
+        assert isinstance(lock, S3Lock)
+        assert lock.path == f"{store_uri}/_locks/ingest.lock"
+    else:
+        assert isinstance(lock, LocalLock)
+        assert lock.path == os.path.join(store_uri, "_locks", "ingest.lock")
+
+
+def test_one_holder_per_step_and_error_names_it(store_uri):
+    first = lock_for(store_uri, "ingest")
+    first.acquire()
+    try:
+        info = lock_info(first)
+        assert info is not None
+        assert info["holder"] == f"{socket.gethostname()}:{os.getpid()}"
+        assert (info["host"], info["pid"], info["run_id"], info["step"]) == (
+            socket.gethostname(),
+            os.getpid(),
+            first.run_id,
+            "ingest",
+        )
+        assert time.strptime(info["started_at"], "%Y-%m-%dT%H:%M:%SZ")
+        second = lock_for(store_uri, "ingest")
+        with pytest.raises(LockedError) as caught:
+            second.acquire()
+        message = str(caught.value)
+        assert f"{socket.gethostname()}:{os.getpid()}" in message
+        assert first.run_id in message
+        assert "ingest" in message and first.path in message
+        assert caught.value.exit_code == 3
+        with lock_for(store_uri, "checks"):  # another step is another lock
+            pass
+    finally:
+        first.release()
+    assert lock_info(first) is None
+    with lock_for(store_uri, "ingest") as again:  # released: free to take
+        assert lock_info(again)["run_id"] == again.run_id
+    assert lock_info(again) is None
+
+
+def test_context_manager_releases_on_error(store_uri):
+    lock = lock_for(store_uri, "ingest")
+    with pytest.raises(RuntimeError, match="boom"), lock:
+        assert lock_info(lock)["run_id"] == lock.run_id
+        raise RuntimeError("boom")
+    assert lock_info(lock) is None
+
+
+def test_heartbeat_keeps_a_live_lock_fresh(store_uri, monkeypatch):
+    monkeypatch.setattr(locks, "HEARTBEAT_SECONDS", 0.2)
+    with lock_for(store_uri, "ingest", stale_after=1.0) as holder:
+        time.sleep(2.5)  # well past stale_after: only the heartbeat keeps it alive
+        with pytest.raises(LockedError, match=holder.run_id):
+            lock_for(store_uri, "ingest", stale_after=1.0).acquire()
+        assert lock_info(holder)["run_id"] == holder.run_id
+
+
+def test_stale_lock_is_taken_over_and_old_holder_cannot_delete_it(store_uri):
+    dead = lock_for(store_uri, "ingest")
+    dead.acquire()
+    dead._stop.set()  # the holder hangs: no more heartbeats, no release
+    time.sleep(2.2)
+    breaker = lock_for(store_uri, "ingest", stale_after=1.0)
+    breaker.acquire()
+    try:
+        assert lock_info(breaker)["run_id"] == breaker.run_id
+        dead.release()  # the old holder wakes up: it must not delete the new holder's lock
+        assert lock_info(breaker)["run_id"] == breaker.run_id
+        with pytest.raises(LockedError, match=breaker.run_id):
+            lock_for(store_uri, "ingest").acquire()
+    finally:
+        breaker.release()
+    assert lock_info(breaker) is None
+
+
+def test_two_breakers_cannot_both_win(store_uri):
+    dead = lock_for(store_uri, "ingest")
+    dead.acquire()
+    dead._stop.set()
+    time.sleep(2.2)
+    breakers = [lock_for(store_uri, "ingest", stale_after=1.0) for _ in range(4)]
+    outcomes: dict[int, str] = {}
+    start = threading.Barrier(len(breakers))
+
+    def attempt(i: int) -> None:
+        start.wait()
+        try:
+            breakers[i].acquire()
+            outcomes[i] = "won"
+        except LockedError:
+            outcomes[i] = "locked"
+
+    threads = [threading.Thread(target=attempt, args=(i,)) for i in range(len(breakers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [i for i, outcome in outcomes.items() if outcome == "won"]
+    assert len(winners) == 1, outcomes
+    assert lock_info(breakers[winners[0]])["run_id"] == breakers[winners[0]].run_id
+    breakers[winners[0]].release()
+
+
+@pytest.mark.s3
+def test_s3_holder_learns_it_lost_the_lock(s3):  # noqa: F811
+    store_uri = s3.url("store")
+    dead = S3Lock(store_uri, "ingest")
+    dead.acquire()
+    dead._stop.set()
+    time.sleep(2.2)
+    with S3Lock(store_uri, "ingest", stale_after=1.0) as breaker:
+        assert dead.heartbeat() is False
+        assert dead.lost
+        assert breaker.heartbeat() is True and not breaker.lost
+        info = lock_info(breaker)
+        assert info["run_id"] == breaker.run_id
+        assert float(info["heartbeat_at"]) == pytest.approx(time.time(), abs=5)
+    assert s3.keys("store/") == []
+
+
+@pytest.mark.s3
+def test_s3_lock_key_layout(s3):  # noqa: F811
+    with S3Lock(s3.url("a/b/store/"), "build-shards") as lock:
+        assert s3.keys() == ["a/b/store/_locks/build-shards.lock"]
+        assert lock.path == s3.url("a/b/store/_locks/build-shards.lock")
+    with S3Lock(s3.url(""), "ingest"):
+        assert s3.keys() == ["_locks/ingest.lock"]
+
+
+@pytest.mark.s3
+def test_s3_release_when_unreachable_logs_and_does_not_raise(s3, monkeypatch, caplog):  # noqa: F811
+    lock = S3Lock(s3.url("store"), "ingest", stale_after=60)
+    lock.acquire()
+    lock._client = None
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{sock.getsockname()[1]}")
     lock.release()
-
-
-@pytest.mark.slow
-def test_many_processes_breaking_one_stale_lock_only_one_wins(tmp_path):
-    path = lock_path(str(tmp_path))
-    ctx = mp.get_context("fork")
-    for _round in range(3):
-        write_lock(path, host=socket.gethostname(), pid=dead_pid())
-        barrier, results = ctx.Barrier(6), ctx.Queue()
-        procs = [ctx.Process(target=_race, args=(path, barrier, results)) for _ in range(6)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(30)
-        outcomes = sorted(results.get(timeout=5) for _ in procs)
-        assert outcomes == ["locked"] * 5 + ["won"]
-        assert os.listdir(os.path.dirname(path)) == []
+    assert "releasing the ingest lock" in caplog.text and "goes stale after 60 s" in caplog.text
+    assert "testing" not in caplog.text
+    assert s3.keys("store/_locks/") == ["store/_locks/ingest.lock"]

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -27,8 +28,30 @@ from typing import Any
 
 from prl.errors import LockedError, RetryableIOError
 
-HEARTBEAT_SECONDS = 15.0
-STALE_AFTER_SECONDS = 300.0
+STALE_ENV = "PRL_LOCK_STALE_AFTER"
+
+
+def _stale_after_from_env(default: float = 300.0) -> float:
+    """``PRL_LOCK_STALE_AFTER`` (seconds > 0) when set and valid, else ``default`` (a bad value is logged)."""
+    raw = os.environ.get(STALE_ENV)
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        logging.getLogger(__name__).warning("ignoring %s=%r: expected seconds > 0", STALE_ENV, raw)
+        return default
+    return value
+
+
+STALE_AFTER_SECONDS = _stale_after_from_env()
+"""A lock whose holder cannot be checked (another host; any S3 lock) is stale after this long without a
+heartbeat. Default 300 s; ``PRL_LOCK_STALE_AFTER`` sets it (e.g. lower it where killed runs on S3 must not block
+the next cron run for five minutes)."""
+HEARTBEAT_SECONDS = min(15.0, STALE_AFTER_SECONDS / 4)
+"""Holders refresh their lock this often: well inside ``STALE_AFTER_SECONDS``."""
 
 
 def pid_alive(pid: int) -> bool:

@@ -59,8 +59,8 @@ def prl_argv(*args: str) -> list[str]:
     return [sys.executable, "-c", "from prl.cli import main; main()", *args]
 
 
-def prl_env() -> dict[str, str]:
-    env = dict(os.environ)
+def prl_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("COLUMNS", "160")
     return env
@@ -204,21 +204,26 @@ class GrowingInput:
         return write_recipe(self.root / "recipe.toml", tables)
 
 
+def read_table(store: Store, name: str, columns: list[str]) -> pl.DataFrame:
+    """A few columns of a store table (local or s3://)."""
+    return pl.read_delta(store.table_uri(name), columns=columns, storage_options=store.options or None)
+
+
 def assert_exactly_once(store: Store, data: GrowingInput) -> None:
     """Every good sample once in traces, every bad record once in quarantine, nothing else in either."""
-    traces = pl.read_delta(store.table_uri("traces"), columns=["sample_id"])
+    traces = read_table(store, "traces", ["sample_id"])
     ids = traces["sample_id"].to_list()
     assert len(ids) == len(set(ids)), "a sample is in traces twice"
     assert set(ids) == data.good
-    quarantine = pl.read_delta(store.table_uri("quarantine"), columns=["quarantine_id", "source_uri", "source_line"])
+    quarantine = read_table(store, "quarantine", ["quarantine_id", "source_uri", "source_line"])
     assert quarantine["quarantine_id"].n_unique() == quarantine.height, "a record was quarantined twice"
     assert set(zip(quarantine["source_uri"], quarantine["source_line"])) == data.bad
     assert quarantine.height == len(data.bad)
-    rewards = pl.read_delta(store.table_uri("rewards"), columns=["sample_id", "source_line"])
+    rewards = read_table(store, "rewards", ["sample_id", "source_line"])
     assert rewards["source_line"].n_unique() == rewards.height, "a reward line was ingested twice"
     assert set(rewards["sample_id"]) == data.good
     if store.version("checks") is not None:
-        checks = pl.read_delta(store.table_uri("checks"), columns=["sample_id", "verdict"])
+        checks = read_table(store, "checks", ["sample_id", "verdict"])
         assert checks["sample_id"].n_unique() == checks.height, "a sample was checked twice"
         assert set(checks["sample_id"]) == data.good and set(checks["verdict"]) == {"ok"}
 

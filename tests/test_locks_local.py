@@ -121,3 +121,26 @@ def test_many_processes_breaking_one_stale_lock_only_one_wins(tmp_path):
         outcomes = sorted(results.get(timeout=5) for _ in procs)
         assert outcomes == ["locked"] * 5 + ["won"]
         assert locks_left(os.path.dirname(path)) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, 300.0),
+        ("2", 2.0),
+        ("0.5", 0.5),
+        ("x", 300.0),
+        ("-1", 300.0),
+        ("0", 300.0),
+        ("inf", 300.0),
+        ("nan", 300.0),
+    ],
+)
+def test_stale_after_from_the_environment(monkeypatch, raw, expected):
+    from prl.locks import STALE_ENV, _stale_after_from_env
+
+    if raw is None:
+        monkeypatch.delenv(STALE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(STALE_ENV, raw)
+    assert _stale_after_from_env() == expected

@@ -161,6 +161,8 @@ class Store:
         self.uri = self.uri.rstrip("/")
         if not is_remote(self.uri):
             self.uri = os.path.abspath(self.uri.removeprefix("file://"))
+            if os.path.exists(self.uri) and not os.path.isdir(self.uri):
+                raise RetryableIOError(f"store {self.uri} is not a folder")
         self._options = storage_options() if self.uri.startswith("s3://") else {}
         self.fs, self.root = filesystem_for(self.uri)
 

@@ -19,7 +19,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
@@ -99,7 +99,7 @@ def multi_turn(tok: CheckTokenizer, text: str, sessions: int, turns: int) -> tup
         return out
 
     system = [0, *tok.encode_batch([take(4000)])[0]]
-    stamp = datetime(2025, 1, 1, tzinfo=timezone.utc)
+    stamp = datetime(2025, 1, 1, tzinfo=UTC)
     for s in range(sessions):
         history = list(system)
         for t in range(turns):

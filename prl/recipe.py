@@ -43,11 +43,10 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
-
-import tomllib
 
 from prl.errors import UsageError
 from prl.recipe_shards import ShardOptions

@@ -61,9 +61,7 @@ def tokenizer_file() -> str:
 
 
 def _bytes_to_unicode() -> dict[int, str]:
-    bs = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    )
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -96,9 +94,7 @@ class Tok:
     def decode(self, ids: list[int], skip_special: bool = True) -> str:
         return self.tk.decode(ids, skip_special_tokens=skip_special)
 
-    def render(
-        self, messages: list[dict], template: str = "deepseek_v4.jinja", generation: bool = True
-    ) -> str:
+    def render(self, messages: list[dict], template: str = "deepseek_v4.jinja", generation: bool = True) -> str:
         return self.hf.apply_chat_template(
             messages, chat_template=self.templates[template], add_generation_prompt=generation, tokenize=False
         )
@@ -145,9 +141,7 @@ def draw_logprobs(rng: np.random.Generator, n: int) -> np.ndarray:
     return lp.astype(np.float32)
 
 
-def draw_heads(
-    rng: np.random.Generator, ids: list[int], lps: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
+def draw_heads(rng: np.random.Generator, ids: list[int], lps: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-k heads ``[n][k]`` sorted descending, full-vocabulary logprobs with Σexp ≤ 1; the sampled token
     sits in its head at exactly its sampled logprob whenever its probability beats the k-th alternative."""
     n = len(ids)
@@ -345,7 +339,7 @@ def dumps(obj: Any) -> str:
 def iso(ts: float) -> str:
     import datetime as dt
 
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 # --- the generator ------------------------------------------------------------------------------------------
@@ -381,9 +375,7 @@ class Writer:
             "without_weight_version": 0,
         }
 
-        def add(
-            prompt_msgs: list[dict], comps: list[Completion], meta: dict, prompt: list[int] | None = None
-        ) -> str:
+        def add(prompt_msgs: list[dict], comps: list[Completion], meta: dict, prompt: list[int] | None = None) -> str:
             nonlocal created
             created += int(s.rng.integers(3, 40))
             req_id = f"chatcmpl-{s.hex()}"
@@ -410,9 +402,7 @@ class Writer:
         for j, (user, reasoning, answer, ok) in enumerate(singles):
             k = K if j % 3 == 0 else 0
             max_tokens = 24 if j in (4, 9) else None
-            c = s.complete(
-                reasoning, answer, k=k, max_tokens=max_tokens, correct=ok if max_tokens is None else False
-            )
+            c = s.complete(reasoning, answer, k=k, max_tokens=max_tokens, correct=ok if max_tokens is None else False)
             meta = {"weight_version": "step-119" if j % 2 else "step-120"} if j % 5 else {}
             add(self.messages(user), [c], meta)
             facts["singles"] += 1
@@ -526,10 +516,7 @@ class Writer:
             "samples": sum(len(r["choices"]) for r in records),
             "floor_-9999": floor_planted,
             "k_plus_1_positions": sum(
-                len(d) == K + 1
-                for r in records
-                for ch in r["choices"]
-                for d in ch["logprobs"]["top_logprobs"]
+                len(d) == K + 1 for r in records for ch in r["choices"] for d in ch["logprobs"]["top_logprobs"]
             ),
         }
 
@@ -620,9 +607,7 @@ class Writer:
                 )
         for j, (user, reasoning, answer, ok) in enumerate(T.MATH[4:] + T.CODE[:2] + T.TRIVIA[4:6]):
             prompt = self.tok.prompt_ids(self.messages(user))
-            c = s.complete(
-                reasoning, answer, k=K if j % 2 == 0 else 0, max_tokens=20 if j == 3 else None, correct=ok
-            )
+            c = s.complete(reasoning, answer, k=K if j % 2 == 0 else 0, max_tokens=20 if j == 3 else None, correct=ok)
             records.append(
                 record(
                     prompt,
@@ -669,9 +654,7 @@ class Writer:
                 )
                 self.rewardable.append((rid, i, c, "sglang_chat"))
             n_out = sum(len(c.ids) for c in comps)
-            reasoning_tokens = sum(
-                len(self.tok.encode(f"<think>{c.reasoning}</think>")) for c in comps if c.reasoning
-            )
+            reasoning_tokens = sum(len(self.tok.encode(f"<think>{c.reasoning}</think>")) for c in comps if c.reasoning)
             records.append(
                 {
                     "id": rid,
@@ -838,16 +821,12 @@ class Writer:
                 d = {
                     str(c.ids[p]): {
                         "logprob": f32(c.lps[p]),
-                        "rank": head.index(c.ids[p]) + 1
-                        if c.ids[p] in head
-                        else K + 1 + int(s.rng.integers(0, 40)),
+                        "rank": head.index(c.ids[p]) + 1 if c.ids[p] in head else K + 1 + int(s.rng.integers(0, 40)),
                         "decoded_token": self.tok.piece(c.ids[p]),
                     }
                 }
                 for r, (hid, hlp) in enumerate(zip(head, c.head_lps[p].tolist(), strict=True)):
-                    d.setdefault(
-                        str(hid), {"logprob": f32(hlp), "rank": r + 1, "decoded_token": self.tok.piece(hid)}
-                    )
+                    d.setdefault(str(hid), {"logprob": f32(hlp), "rank": r + 1, "decoded_token": self.tok.piece(hid)})
                 logprobs.append(d)
             rid = str(int(s.rng.integers(0, 10_000)))
             records.append(
@@ -880,9 +859,7 @@ class Writer:
         records = []
         for j, (user, reasoning, answer, ok) in enumerate(T.TRIVIA[:2] + T.CODE[:1]):
             prompt = self.tok.prompt_ids(self.messages(user))
-            c = s.complete(
-                reasoning, answer, k=K if j == 0 else 0, max_tokens=30 if j == 2 else None, correct=ok
-            )
+            c = s.complete(reasoning, answer, k=K if j == 0 else 0, max_tokens=30 if j == 2 else None, correct=ok)
             plp = draw_logprobs(s.rng, len(prompt)) * 2.5
             details: dict[str, Any] = {
                 "finish_reason": "eos_token" if c.finish == "stop" else "length",
@@ -1090,9 +1067,7 @@ class Writer:
                 unrewarded += 1
                 continue
             correct = float(bool(c.correct) and c.finish != "length")
-            fmt = round(
-                float(rng.uniform(0.55, 1.0)) if c.finish != "length" else float(rng.uniform(0.0, 0.3)), 2
-            )
+            fmt = round(float(rng.uniform(0.55, 1.0)) if c.finish != "length" else float(rng.uniform(0.0, 0.3)), 2)
             by_pair = src == "sglang_generate" or n % 9 == 0
             key = {"request_id": req_id, "choice_index": idx} if by_pair else {"sample_id": f"{req_id}#{idx}"}
             facts["by_request_and_choice"] += by_pair
@@ -1122,9 +1097,7 @@ class Writer:
             w.writerow([req_id, idx, "correct", float(bool(c.correct)), iso(t + 9000 + rows)])
             rows += 1
         self.write_text("rewards.csv", buf.getvalue())
-        facts.update(
-            events=len(events), keyed_samples=len(keyed) - unrewarded, unrewarded=unrewarded, csv_rows=rows
-        )
+        facts.update(events=len(events), keyed_samples=len(keyed) - unrewarded, unrewarded=unrewarded, csv_rows=rows)
         self.facts["rewards"] = facts
 
     def ref_logprobs(self) -> None:
@@ -1151,9 +1124,7 @@ class Writer:
         good = self.vllm_chat_records[5]
         # A line cut off mid-record, as a crashed writer leaves it.
         line = dumps(good)
-        self.write_text(
-            "bad/truncated.jsonl", dumps(self.vllm_chat_records[6]) + "\n" + line[: len(line) // 2]
-        )
+        self.write_text("bad/truncated.jsonl", dumps(self.vllm_chat_records[6]) + "\n" + line[: len(line) // 2])
         # NaN logprob in a completions record (Python-written JSON accepts NaN).
         user, reasoning, answer, _ = T.TRIVIA[3]
         prompt = self.tok.prompt_ids(self.messages(user))
@@ -1183,9 +1154,7 @@ class Writer:
             ],
             "usage": usage(len(prompt), [c]),
         }
-        self.write_text(
-            "bad/nan_logprob.jsonl", json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n"
-        )
+        self.write_text("bad/nan_logprob.jsonl", json.dumps(rec, ensure_ascii=False, separators=(",", ":")) + "\n")
         # One more token ID than logprobs: an off-by-one in a patched server.
         user, reasoning, answer, _ = T.CODE[2]
         prompt = self.tok.prompt_ids(self.messages(user))
@@ -1280,10 +1249,7 @@ def self_check(tok: Tok, w: Writer) -> dict:
     prefix: dict[str, list[int | None]] = {}
     keep_think_mismatch = 0
     for rec in w.vllm_chat_records:
-        if (
-            tok.prompt_ids(rec["metadata"]["messages"], "deepseek_v4_keep_think.jinja")
-            != rec["prompt_token_ids"]
-        ):
+        if tok.prompt_ids(rec["metadata"]["messages"], "deepseek_v4_keep_think.jinja") != rec["prompt_token_ids"]:
             keep_think_mismatch += 1
     for sid, recs in by_session.items():
         divergences: list[int | None] = []

@@ -67,8 +67,7 @@ CODE = [
     (
         "Write a SQL query that counts orders per customer.",
         None,
-        "```sql\nSELECT customer_id, COUNT(*) AS orders\nFROM orders\n"
-        "GROUP BY customer_id\nORDER BY orders DESC;\n```",
+        "```sql\nSELECT customer_id, COUNT(*) AS orders\nFROM orders\nGROUP BY customer_id\nORDER BY orders DESC;\n```",
         None,
     ),
     (

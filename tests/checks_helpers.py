@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -59,8 +59,8 @@ def row(
         "source_line": 1,
         "source_format": "vllm_chat",
         "model": "deepseek-v4",
-        "created_at": datetime(2025, 1, 1, tzinfo=timezone.utc),
-        "ingested_at": datetime(2025, 1, 1, tzinfo=timezone.utc),
+        "created_at": datetime(2025, 1, 1, tzinfo=UTC),
+        "ingested_at": datetime(2025, 1, 1, tzinfo=UTC),
     }
     base.update(fields)
     return base

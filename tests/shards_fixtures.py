@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -11,7 +11,7 @@ import pyarrow as pa
 from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, TRACES
 from prl.store import Store
 
-T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
 
 def trace(sample_id: str, group_id: str, prompt: list[int], completion: list[int], **extra: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -148,7 +148,7 @@ def assemble(
         details[fv.row] = orjson.dumps(fv.detail).decode()
 
     rec = batch.record
-    stamp = checked_at or datetime.now(timezone.utc)
+    stamp = checked_at or datetime.now(UTC)
     out = pa.RecordBatch.from_arrays(
         [
             rec.column("sample_id"),

@@ -11,6 +11,7 @@ A recipe has up to six tables; a step runs when its table is present (``[store]`
     format = "auto"             # or one wire format name
     policy_version = "step-12"  # for records that carry none (optional)
     group_field = "uid"         # record field that defines centering groups (optional)
+    finish_reason = "stop"      # for records that carry none, e.g. verl dumps (optional)
     max_quarantine_rate = 0.05  # exit 1 above this fraction of quarantined records
 
     [rewards]                   # prl ingest --kind rewards
@@ -73,6 +74,7 @@ class IngestSection:
     format: str = "auto"
     policy_version: str | None = None
     group_field: str | None = None
+    finish_reason: str | None = None
     max_quarantine_rate: float = 0.05
 
 
@@ -174,6 +176,7 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
                 "format": v.string,
                 "policy_version": v.opt_string,
                 "group_field": v.opt_string,
+                "finish_reason": v.opt_string,
                 "max_quarantine_rate": v.rate,
             },
         )

@@ -212,6 +212,7 @@ class CheckTokenizer:
             if (content := self.special_token(name)) is not None
         }
         try:
+            _quiet_transformers()
             from transformers.utils.chat_template_utils import render_jinja_template
         except ImportError:  # older transformers: go through a fast tokenizer object
             return self._fast_tokenizer.apply_chat_template(
@@ -228,6 +229,7 @@ class CheckTokenizer:
 
     @cached_property
     def _fast_tokenizer(self) -> Any:
+        _quiet_transformers()
         from transformers import PreTrainedTokenizerFast
 
         kwargs = {
@@ -236,3 +238,8 @@ class CheckTokenizer:
             if (content := self.special_token(name)) is not None
         }
         return PreTrainedTokenizerFast(tokenizer_file=self.path, **kwargs)
+
+
+def _quiet_transformers() -> None:
+    """transformers announces at import that PyTorch is absent; prl only renders templates with it."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

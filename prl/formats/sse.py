@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import re
 from collections.abc import Iterable, Iterator
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, ClassVar
 
@@ -37,7 +38,7 @@ import orjson
 
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
 from prl.formats.fields import as_dict, as_list
-from prl.formats.sse_fast import join_chat_chunks
+from prl.formats.sse_fast import join_chat_chunks, join_chat_parts
 
 STREAM_KEY = "sse_chunks"
 """A decoded stream is ``{"sse_chunks": [chunk, ...], "sse_done": bool}`` (an undecodable chunk is None)."""
@@ -144,6 +145,8 @@ class Sse(Format):
         prefix = _NO_PREFIX  # the current stream's, once known
         add_line = add_number = list.append  # rebound to the current stream's lists
         for line_no, raw in lines:
+            if not raw:  # the blank line after every event
+                continue
             line = raw.strip()
             if line.startswith(prefix) and line.find(b'"id"', len(prefix)) < 0 and _ID_ESCAPES not in line:
                 # its id, if it decodes at all, is the stream's: it cannot start a new stream
@@ -210,10 +213,48 @@ def _parse_lines(obj: dict[str, Any], options: ParseOptions) -> list[Sample | Qu
 
 
 def _join_lines(obj: dict[str, Any], options: ParseOptions) -> list[Sample | Quarantined]:
+    parts = _decoded_parts(obj.get(LINES_KEY))
+    if parts is not None:
+        if not obj.get(DONE_KEY):
+            raise Quarantined("truncated_stream", "the stream ended before 'data: [DONE]'")
+        record = join_chat_parts(*parts)
+        if record is not None:
+            return read_joined(record, options)
     chunks = _decoded_lines(obj)
     if not obj.get(DONE_KEY):
         raise Quarantined("truncated_stream", "the stream ended before 'data: [DONE]'")
     return parse_chunks(chunks, options)
+
+
+_CHOICES_KEY = b'"choices":'
+
+
+def _decoded_parts(lines: Any) -> tuple[list[Any], list[Any]] | None:
+    """``(heads, choice lists)`` of a stream whose lines after the first all begin with the same bytes up to
+    their top-level ``"choices":`` and end with the ``}`` closing the chunk, as servers write them (id,
+    object, created and model repeat in every chunk): those bytes are decoded once (as the shared head) and
+    each line only from there on. The first line is decoded whole. None when the lines are not like that or
+    one does not decode; the stream is then decoded line by line.
+
+    A line that is ``prefix + V + "}"``, with ``prefix + "0}"`` a JSON object and ``V`` a JSON value, is the
+    object ``prefix + "0}"`` with ``choices`` set to ``V``: the same chunk a whole decode gives."""
+    if type(lines) is not list or len(lines) < 2 or not set(map(type, lines)) <= {bytes}:
+        return None
+    end = lines[1].find(_CHOICES_KEY)
+    if end < 0:
+        return None
+    prefix = lines[1][: end + len(_CHOICES_KEY)]
+    rest = lines[1:]
+    if not (all(map(bytes.startswith, rest, repeat(prefix))) and all(map(bytes.endswith, rest, repeat(b"}")))):
+        return None
+    try:
+        head = orjson.loads(prefix[5:] + b"0}")
+        first = orjson.loads(lines[0][5:])
+        choice_lists = list(map(orjson.loads, map(itemgetter(slice(len(prefix), -1)), rest)))
+    except (ValueError, RecursionError):
+        return None
+    first_choices = first.get("choices") if type(first) is dict else None
+    return [first, *repeat(head, len(rest))], [first_choices, *choice_lists]
 
 
 def _decoded_lines(obj: dict[str, Any]) -> list[Any]:
@@ -266,6 +307,12 @@ def parse_chunks(chunks: list[Any], options: ParseOptions) -> list[Sample | Quar
     record = join_chat_chunks(chunks)
     if record is None:
         record = join_chunks(chunks)
+    return read_joined(record, options)
+
+
+def read_joined(record: dict[str, Any], options: ParseOptions) -> list[Sample | Quarantined]:
+    """Samples of a joined stream (:func:`join_chunks`'s shape): its per-choice signals, then what the
+    non-streamed reader makes of it, with choices that never finished as ``truncated_stream``."""
     from prl.formats.vllm import VllmChat, VllmCompletions
 
     reader = VllmChat() if record["object"] == "chat.completion" else VllmCompletions()

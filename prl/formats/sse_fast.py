@@ -37,13 +37,21 @@ def join_chat_chunks(chunks: list[Any]) -> dict[str, Any] | None:
     ``_bad``: always empty here). None when the stream is not in the common shape."""
     if not chunks or set(map(type, chunks)) != {dict}:
         return None
-    n = len(chunks)
+    return join_chat_parts(chunks, list(map(_get, chunks, repeat("choices"))))
+
+
+def join_chat_parts(heads: list[Any], choice_lists: list[Any]) -> dict[str, Any] | None:
+    """:func:`join_chat_chunks` of chunks given as their top-level objects (``heads``; their own
+    ``choices`` are not read) and their ``choices`` values, aligned; the first head names the record.
+    Chunks that share their top-level fields may share one head object."""
+    n = len(heads)
+    if not heads or len(choice_lists) != n or set(map(type, heads)) != {dict}:
+        return None
     # list.count, not a set: gathered values may be unhashable
-    if list(map(_get, chunks, repeat("object"))).count(CHAT_CHUNK) != n:
+    if list(map(_get, heads, repeat("object"))).count(CHAT_CHUNK) != n:
         return None
-    if list(map(_get, chunks, repeat("error"))).count(None) != n:
+    if list(map(_get, heads, repeat("error"))).count(None) != n:
         return None
-    choice_lists = list(map(_get, chunks, repeat("choices")))
     if not set(map(type, choice_lists)) <= _LIST_OR_NONE:
         return None
     flat = list(chain.from_iterable(filter(None, choice_lists)))
@@ -53,10 +61,10 @@ def join_chat_chunks(chunks: list[Any]) -> dict[str, Any] | None:
     if indexes and (set(map(type, indexes)) != {int} or min(indexes) < 0):
         return None
 
-    first = chunks[0]
+    first = heads[0]
     record = {k: v for k, v in first.items() if k not in ("choices", "object", "usage")}
     record["object"] = "chat.completion"
-    prompt = _first_present(map(_get, chunks, repeat("prompt_token_ids")))
+    prompt = _first_present(map(_get, heads, repeat("prompt_token_ids")))
     if prompt is not None:
         record["prompt_token_ids"] = prompt
     joined: list[dict[str, Any]] = []

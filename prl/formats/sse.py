@@ -143,12 +143,14 @@ class Sse(Format):
         """One lazy record per stream (see the module docstring); the same streams as :func:`frame_decoded`."""
         stream: _Stream | None = None
         prefix = _NO_PREFIX  # the current stream's, once known
+        after_prefix = len(prefix)
         add_line = add_number = list.append  # rebound to the current stream's lists
+        escapes = _ID_ESCAPES
         for line_no, raw in lines:
             if not raw:  # the blank line after every event
                 continue
             line = raw.strip()
-            if line.startswith(prefix) and line.find(b'"id"', len(prefix)) < 0 and _ID_ESCAPES not in line:
+            if line.startswith(prefix) and line.find(b'"id"', after_prefix) < 0 and escapes not in line:
                 # its id, if it decodes at all, is the stream's: it cannot start a new stream
                 add_line(line)
                 add_number(line_no)
@@ -162,7 +164,7 @@ class Sse(Format):
             if payload == b"[DONE]":
                 if stream is not None:
                     yield stream.record(line)
-                    stream, prefix = None, _NO_PREFIX
+                    stream, prefix, after_prefix = None, _NO_PREFIX, len(_NO_PREFIX)
                 continue
             chunk, error = _decode(payload, line_no)
             chunk_id = _chunk_id(chunk)
@@ -179,6 +181,7 @@ class Sse(Format):
                 add_line, add_number = stream.lines.append, stream.numbers.append
             stream.add(line_no, line, chunk, error)
             prefix = stream.prefix
+            after_prefix = len(prefix)
         if stream is not None:
             yield stream.record(None)
 

@@ -64,7 +64,7 @@ def join_chat_parts(heads: list[Any], choice_lists: list[Any]) -> dict[str, Any]
     first = heads[0]
     record = {k: v for k, v in first.items() if k not in ("choices", "object", "usage")}
     record["object"] = "chat.completion"
-    prompt = _first_present(map(_get, heads, repeat("prompt_token_ids")))
+    prompt = _first_present(list(map(_get, heads, repeat("prompt_token_ids"))))
     if prompt is not None:
         record["prompt_token_ids"] = prompt
     joined: list[dict[str, Any]] = []
@@ -113,26 +113,39 @@ def _join_choice(index: int, group: list[dict[str, Any]]) -> dict[str, Any] | No
         return None
     content: list[Any] | bool | None = None
     if dict in kinds:
-        lp_dicts = [lp for lp in logprobs if lp is not None]
+        lp_dicts = list(filter(None, logprobs)) if _NONE in kinds else logprobs  # {} adds nothing either
         content = _concat(map(_get, lp_dicts, repeat("content")))
-        if content is False:
+        if content is False or not _legacy_lists_ok(lp_dicts):
             return None
-        keys = set(chain.from_iterable(map(dict.keys, lp_dicts)))
-        for key in _LEGACY_LOGPROB_KEYS:
-            if key in keys and not set(map(type, map(_get, lp_dicts, repeat(key)))) <= _LIST_OR_NONE:
-                return None
     texts = list(map(_get, deltas, repeat("content")))
-    finishes = [f for f in map(_get, group, repeat("finish_reason")) if f is not None]
-    out: dict[str, Any] = {"index": index, "finish_reason": finishes[-1] if finishes else None}
+    if set(map(type, texts)) <= {str, _NONE}:
+        text = "".join(filter(None, texts))
+    else:
+        text = "".join([t for t in texts if isinstance(t, str)])
+    out: dict[str, Any] = {
+        "index": index,
+        "finish_reason": _last_present(list(map(_get, group, repeat("finish_reason")))),
+    }
     if token_ids is not None:
         out["token_ids"] = token_ids
-    prompt = _first_present(map(_get, group, repeat("prompt_token_ids")))
+    prompt = _first_present(list(map(_get, group, repeat("prompt_token_ids"))))
     if prompt is not None:
         out["prompt_token_ids"] = prompt
-    out["message"] = {"role": "assistant", "content": "".join([t for t in texts if isinstance(t, str)])}
+    out["message"] = {"role": "assistant", "content": text}
     if content is not None:
         out["logprobs"] = {"content": content}
     return out
+
+
+def _legacy_lists_ok(lp_dicts: list[dict[str, Any]]) -> bool:
+    """Whether the completions-style lists in chat ``logprobs`` objects are lists or null (the exact reader
+    rejects anything else). Objects holding only ``content`` have none."""
+    if set(map(len, lp_dicts)) == {1} and list(map(_has, lp_dicts, repeat("content"))).count(True) == len(lp_dicts):
+        return True
+    keys = set(chain.from_iterable(map(dict.keys, lp_dicts)))
+    return all(
+        set(map(type, map(_get, lp_dicts, repeat(key)))) <= _LIST_OR_NONE for key in _LEGACY_LOGPROB_KEYS if key in keys
+    )
 
 
 def _concat(values: Iterable[Any]) -> list[Any] | bool | None:
@@ -147,6 +160,15 @@ def _concat(values: Iterable[Any]) -> list[Any] | bool | None:
     return list(chain.from_iterable(filter(None, values)))
 
 
-def _first_present(values: Iterable[Any]) -> Any:
+def _first_present(values: list[Any]) -> Any:
     """The first value that is not None (None when all are)."""
-    return next((v for v in values if v is not None), None)
+    if values.count(None) == len(values):
+        return None
+    return next(v for v in values if v is not None)
+
+
+def _last_present(values: list[Any]) -> Any:
+    """The last value that is not None (None when all are)."""
+    if values.count(None) == len(values):
+        return None
+    return next(v for v in reversed(values) if v is not None)

@@ -3,7 +3,8 @@
 A stream carries one token per chunk, so a join that runs Python code per chunk is the bottleneck of SSE
 ingest. :func:`join_chat_chunks` gathers each field of every chunk with C-level ``map``/``chain`` passes
 (``dict.get`` over the whole list at once) and checks the types of what it gathered as a set, so a stream of
-n chunks costs a dozen passes over C-level iterators rather than n calls of a Python function.
+n chunks costs a few dozen passes over C-level iterators rather than n calls of a Python function.
+:func:`join_chat_parts` does the same for chunks whose shared top-level fields were decoded once.
 
 It accepts only streams in the common shape (every chunk an object of ``chat.completion.chunk``, no
 ``error``, choices that are objects with a non-negative integer ``index`` and an object ``delta``, ``token_ids``
@@ -33,7 +34,8 @@ _LEGACY_LOGPROB_KEYS = ("tokens", "token_logprobs", "top_logprobs")
 
 def join_chat_chunks(chunks: list[Any]) -> dict[str, Any] | None:
     """One ``chat.completion`` record from a complete stream's decoded chunks (in order), shaped exactly as
-    :func:`prl.formats.sse.join_chunks` shapes it (``_truncated``: choice indexes without a finish reason;
+    :func:`prl.formats.sse.join_chunks` shapes it (``_truncated``: choice indexes without a finish reason, in
+    ascending order where ``join_chunks`` lists them as they first appear; readers use it as a set;
     ``_bad``: always empty here). None when the stream is not in the common shape."""
     if not chunks or set(map(type, chunks)) != {dict}:
         return None

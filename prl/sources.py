@@ -162,9 +162,10 @@ class LineReader:
                 block = pending + block
             lines = block.split(b"\n")
             pending = lines.pop()
-            for line in lines:
-                line_no += 1
-                yield line_no, line.rstrip(b"\r")
+            if b"\r" in block:
+                lines = [line.rstrip(b"\r") for line in lines]
+            yield from zip(range(line_no + 1, line_no + 1 + len(lines)), lines)  # no Python code per line
+            line_no += len(lines)
         if pending:
             line_no += 1
             self.unterminated_line = line_no

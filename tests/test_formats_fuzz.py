@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from prl.formats import registry
 from prl.formats.base import ParseOptions, Quarantined, Sample
+from prl.formats.sse import frame_decoded
 from tests.formats_helpers import FIXTURES
 
 FIXTURE_OF = {
@@ -58,9 +59,11 @@ def _check(name: str, obj: Any) -> None:
 
 
 def _records(name: str) -> list[Any]:
+    """Decoded records of a fixture (SSE streams with their chunks decoded, not as framed lines)."""
     fmt = registry.by_name(name)
     lines = list(enumerate((FIXTURES / FIXTURE_OF[name]).read_bytes().splitlines(), start=1))
-    return [r.obj for r in fmt.frame(iter(lines)) if r.error is None]
+    framed = frame_decoded(iter(lines)) if name == "sse" else fmt.frame(iter(lines))
+    return [r.obj for r in framed if r.error is None]
 
 
 def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:

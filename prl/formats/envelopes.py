@@ -32,12 +32,12 @@ from prl.formats.fields import RequestSide, as_dict, opt_dict, opt_str, request_
 def dispatch(body: Any, side: RequestSide | None, options: ParseOptions) -> list[Sample | Quarantined]:
     """Parse an unwrapped response ``body`` with the format that detects it and fill in ``side``."""
     from prl.formats import registry
-    from prl.formats.sse import Sse, is_chunk, parse_chunks
+    from prl.formats.sse import frame_decoded, is_chunk, parse_chunks
 
     if isinstance(body, str):
         if "data:" not in body:
             raise Quarantined("no_token_ids", "the response body is text only; text is never retokenized")
-        records = list(Sse().frame(enumerate(body.encode().splitlines(), start=1)))
+        records = list(frame_decoded(enumerate(body.encode().splitlines(), start=1)))
         streams = [r for r in records if r.error is None and isinstance(r.obj, dict)]
         if not streams:
             raise Quarantined("malformed_sse", "the response body holds no SSE stream")

@@ -7,26 +7,55 @@ chunk ``id`` without a ``[DONE]`` before it starts a new stream). :meth:`Sse.par
 into the non-streamed response shape (token IDs, ``logprobs.content`` entries, legacy ``tokens`` /
 ``token_logprobs`` / ``top_logprobs``, text, the last ``finish_reason``; prompt IDs from the first chunk that
 has them) and hands it to the matching reader in :mod:`prl.formats.vllm`, so a streamed and a non-streamed
-response of the same request give the same sample. Joining is ``list.extend`` per chunk (a C-level copy) and
-the joined lists go to Arrow in one conversion each: no per-token Python.
+response of the same request give the same sample.
+
+A stream holds one token per chunk, so the hot path avoids per-chunk Python:
+
+- :meth:`Sse.frame` keeps a stream's lines as bytes and decodes only the lines that could start a new stream:
+  the first of each stream, and any line that does not begin with that stream's own ``{"id":"..."`` (with no
+  other ``"id"`` key in it). Errors of the other lines surface from :meth:`Sse.parse`, with the reason and
+  message the eager framer (:func:`frame_decoded`) gives them; :func:`resolve` turns a lazy record into
+  the eager one where a caller needs every error up front.
+- :meth:`Sse.parse` decodes the whole stream at once and joins it with
+  :func:`prl.formats.sse_fast.join_chat_chunks` (C-level gathers over all chunks), falling back to
+  :func:`join_chunks` (per chunk, exact) for streams outside the common chat shape, which explains them.
 
 A stream cut before ``[DONE]``, or a choice that never got a ``finish_reason``, is ``truncated_stream``; an
-``error`` object inside a stream is ``upstream_error``.
+``error`` object inside a stream is ``upstream_error``; an undecodable chunk makes the stream
+``malformed_json``.
 """
 
 from __future__ import annotations
 
+import gc
+import re
 from collections.abc import Iterable, Iterator
+from itertools import repeat
+from operator import itemgetter
 from typing import Any, ClassVar
+
+import orjson
 
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
 from prl.formats.fields import as_dict, as_list
+from prl.formats.sse_fast import join_chat_chunks, join_chat_parts
 
 STREAM_KEY = "sse_chunks"
-"""A framed stream is ``{"sse_chunks": [chunk, ...], "sse_done": bool}``."""
+"""A decoded stream is ``{"sse_chunks": [chunk, ...], "sse_done": bool}`` (an undecodable chunk is None)."""
 DONE_KEY = "sse_done"
+LINES_KEY = "sse_lines"
+"""A lazily framed stream is ``{"sse_lines": [line, ...], "sse_line_numbers": [int, ...], "sse_done": bool}``:
+its ``data:`` lines (stripped, without ``[DONE]``) and their 1-based line numbers."""
+LINE_NUMBERS_KEY = "sse_line_numbers"
 
 _SKIPPED_FIELDS = (b"event:", b"id:", b"retry:")
+_ID_FIRST = re.compile(rb'data:[ \t]*\{[ \t]*"id"[ \t]*:[ \t]*"([^"\\]*)"')
+"""A ``data:`` line whose chunk begins with a plain string ``id``: the prefix that later lines of the same
+stream share."""
+_NO_PREFIX = b" "
+"""A prefix no stripped line starts with."""
+_ID_ESCAPES = b"\\u006"
+"""``\\u0069`` / ``\\u0064``: the only escaped spellings of the letters of an ``"id"`` key."""
 
 
 def is_chunk(obj: Any) -> bool:
@@ -38,17 +67,58 @@ def is_chunk(obj: Any) -> bool:
     return isinstance(kind, str) and (kind.endswith(".chunk") or kind == "text_completion")
 
 
+def _decode(payload: bytes, line_no: int) -> tuple[Any, Quarantined | None]:
+    """A chunk and None, or None and the ``malformed_json`` signal naming its line."""
+    try:
+        return orjson.loads(payload), None
+    except (ValueError, RecursionError):  # orjson refused it: the standard library decides
+        try:
+            return decode_json(payload), None
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            return None, Quarantined("malformed_json", f"line {line_no}: not valid JSON: {exc}")
+
+
+def _payload(line: bytes) -> bytes:
+    """The payload of a stripped ``data:`` line."""
+    return line[5:].lstrip()
+
+
+_AFTER_DATA = itemgetter(slice(5, None))
+
+
 class _Stream:
+    """The lines of one stream while it is being framed."""
+
     def __init__(self, line: int) -> None:
         self.line = line
-        self.raw: list[bytes] = []
-        self.chunks: list[Any] = []
+        self.lines: list[bytes] = []
+        self.numbers: list[int] = []
         self.stream_id: Any = None
         self.error: Quarantined | None = None
+        self.prefix = _NO_PREFIX
+        """The ``data: {"id":"<stream id>"`` bytes that prove a line belongs to this stream."""
 
-    def record(self, done: bool) -> RawRecord:
-        obj = {STREAM_KEY: self.chunks, DONE_KEY: done}
-        return RawRecord(self.line, b"\n".join(self.raw), obj, self.error)
+    def add(self, line_no: int, line: bytes, chunk: Any, error: Quarantined | None) -> None:
+        """Add a decoded line (the first of the stream, or one whose id had to be read)."""
+        if not self.lines and error is not None:
+            self.error = error  # the first line's error is the stream's first; later ones surface in parse
+        self.lines.append(line)
+        self.numbers.append(line_no)
+        chunk_id = _chunk_id(chunk)
+        if self.stream_id is None and isinstance(chunk_id, (str, int)):
+            self.stream_id = chunk_id
+            match = _ID_FIRST.match(line) if isinstance(chunk_id, str) else None
+            if match is not None and match.group(1) == chunk_id.encode():
+                self.prefix = line[: match.end()]
+
+    def record(self, done_line: bytes | None) -> RawRecord:
+        raw = self.lines if done_line is None else [*self.lines, done_line]
+        obj = {LINES_KEY: self.lines, LINE_NUMBERS_KEY: self.numbers, DONE_KEY: done_line is not None}
+        return RawRecord(self.line, b"\n".join(raw), obj, self.error)
+
+
+def _chunk_id(chunk: Any) -> Any:
+    return chunk.get("id") if type(chunk) is dict else None
 
 
 class Sse(Format):
@@ -58,69 +128,194 @@ class Sse(Format):
     description: ClassVar[str] = "SSE stream captures: data: {...chunk} lines ending in data: [DONE]"
 
     def detect(self, obj: Any) -> bool:
-        return (isinstance(obj, dict) and isinstance(obj.get(STREAM_KEY), list)) or is_chunk(obj)
+        return (
+            isinstance(obj, dict) and (isinstance(obj.get(STREAM_KEY), list) or isinstance(obj.get(LINES_KEY), list))
+        ) or is_chunk(obj)
 
     def sniff(self, head: list[RawRecord]) -> bool:
-        return any(
-            r.error is None and isinstance(r.obj, dict) and any(is_chunk(c) for c in r.obj.get(STREAM_KEY, [])[:1])
-            for r in head
-        )
+        for record in head:
+            r = resolve(record)
+            if r.error is None and isinstance(r.obj, dict) and any(is_chunk(c) for c in r.obj.get(STREAM_KEY, [])[:1]):
+                return True
+        return False
 
     def frame(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
+        """One lazy record per stream (see the module docstring); the same streams as :func:`frame_decoded`."""
         stream: _Stream | None = None
+        prefix = _NO_PREFIX  # the current stream's, once known
+        after_prefix = len(prefix)
+        add_line = add_number = list.append  # rebound to the current stream's lists
+        escapes = _ID_ESCAPES
         for line_no, raw in lines:
-            line = raw.strip()
-            if not line or line.startswith(b":") or line.startswith(_SKIPPED_FIELDS):
+            if not raw:  # the blank line after every event
                 continue
-            if not line.startswith(b"data:"):
+            line = raw.strip()
+            if line.startswith(prefix) and line.find(b'"id"', after_prefix) < 0 and escapes not in line:
+                # its id, if it decodes at all, is the stream's: it cannot start a new stream
+                add_line(line)
+                add_number(line_no)
+                continue
+            if line[:5] != b"data:":
+                if not line or line[:1] == b":" or line.startswith(_SKIPPED_FIELDS):
+                    continue
                 yield RawRecord(line_no, raw, None, Quarantined("malformed_sse", "line is not an SSE 'data:' field"))
                 continue
-            payload = line[5:].strip()
+            payload = _payload(line)
             if payload == b"[DONE]":
                 if stream is not None:
-                    stream.raw.append(line)
-                    yield stream.record(done=True)
-                    stream = None
+                    yield stream.record(line)
+                    stream, prefix, after_prefix = None, _NO_PREFIX, len(_NO_PREFIX)
                 continue
-            try:
-                chunk = decode_json(payload)
-            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-                chunk, error = None, Quarantined("malformed_json", f"line {line_no}: not valid JSON: {exc}")
-            else:
-                error = None
-            chunk_id = chunk.get("id") if isinstance(chunk, dict) else None
+            chunk, error = _decode(payload, line_no)
+            chunk_id = _chunk_id(chunk)
             if (
                 stream is not None
                 and chunk_id is not None
                 and stream.stream_id is not None
                 and chunk_id != stream.stream_id
             ):
-                yield stream.record(done=False)
+                yield stream.record(None)
                 stream = None
             if stream is None:
                 stream = _Stream(line_no)
-            if stream.stream_id is None and isinstance(chunk_id, (str, int)):
-                stream.stream_id = chunk_id
-            stream.raw.append(line)
-            stream.chunks.append(chunk)
-            if error is not None and stream.error is None:
-                stream.error = error
+                add_line, add_number = stream.lines.append, stream.numbers.append
+            stream.add(line_no, line, chunk, error)
+            prefix = stream.prefix
+            after_prefix = len(prefix)
         if stream is not None:
-            yield stream.record(done=False)
+            yield stream.record(None)
 
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
         if is_chunk(obj):
             obj = {STREAM_KEY: [obj], DONE_KEY: False}
         obj = as_dict(obj, "stream")
+        if LINES_KEY in obj:
+            return _parse_lines(obj, options)
         chunks = as_list(obj.get(STREAM_KEY), "stream chunks")
         if not obj.get(DONE_KEY):
             raise Quarantined("truncated_stream", "the stream ended before 'data: [DONE]'")
         return parse_chunks(chunks, options)
 
 
+def _parse_lines(obj: dict[str, Any], options: ParseOptions) -> list[Sample | Quarantined]:
+    """Decode, join and read a lazily framed stream with the cyclic garbage collector paused.
+
+    A stream's decoded chunks are many small, acyclic containers that live only while the stream is joined;
+    left running, the collector would traverse them again and again as they age, costing about as much as
+    decoding them. They are freed (by reference counting, when :func:`_join_lines` returns or its signal's
+    traceback is dropped) before the collector resumes, so it never sees them. Its previous state is kept."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _join_lines(obj, options)
+    except Quarantined as q:
+        raise q.with_traceback(None) from None  # drop the frames that hold the chunks
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _join_lines(obj: dict[str, Any], options: ParseOptions) -> list[Sample | Quarantined]:
+    parts = _decoded_parts(obj.get(LINES_KEY))
+    if parts is not None:
+        if not obj.get(DONE_KEY):
+            raise Quarantined("truncated_stream", "the stream ended before 'data: [DONE]'")
+        record = join_chat_parts(*parts)
+        if record is not None:
+            return read_joined(record, options)
+    chunks = _decoded_lines(obj)
+    if not obj.get(DONE_KEY):
+        raise Quarantined("truncated_stream", "the stream ended before 'data: [DONE]'")
+    return parse_chunks(chunks, options)
+
+
+_CHOICES_KEY = b'"choices":'
+
+
+def _decoded_parts(lines: Any) -> tuple[list[Any], list[Any]] | None:
+    """``(heads, choice lists)`` of a stream whose lines after the first all begin with the same bytes up to
+    their top-level ``"choices":`` and end with the ``}`` closing the chunk, as servers write them (id,
+    object, created and model repeat in every chunk): those bytes are decoded once (as the shared head) and
+    each line only from there on. The first line is decoded whole. None when the lines are not like that or
+    one does not decode; the stream is then decoded line by line.
+
+    A line that is ``prefix + V + "}"``, with ``prefix + "0}"`` a JSON object and ``V`` a JSON value, is the
+    object ``prefix + "0}"`` with ``choices`` set to ``V``: the same chunk a whole decode gives."""
+    if type(lines) is not list or len(lines) < 2 or not set(map(type, lines)) <= {bytes}:
+        return None
+    end = lines[1].find(_CHOICES_KEY)
+    if end < 0:
+        return None
+    prefix = lines[1][: end + len(_CHOICES_KEY)]
+    rest = lines[1:]
+    if not (all(map(bytes.startswith, rest, repeat(prefix))) and all(map(bytes.endswith, rest, repeat(b"}")))):
+        return None
+    try:
+        head = orjson.loads(prefix[5:] + b"0}")
+        first = orjson.loads(lines[0][5:])
+        choice_lists = list(map(orjson.loads, map(itemgetter(slice(len(prefix), -1)), rest)))
+    except (ValueError, RecursionError):
+        return None
+    first_choices = first.get("choices") if type(first) is dict else None
+    return [first, *repeat(head, len(rest))], [first_choices, *choice_lists]
+
+
+def _decoded_lines(obj: dict[str, Any]) -> list[Any]:
+    """Every chunk of a lazily framed stream, decoded in one pass; the first undecodable one raises its
+    ``malformed_json`` signal (the error the eager framer records for the stream)."""
+    lines = as_list(obj.get(LINES_KEY), "stream lines")
+    numbers = as_list(obj.get(LINE_NUMBERS_KEY), "stream line numbers")
+    if len(numbers) != len(lines) or not set(map(type, lines)) <= {bytes} or not set(map(type, numbers)) <= {int}:
+        raise Quarantined("bad_shape", "a framed stream holds lines that are not bytes with their line numbers")
+    try:  # JSON ignores the blanks after "data:" that _payload strips, unless they are not JSON blanks
+        return list(map(orjson.loads, map(_AFTER_DATA, lines)))
+    except (ValueError, RecursionError):
+        pass  # some line needs the standard library, other blanks stripped, or is malformed: line by line
+    chunks = []
+    for line, line_no in zip(lines, numbers):
+        chunk, error = _decode(_payload(line), line_no)
+        if error is not None:
+            raise error
+        chunks.append(chunk)
+    return chunks
+
+
+def resolve(record: RawRecord) -> RawRecord:
+    """The record :func:`frame_decoded` gives for the same lines: every chunk decoded (None where it is
+    not JSON) and the stream's first decoding error as the record's error."""
+    obj = record.obj
+    if not (isinstance(obj, dict) and LINES_KEY in obj):
+        return record
+    chunks: list[Any] = []
+    error = record.error
+    for line, line_no in zip(obj[LINES_KEY], obj[LINE_NUMBERS_KEY]):
+        chunk, problem = _decode(_payload(line), line_no)
+        chunks.append(chunk)
+        if error is None:
+            error = problem
+    return RawRecord(record.line, record.raw, {STREAM_KEY: chunks, DONE_KEY: obj[DONE_KEY]}, error)
+
+
+def frame_decoded(lines: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
+    """Frame like :meth:`Sse.frame`, with every chunk decoded and every stream's first error known up front
+    (for callers that pick streams by their errors, such as a response body holding a capture)."""
+    for record in Sse().frame(lines):
+        yield resolve(record)
+
+
 def parse_chunks(chunks: list[Any], options: ParseOptions) -> list[Sample | Quarantined]:
-    """Samples of one complete stream, given its decoded chunks in order."""
-    record = join_chunks(chunks)
+    """Samples of one complete stream, given its decoded chunks in order: joined by
+    :func:`prl.formats.sse_fast.join_chat_chunks` when the stream is in the common chat shape, else by
+    :func:`join_chunks`, which explains what is wrong with it."""
+    record = join_chat_chunks(chunks)
+    if record is None:
+        record = join_chunks(chunks)
+    return read_joined(record, options)
+
+
+def read_joined(record: dict[str, Any], options: ParseOptions) -> list[Sample | Quarantined]:
+    """Samples of a joined stream (:func:`join_chunks`'s shape): its per-choice signals, then what the
+    non-streamed reader makes of it, with choices that never finished as ``truncated_stream``."""
     from prl.formats.vllm import VllmChat, VllmCompletions
 
     reader = VllmChat() if record["object"] == "chat.completion" else VllmCompletions()

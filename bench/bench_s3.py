@@ -44,7 +44,7 @@ def _child(code: str, env: dict[str, str]) -> dict:
 
 def _ingest(source: str, store: str, env: dict[str, str]) -> dict:
     return _child(
-        "from prl.ingest import ingest\n"
+        "from prl.ingestion import ingest\n"
         "t = time.perf_counter()\n"
         f"r = ingest([{source!r}], {store!r})\n"
         "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens}\n",

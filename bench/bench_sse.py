@@ -55,7 +55,7 @@ def main() -> None:
     )
     store = os.path.join(work, "store")
     ing = _child(
-        "from prl.ingest import ingest\n"
+        "from prl.ingestion import ingest\n"
         "t = time.perf_counter()\n"
         f"r = ingest([{path!r}], {store!r})\n"
         "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens, 'q': r.quarantined}\n"

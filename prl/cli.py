@@ -94,7 +94,7 @@ def ingest(
 ) -> None:
     """Read serving traces (or rewards / reference logprobs) into the store, exactly as sampled."""
     if kind == "traces":
-        from prl.ingest import ingest as run_ingest
+        from prl.ingestion import ingest as run_ingest
 
         def call() -> Any:
             from prl.sources import expand

@@ -110,7 +110,7 @@ def _summary(result: Any) -> dict[str, Any]:
 
 # --- the steps -----------------------------------------------------------------------------------------------
 def _ingest(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-    from prl.ingest import ingest
+    from prl.ingestion import ingest
 
     section = recipe.ingest
     assert section is not None

@@ -68,7 +68,7 @@ class StoreSection:
 
 @dataclass(frozen=True)
 class IngestSection:
-    """``[ingest]``: arguments of :func:`prl.ingest.ingest`."""
+    """``[ingest]``: arguments of :func:`prl.ingestion.ingest`."""
 
     sources: tuple[str, ...]
     format: str = "auto"

@@ -37,7 +37,7 @@ from rich.table import Table
 from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
-from prl.ingest import new_quarantine_rows, quarantine_batches, quarantine_row
+from prl.ingestion import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.locks import lock_for
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.sources import LineReader, SourceFile, expand

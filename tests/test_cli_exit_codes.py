@@ -82,7 +82,7 @@ def test_ingest_codes(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("prl.ingest.ingest", interrupted)
+    monkeypatch.setattr("prl.ingestion.ingest", interrupted)
     assert invoke(["ingest", str(clean.root / "traces"), "--store", store]) == (
         130,
         {"error": "interrupted", "exit_code": 130},

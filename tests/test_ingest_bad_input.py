@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prl.errors import ExitCode, UsageError
-from prl.ingest import ingest
+from prl.ingestion import ingest
 from tests.records import sglang_generate, vllm_chat
 
 GOOD = vllm_chat("good", [1, 2], [([3, 1], [-0.5, -0.25])])

@@ -20,9 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-import prl.ingest as prl_ingest
+import prl.ingestion as prl_ingest
 from prl.errors import ExitCode, RetryableIOError
-from prl.ingest import ingest
+from prl.ingestion import ingest
 from prl.locks import lock_for
 from prl.s3lock import S3Lock
 from prl.schema import REWARDS
@@ -203,7 +203,7 @@ def test_concurrent_delta_commits_on_s3_all_land(s3):  # noqa: F811
 
 HOLDING_INGEST = """
 import os, sys, time
-from prl.ingest import ingest
+from prl.ingestion import ingest
 started, go = sys.argv[3], sys.argv[4]
 def progress(n):
     if not os.path.exists(started):

@@ -30,7 +30,7 @@ from prl.assemble import Located, assemble, record_digest, sample_id_of, validat
 from prl.errors import ExitCode, FormatDetectionError, UsageError
 from prl.formats import registry
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
-from prl.locks import lock_for
+from prl.locks import holding
 from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
 from prl.sources import LineReader, SourceFile, expand
 from prl.store import Store
@@ -205,10 +205,7 @@ def ingest(
     if finish_reason is not None and finish_reason not in FINISH_REASONS:
         raise UsageError(f"--finish-reason must be one of {', '.join(FINISH_REASONS)}, not {finish_reason!r}")
     options = ParseOptions(policy_version=policy_version, group_field=group_field, finish_reason=finish_reason)
-    guard = lock_for(store.uri, "ingest") if (lock and not dry_run) else None
-    if guard is not None:
-        guard.acquire()
-    try:
+    with holding(store.uri, "ingest", enabled=lock and not dry_run):
         traces = store.open("traces")
         pending: list[SourceFile] = []
         for src in files:
@@ -219,9 +216,6 @@ def ingest(
         for group in _groups(pending):
             _ingest_group(group, store, format, options, result, dry_run, batch_tokens, progress)
         result.versions = {"traces": store.version("traces"), "quarantine": store.version("quarantine")}
-    finally:
-        if guard is not None:
-            guard.release()
     result.seconds = time.perf_counter() - started
     return result
 

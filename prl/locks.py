@@ -213,9 +213,11 @@ def holding(store_uri: str, step: str, enabled: bool = True) -> Iterator[Any]:
         lock.release()  # only removes the lock if it is ours
 
 
-def lock_for(store_uri: str, step: str, stale_after: float = STALE_AFTER_SECONDS) -> Any:
+def lock_for(store_uri: str, step: str, stale_after: float | None = None) -> Any:
     """The lock for ``step`` of the store at ``store_uri`` (local folders; ``s3://`` stores use conditional
-    puts, see :mod:`prl.s3lock`)."""
+    puts, see :mod:`prl.s3lock`). ``stale_after`` defaults to ``PRL_LOCK_STALE_AFTER`` as set now, else 300 s."""
+    if stale_after is None:
+        stale_after = _stale_after_from_env()
     if store_uri.startswith("s3://"):
         from prl.s3lock import S3Lock
 

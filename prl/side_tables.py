@@ -38,7 +38,7 @@ from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
 from prl.ingestion import new_quarantine_rows, quarantine_batches, quarantine_row
-from prl.locks import lock_for
+from prl.locks import holding
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.sources import LineReader, SourceFile, expand
 from prl.store import Store, filesystem_for
@@ -197,10 +197,7 @@ def ingest_side_table(
     started = time.perf_counter()
     result = SideIngestResult(store=store.uri, table=table, dry_run=dry_run)
     files = expand(sources)
-    guard = lock_for(store.uri, f"ingest-{table}") if (lock and not dry_run) else None
-    if guard is not None:
-        guard.acquire()
-    try:
+    with holding(store.uri, f"ingest-{table}", enabled=lock and not dry_run):
         existing = store.open(table)
         for src in files:
             app_id = f"prl.source:{src.identity}"
@@ -210,9 +207,6 @@ def ingest_side_table(
             result.files += 1
             _ingest_one(src, store, table, result, dry_run, app_id)
         result.version = store.version(table)
-    finally:
-        if guard is not None:
-            guard.release()
     result.seconds = time.perf_counter() - started
     return result
 

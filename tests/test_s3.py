@@ -3,7 +3,6 @@ re-runs, concurrent Delta commits, one ingest per store, stale-lock takeover, re
 
 from __future__ import annotations
 
-import functools
 import gzip
 import hashlib
 import json
@@ -20,10 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-import prl.ingestion as prl_ingest
 from prl.errors import ExitCode, RetryableIOError
 from prl.ingestion import ingest
-from prl.locks import lock_for
 from prl.s3lock import S3Lock
 from prl.schema import REWARDS
 from prl.side_tables import ingest_side_table
@@ -264,7 +261,7 @@ def test_stale_s3_lock_is_taken_over_by_ingest(s3, monkeypatch):  # noqa: F811
     with pytest.raises(Exception, match=crashed.run_id):
         ingest([s3.url("in/")], store)
     time.sleep(2.2)
-    monkeypatch.setattr(prl_ingest, "lock_for", functools.partial(lock_for, stale_after=1.0))
+    monkeypatch.setenv("PRL_LOCK_STALE_AFTER", "1")
     assert ingest([s3.url("in/")], store).samples == 3
     assert s3.keys("warehouse/store/_locks/") == []
     assert crashed.heartbeat() is False and crashed.lost

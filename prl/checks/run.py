@@ -37,7 +37,7 @@ from prl.checks.tokenizer import CheckTokenizer
 from prl.checks.verdict import REASONS, SEVERITY, RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.errors import UsageError
-from prl.locks import lock_for
+from prl.locks import holding
 from prl.store import Store
 
 MISMATCH_FRACTION = 0.5
@@ -161,14 +161,8 @@ def check_tokens(
     if traces_version is None:
         result.elapsed_s = time.perf_counter() - started
         return result
-    guard = lock_for(store.uri, "check-tokens") if (lock and not dry_run) else None
-    if guard is not None:
-        guard.acquire()
-    try:
+    with holding(store.uri, "check-tokens", enabled=lock and not dry_run):
         _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch)
-    finally:
-        if guard is not None:
-            guard.release()
     result.elapsed_s = time.perf_counter() - started
     return result
 

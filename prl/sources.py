@@ -13,8 +13,9 @@ import os
 import queue
 import threading
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow.fs as pafs
 import zstandard
@@ -211,45 +212,43 @@ class LineReader:
             yield from chunks
 
     def _gunzip(self, first: bytes, chunks: Iterator[bytes]) -> Iterator[bytes]:
-        decomp = zlib.decompressobj(wbits=47)
-        in_member = False
-        try:
-            for chunk in _chain(first, chunks):
-                while chunk:
-                    out = decomp.decompress(chunk)
-                    in_member = True
-                    if out:
-                        yield out
-                    chunk = decomp.unused_data if decomp.eof else b""
-                    if decomp.eof:  # concatenated gzip members
-                        in_member = False
-                        decomp = zlib.decompressobj(wbits=47)
-            if in_member and not decomp.eof:
-                tail = decomp.flush()
-                if tail:
-                    yield tail
-                self.truncated = "gzip stream ends before its end marker (truncated file)"
-        except zlib.error as exc:
-            self.truncated = f"gzip stream is corrupt: {exc}"
+        yield from self._inflate(first, chunks, lambda: zlib.decompressobj(wbits=47), "gzip", zlib.error)
 
     def _unzstd(self, first: bytes, chunks: Iterator[bytes]) -> Iterator[bytes]:
-        decomp = zstandard.ZstdDecompressor().decompressobj()
-        in_frame = False
+        yield from self._inflate(
+            first, chunks, lambda: zstandard.ZstdDecompressor().decompressobj(), "zstd", zstandard.ZstdError
+        )
+
+    def _inflate(
+        self,
+        first: bytes,
+        chunks: Iterator[bytes],
+        new: Callable[[], Any],
+        name: str,
+        error: type[Exception],
+    ) -> Iterator[bytes]:
+        """Decompress concatenated members/frames; a stream that ends inside one, or a corrupt one, sets
+        :attr:`truncated` after yielding everything decoded before the damage."""
+        decomp = new()
+        inside = False
         try:
             for chunk in _chain(first, chunks):
                 while chunk:
                     out = decomp.decompress(chunk)
-                    in_frame = True
+                    inside = True
                     if out:
                         yield out
                     chunk = decomp.unused_data if decomp.eof else b""
-                    if decomp.eof:  # concatenated zstd frames
-                        in_frame = False
-                        decomp = zstandard.ZstdDecompressor().decompressobj()
-            if in_frame and not decomp.eof:
-                self.truncated = "zstd stream ends inside a frame (truncated file)"
-        except zstandard.ZstdError as exc:
-            self.truncated = f"zstd stream is corrupt: {exc}"
+                    if decomp.eof:  # the next member / frame starts here
+                        inside = False
+                        decomp = new()
+            if inside and not decomp.eof:
+                tail = decomp.flush() if name == "gzip" else b""
+                if tail:
+                    yield tail
+                self.truncated = f"{name} stream ends before its end marker (truncated file)"
+        except error as exc:
+            self.truncated = f"{name} stream is corrupt: {exc}"
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

@@ -154,7 +154,7 @@ def test_truncated_zstd(store, tmp_path):
     result = ingest([str(path)], store, max_quarantine_rate=None)
     assert result.quarantined.get("truncated_input") == 1
     row = pl.read_delta(store.table_uri("quarantine")).row(0, named=True)
-    assert "zstd stream ends inside a frame" in row["message"]
+    assert "zstd stream ends before its end marker" in row["message"]
 
 
 def test_corrupt_gzip(store, tmp_path):

@@ -33,7 +33,7 @@ import os
 import re
 import shutil
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +93,8 @@ FLOAT_LEAVES = (
 )
 """Parquet leaf columns written with byte-stream-split encoding."""
 SCAN_BATCH_ROWS = 1024
+WORKERS = 2
+"""Threads that assemble and write shards side by side (numpy, Arrow, Parquet and zstd release the GIL)."""
 _VERSION_RE = r"(\d+)\D*$"
 
 
@@ -570,13 +572,19 @@ class _Spill:
             writer.close()
         self.writers.clear()
 
-    def read(self, shard: int, schema: pa.Schema) -> pa.Table:
-        """The shard's rows, sorted by ``_pos``."""
+    def read(
+        self, shard: int, schema: pa.Schema, columns: list[str] | None = None, ordered: bool = True
+    ) -> pa.Table:
+        """The shard's rows (only ``columns`` and ``_pos`` when given), sorted by ``_pos`` when ``ordered``,
+        else in spill order (memory-mapped, no copy)."""
         path = self.path(shard)
+        names = schema.names if columns is None else [*columns, "_pos"]
         if not os.path.exists(path):
-            return schema.empty_table()
+            return pa.schema([schema.field(n) for n in names]).empty_table()
         with pa.memory_map(path) as source:
-            table = pa.ipc.open_stream(source).read_all()
+            table = pa.ipc.open_stream(source).read_all().select(names)
+        if not ordered:
+            return table
         order = np.argsort(table["_pos"].to_numpy(), kind="stable")
         return table.take(order)
 
@@ -663,12 +671,57 @@ class _Scores:
     singletons_without_baseline: int
 
 
-def _kl_for(table: pa.Table, refs: pa.Table, options: ShardOptions):
+def _kl_inputs(table: pa.Table, ref_logprobs: pa.ChunkedArray | pa.Array):
+    """``(lp_T, ref_T, mask_T, offsets_N1)`` of rows that line up one to one (float64, NaN for nulls)."""
     lp_T, off = _flat_values(table["completion_logprobs"], np.float64)
-    ref_T, _ = _flat_values(refs["ref_logprobs"], np.float64)
-    mask_T = _mask_T(table, off)
-    d_T, k_T, valid_T = klmod.masked_kl(lp_T, ref_T, mask_T, options.kl_estimator)
-    return d_T, k_T, valid_T, off, mask_T
+    ref_T, _ = _flat_values(ref_logprobs, np.float64)
+    return lp_T, ref_T, _mask_T(table, off), off
+
+
+def _token_counts(valid_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
+    """Number of True tokens per sample (int64)."""
+    csum = np.concatenate(([0], np.cumsum(valid_T, dtype=np.int64)))
+    return csum[offsets_N1[1:]] - csum[offsets_N1[:-1]]
+
+
+def _kl_totals(
+    trace_spill: _Spill,
+    ref_spill: _Spill,
+    trace_schema: pa.Schema,
+    ref_schema: pa.Schema,
+    num_shards: int,
+    n_ship: int,
+    options: ShardOptions,
+) -> tuple[np.ndarray | None, np.ndarray, float, int]:
+    """First pass over the spill files: ``(kl_sum_N, kl_tokens_N, Σd, count)`` over valid tokens.
+
+    ``kl_sum_N`` (float64, per shipped sample in final order) only with ``kl = "reward"``. Rows are read in
+    spill order and references are lined up with them by ``_pos``; every per-sample sum covers one sample alone,
+    so the result does not depend on the order rows were read in.
+    """
+    with_k = options.kl == "reward"
+    kl_sum_N = np.zeros(n_ship) if with_k else None
+    kl_tokens_N = np.zeros(n_ship, dtype=np.int64)
+    d_sum_N = np.zeros(n_ship)
+    for s in range(num_shards):
+        table = trace_spill.read(s, trace_schema, ["completion_logprobs", "completion_mask"], ordered=False)
+        refs = ref_spill.read(s, ref_schema, ["ref_logprobs"], ordered=False)
+        pos = table["_pos"].to_numpy()
+        ref_pos = refs["_pos"].to_numpy()
+        by_pos = np.argsort(ref_pos)
+        line_up = by_pos[np.searchsorted(ref_pos, pos, sorter=by_pos)] if len(pos) else by_pos
+        if not np.array_equal(ref_pos[line_up], pos):
+            raise RuntimeError(f"spill files of shard {s} do not hold the same samples")
+        lp_T, ref_T, mask_T, off = _kl_inputs(table, refs["ref_logprobs"].take(line_up))
+        del table, refs
+        if with_k:
+            d_T, k_T, valid_T = klmod.masked_kl(lp_T, ref_T, mask_T, options.kl_estimator)
+            kl_sum_N[pos] = klmod.segment_sum(k_T, off)  # type: ignore[index]
+        else:
+            d_T, valid_T = klmod.masked_log_ratio(lp_T, ref_T, mask_T)
+        d_sum_N[pos] = klmod.segment_sum(d_T, off)
+        kl_tokens_N[pos] = _token_counts(valid_T, off)
+    return kl_sum_N, kl_tokens_N, float(d_sum_N.sum()), int(kl_tokens_N.sum())
 
 
 def _mask_T(table: pa.Table, off: np.ndarray) -> np.ndarray:
@@ -718,19 +771,30 @@ def _assemble(
     scores: _Scores,
     options: ShardOptions,
     k: int | None,
-) -> pa.Table:
-    """One shard's Arrow table in ``SHARD`` schema; ``table``/``refs``/``meta`` rows are in final order."""
+) -> tuple[pa.Table, float, int]:
+    """One shard's Arrow table in ``SHARD`` schema, with the sum (float64) and count of its per-token KL values
+    (0.0, 0 without KL); ``table``/``refs``/``meta`` rows are in final order."""
     pos = table["_pos"].to_numpy()
     p_T, p_off = _flat_values(table["prompt_token_ids"], np.int32)
     c_T, c_off = _flat_values(table["completion_token_ids"], np.int32)
     ids, ids_off = _concat_lists(p_T, p_off, c_T, c_off)
     mask_T = _mask_T(table, c_off)
-    adv_T = klmod.broadcast(scores.advantage_N[pos], c_off) * mask_T
+    adv_T = klmod.broadcast(scores.advantage_N[pos], c_off)
+    if not mask_T.all():
+        adv_T *= mask_T
     ref_col = kl_col = pa.nulls(table.num_rows, SHARD.field("kl").type)
+    kl_tok_sum, kl_tok_n = 0.0, 0
     if refs is not None:
-        d_T, k_T, valid_T, _, _ = _kl_for(table, refs, options)
+        lp_T, ref_T, _, _ = _kl_inputs(table, refs["ref_logprobs"])
+        d_T, k_T, valid_T = klmod.masked_kl(lp_T, ref_T, mask_T, options.kl_estimator)
+        del lp_T, ref_T
         ref_col = refs["ref_logprobs"]
-        kl_col = _list_array(k_T.astype(np.float32), c_off, pa.float32(), valid_T)
+        k32_T = k_T.astype(np.float32)
+        del k_T
+        kl_col = _list_array(k32_T, c_off, pa.float32(), valid_T)
+        kl_vals = k32_T[valid_T] if not valid_T.all() else k32_T
+        kl_tok_sum = float(pc.sum(pa.array(kl_vals).cast(pa.float64())).as_py() or 0.0)
+        kl_tok_n = len(kl_vals)
         if options.kl == "advantages":
             adv_T = klmod.kl_into_token_advantages(adv_T, d_T, valid_T, options.kl_coef, scores.mean_d)
     if k is not None:
@@ -763,7 +827,7 @@ def _assemble(
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks else pa.array([], f.type)
         arrays.append(col.cast(f.type) if col.type != f.type else col)
-    return pa.Table.from_arrays(arrays, schema=SHARD)
+    return pa.Table.from_arrays(arrays, schema=SHARD), kl_tok_sum, kl_tok_n
 
 
 def _write_parquet(table: pa.Table, path: str) -> None:
@@ -908,57 +972,20 @@ def build_shards(
         kl_sum_N = kl_tokens_N = None
         d_sum, d_count = 0.0, 0
         if needs_global_kl:
-            kl_sum_N = np.zeros(n_ship)
-            kl_tokens_N = np.zeros(n_ship, dtype=np.int64)
-            for s in range(num_shards):
-                table = trace_spill.read(s, trace_schema)
-                refs = ref_spill.read(s, ref_schema)  # type: ignore[arg-type]
-                d_T, k_T, valid_T, off, _ = _kl_for(table, refs, options)
-                pos = table["_pos"].to_numpy()
-                kl_sum_N[pos] = klmod.segment_sum(k_T, off)
-                kl_tokens_N[pos] = klmod.segment_sum(valid_T, off).astype(np.int64)
-                d_sum += float(d_T.sum())
-                d_count += int(valid_T.sum())
+            kl_sum_N, kl_tokens_N, d_sum, d_count = _kl_totals(
+                trace_spill,
+                ref_spill,
+                trace_schema,
+                ref_schema,  # type: ignore[arg-type]
+                num_shards,
+                n_ship,
+                options,
+            )
         scores = _scores(ship, options, kl_sum_N, kl_tokens_N, d_sum, d_count)
 
-        shard_entries: list[dict[str, Any]] = []
-        kl_tok_sum, kl_tok_n = 0.0, 0
-
-        def write_one(shard: pa.Table, name: str, groups: int) -> dict[str, Any]:
-            path = os.path.join(staging, name)
-            _write_parquet(shard, path)
-            return {
-                "file": name,
-                "rows": shard.num_rows,
-                "groups": groups,
-                "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
-                "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
-                "bytes": os.path.getsize(path),
-                "sha256": _sha256(path),
-            }
-
-        # Writing (zstd, fsync, sha256) releases the GIL: shard s is written while shard s + 1 is assembled.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending: Future | None = None
-            for s in range(num_shards):
-                table = trace_spill.read(s, trace_schema)
-                refs = ref_spill.read(s, ref_schema) if with_ref else None  # type: ignore[arg-type]
-                meta = ship[table["_pos"].to_numpy()]
-                shard = _assemble(table, refs, meta, scores, options, plan.k)
-                del table, refs
-                if with_ref:
-                    kl_vals = pc.list_flatten(shard["kl"]).drop_null()
-                    kl_tok_sum += float(pc.sum(kl_vals.cast(pa.float64())).as_py() or 0.0)
-                    kl_tok_n += len(kl_vals)
-                if pending is not None:
-                    shard_entries.append(pending.result())
-                pending = pool.submit(write_one, shard, f"part-{s:05d}.parquet", int(meta["group_id"].n_unique()))
-                del shard
-                os.remove(trace_spill.path(s))
-                if with_ref and os.path.exists(ref_spill.path(s)):
-                    os.remove(ref_spill.path(s))
-            if pending is not None:
-                shard_entries.append(pending.result())
+        shard_entries, kl_tok_sum, kl_tok_n = _write_shards(
+            staging, trace_spill, ref_spill, trace_schema, ref_schema, num_shards, plan, scores, options
+        )
         shutil.rmtree(spill_dir, ignore_errors=True)
 
         samples_path = os.path.join(staging, SAMPLES_FILE)
@@ -1047,6 +1074,59 @@ def build_shards(
     result.shards = shard_entries
     result.statistics = statistics
     return result
+
+
+def _write_shards(
+    staging: str,
+    trace_spill: _Spill,
+    ref_spill: _Spill,
+    trace_schema: pa.Schema,
+    ref_schema: pa.Schema | None,
+    num_shards: int,
+    plan: _Plan,
+    scores: _Scores,
+    options: ShardOptions,
+) -> tuple[list[dict[str, Any]], float, int]:
+    """Assemble and write every shard: ``(manifest entries, Σ per-token KL, KL token count)``, in shard order.
+
+    Each shard is read from its spill files, assembled and written (zstd, fsync, sha256) by one of
+    :data:`WORKERS` threads; numpy and Arrow release the GIL for the heavy parts, so shards proceed side by side
+    and at most :data:`WORKERS` shards are in memory at once. Each shard is computed on its own, so the bytes do
+    not depend on the threads.
+    """
+    with_ref = ref_schema is not None
+
+    def one(s: int) -> tuple[dict[str, Any], float, int]:
+        table = trace_spill.read(s, trace_schema)
+        refs = ref_spill.read(s, ref_schema, ["ref_logprobs"]) if ref_schema is not None else None
+        meta = plan.ship[table["_pos"].to_numpy()]
+        shard, kl_sum, kl_n = _assemble(table, refs, meta, scores, options, plan.k)
+        del table, refs
+        name = f"part-{s:05d}.parquet"
+        path = os.path.join(staging, name)
+        _write_parquet(shard, path)
+        entry = {
+            "file": name,
+            "rows": shard.num_rows,
+            "groups": int(meta["group_id"].n_unique()),
+            "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
+            "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
+            "bytes": os.path.getsize(path),
+            "sha256": _sha256(path),
+        }
+        os.remove(trace_spill.path(s))
+        if with_ref and os.path.exists(ref_spill.path(s)):
+            os.remove(ref_spill.path(s))
+        return entry, kl_sum, kl_n
+
+    entries: list[dict[str, Any]] = []
+    kl_tok_sum, kl_tok_n = 0.0, 0
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        for entry, kl_sum, kl_n in pool.map(one, range(num_shards)):
+            entries.append(entry)
+            kl_tok_sum += kl_sum
+            kl_tok_n += kl_n
+    return entries, kl_tok_sum, kl_tok_n
 
 
 def _route_prefix(store, version, options, rdest_shard, rdest_pos, expected, spill):

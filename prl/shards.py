@@ -452,8 +452,16 @@ class _Plan:
 
 def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, shipped: set[str]) -> _Plan:
     with_ref = options.kl != "none"
-    ref_scan_rows = 0
-    traces = _scan_plan_traces(store, versions["traces"], options)  # type: ignore[arg-type]
+    names = list(options.rewards)
+    # the four reads are independent: run them side by side (decoding and polars release the GIL)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        traces_f = pool.submit(_scan_plan_traces, store, versions["traces"], options)
+        rewards_f = pool.submit(_latest_rewards, store, versions["rewards"], names)
+        verdicts_f = pool.submit(_latest_verdicts, store, versions["checks"], options.tokenizer_fingerprint)
+        refs_f = pool.submit(_scan_plan_refs, store, versions["ref_logprobs"], options) if with_ref else None
+        traces = traces_f.result()
+        rewards, verdicts = rewards_f.result(), verdicts_f.result()
+        refs, ref_scan_rows = refs_f.result() if refs_f is not None else (None, 0)
     if traces.is_empty():
         return _Plan(traces, 0, 0, {}, 0, None, None, [])
     trace_rows = traces.height
@@ -469,12 +477,8 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
         already = int(is_shipped.sum())
         traces = traces.filter(~is_shipped)
 
-    names = list(options.rewards)
-    rewards = _latest_rewards(store, versions["rewards"], names)
-    verdicts = _latest_verdicts(store, versions["checks"], options.tokenizer_fingerprint)
     plan = traces.join(rewards, on="sample_id", how="left").join(verdicts, on="sample_id", how="left")
-    if with_ref:
-        refs, ref_scan_rows = _scan_plan_refs(store, versions["ref_logprobs"], options)  # type: ignore[arg-type]
+    if refs is not None:
         plan = plan.join(refs, on="sample_id", how="left")
     plan = plan.sort("row")
     components = {n: plan[f"r::{n}"].to_numpy().astype(np.float64) for n in names}
@@ -700,10 +704,8 @@ def _kl_totals(
     so the result does not depend on the order rows were read in.
     """
     with_k = options.kl == "reward"
-    kl_sum_N = np.zeros(n_ship) if with_k else None
-    kl_tokens_N = np.zeros(n_ship, dtype=np.int64)
-    d_sum_N = np.zeros(n_ship)
-    for s in range(num_shards):
+
+    def one(s: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
         table = trace_spill.read(s, trace_schema, ["completion_logprobs", "completion_mask"], ordered=False)
         refs = ref_spill.read(s, ref_schema, ["ref_logprobs"], ordered=False)
         pos = table["_pos"].to_numpy()
@@ -714,13 +716,23 @@ def _kl_totals(
             raise RuntimeError(f"spill files of shard {s} do not hold the same samples")
         lp_T, ref_T, mask_T, off = _kl_inputs(table, refs["ref_logprobs"].take(line_up))
         del table, refs
+        kl_sum = None
         if with_k:
             d_T, k_T, valid_T = klmod.masked_kl(lp_T, ref_T, mask_T, options.kl_estimator)
-            kl_sum_N[pos] = klmod.segment_sum(k_T, off)  # type: ignore[index]
+            kl_sum = klmod.segment_sum(k_T, off)
         else:
             d_T, valid_T = klmod.masked_log_ratio(lp_T, ref_T, mask_T)
-        d_sum_N[pos] = klmod.segment_sum(d_T, off)
-        kl_tokens_N[pos] = _token_counts(valid_T, off)
+        return pos, kl_sum, klmod.segment_sum(d_T, off), _token_counts(valid_T, off)
+
+    kl_sum_N = np.zeros(n_ship) if with_k else None
+    kl_tokens_N = np.zeros(n_ship, dtype=np.int64)
+    d_sum_N = np.zeros(n_ship)
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        for pos, kl_sum, d_sum, count in pool.map(one, range(num_shards)):
+            if kl_sum_N is not None:
+                kl_sum_N[pos] = kl_sum
+            d_sum_N[pos] = d_sum
+            kl_tokens_N[pos] = count
     return kl_sum_N, kl_tokens_N, float(d_sum_N.sum()), int(kl_tokens_N.sum())
 
 
@@ -919,55 +931,9 @@ def build_shards(
         trace_spill = _Spill(spill_dir, "traces")
         ref_spill = _Spill(spill_dir, "ref")
         n_ship = ship.height
-        ship_rows = ship["row"].to_numpy()
-        shard_N = ship["shard"].to_numpy()
-        dest_shard = np.full(plan.trace_rows, -1, dtype=np.int32)
-        dest_pos = np.zeros(plan.trace_rows, dtype=np.int64)
-        dest_shard[ship_rows] = shard_N
-        dest_pos[ship_rows] = np.arange(n_ship)
         expected = ship["sample_id"].to_arrow().cast(pa.string())
-        cols = [
-            "sample_id",
-            "prompt_token_ids",
-            "completion_token_ids",
-            "completion_logprobs",
-            "completion_mask",
-        ]
-        if plan.k is not None:
-            cols += ["topk_ids", "topk_logprobs"]
-        try:
-            trace_schema = _route(
-                store,
-                "traces",
-                versions["traces"],
-                cols,
-                dest_shard,
-                dest_pos,
-                expected,
-                trace_spill,  # type: ignore[arg-type]
-            )
-            ref_schema = None
-            if with_ref:
-                ref_rows = ship["ref_row"].to_numpy()
-                n_ref = plan.ref_scan_rows
-                rdest_shard = np.full(n_ref, -1, dtype=np.int32)
-                rdest_pos = np.zeros(n_ref, dtype=np.int64)
-                rdest_shard[ref_rows] = shard_N
-                rdest_pos[ref_rows] = np.arange(n_ship)
-                ref_schema = _route_prefix(
-                    store,
-                    versions["ref_logprobs"],
-                    options,
-                    rdest_shard,
-                    rdest_pos,
-                    expected,
-                    ref_spill,  # type: ignore[arg-type]
-                )
-        finally:
-            trace_spill.close()
-            ref_spill.close()
-        assert trace_schema is not None
-        num_shards = int(shard_N.max()) + 1
+        trace_schema, ref_schema = _spill(store, versions, plan, options, expected, trace_spill, ref_spill)
+        num_shards = int(ship["shard"].max()) + 1  # type: ignore[arg-type]
 
         kl_sum_N = kl_tokens_N = None
         d_sum, d_count = 0.0, 0
@@ -1129,18 +1095,59 @@ def _write_shards(
     return entries, kl_tok_sum, kl_tok_n
 
 
-def _route_prefix(store, version, options, rdest_shard, rdest_pos, expected, spill):
-    return _route(
-        store,
-        "ref_logprobs",
-        version,
-        ["sample_id", "ref_logprobs"],
-        rdest_shard,
-        rdest_pos,
-        expected,
-        spill,
-        flt=_ref_filter(options),
-    )
+def _destinations(rows_N: np.ndarray, shard_N: np.ndarray, scan_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per scan row: its shard (-1 when it does not ship) and its place in the final order."""
+    dest_shard_R = np.full(scan_rows, -1, dtype=np.int32)
+    dest_pos_R = np.zeros(scan_rows, dtype=np.int64)
+    dest_shard_R[rows_N] = shard_N
+    dest_pos_R[rows_N] = np.arange(len(rows_N))
+    return dest_shard_R, dest_pos_R
+
+
+def _spill(
+    store: Store,
+    versions: dict[str, int | None],
+    plan: _Plan,
+    options: ShardOptions,
+    expected: pa.Array,
+    trace_spill: _Spill,
+    ref_spill: _Spill,
+) -> tuple[pa.Schema, pa.Schema | None]:
+    """Route the shipped rows of ``traces`` (and ``ref_logprobs`` with KL) to their shards' spill files, both
+    tables at once (two threads: decoding, take and IPC writes release the GIL). Returns the spill schemas."""
+    ship = plan.ship
+    shard_N = ship["shard"].to_numpy()
+    cols = ["sample_id", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
+    if plan.k is not None:
+        cols += ["topk_ids", "topk_logprobs"]
+    dest_shard, dest_pos = _destinations(ship["row"].to_numpy(), shard_N, plan.trace_rows)
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            traces = pool.submit(
+                _route, store, "traces", versions["traces"], cols, dest_shard, dest_pos, expected, trace_spill
+            )
+            refs = None
+            if options.kl != "none":
+                rdest_shard, rdest_pos = _destinations(ship["ref_row"].to_numpy(), shard_N, plan.ref_scan_rows)
+                refs = pool.submit(
+                    _route,
+                    store,
+                    "ref_logprobs",
+                    versions["ref_logprobs"],
+                    ["sample_id", "ref_logprobs"],
+                    rdest_shard,
+                    rdest_pos,
+                    expected,
+                    ref_spill,
+                    _ref_filter(options),
+                )
+            trace_schema = traces.result()
+            ref_schema = refs.result() if refs is not None else None
+    finally:
+        trace_spill.close()
+        ref_spill.close()
+    assert trace_schema is not None
+    return trace_schema, ref_schema
 
 
 def _heads_info(ship: pl.DataFrame, k: int | None) -> dict[str, Any]:

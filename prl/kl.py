@@ -31,8 +31,9 @@ K3_MAX = 10.0
 
 
 def log_ratio(logprobs_T: np.ndarray, ref_logprobs_T: np.ndarray) -> np.ndarray:
-    """``d_T = log q − log p_ref`` in float64 (NaN where either side is NaN)."""
-    return np.asarray(logprobs_T, dtype=np.float64) - np.asarray(ref_logprobs_T, dtype=np.float64)
+    """``d_T = log q − log p_ref`` in float64 (NaN where either side is NaN); float32 inputs are widened on the
+    fly (one new array, no widened copies)."""
+    return np.subtract(logprobs_T, ref_logprobs_T, dtype=np.float64)
 
 
 def kl_estimate(d_T: np.ndarray, estimator: str = "k3") -> np.ndarray:
@@ -127,9 +128,14 @@ def kl_into_token_advantages(
     valid_T: np.ndarray,
     beta: float,
     mean_d: float,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``A_t + β·(mean_d − d_t)`` on valid tokens, ``A_t`` elsewhere (float64, a new array)."""
-    penalty_T = np.subtract(mean_d, d_T, dtype=np.float64)
+    """``A_t + β·(mean_d − d_t)`` on valid tokens, ``A_t`` elsewhere (float64).
+
+    Written into ``out`` when given (a float64 array of the same length; it may be ``d_T`` itself), else into a
+    new array.
+    """
+    penalty_T = np.subtract(mean_d, d_T, dtype=np.float64, out=out)
     penalty_T *= beta
     if not valid_T.all():
         penalty_T[~valid_T] = 0.0

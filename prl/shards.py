@@ -249,8 +249,34 @@ def _write_index(out: str) -> None:
 
 
 # --- plan ----------------------------------------------------------------------------------------------------
-def _scan_plan_traces(store: Store, version: int, options: ShardOptions) -> pl.DataFrame:
-    """Per-sample scalars of every trace row, with its scan row number (``row``)."""
+def _spill_rows(
+    spill: _ScanSpill, batch: pa.RecordBatch, columns: list[str], first_row: int, exclude: pa.Array | None
+) -> None:
+    """Spill ``columns`` of the rows of ``batch`` (scan rows from ``first_row``) whose sample is not excluded."""
+    rows = np.arange(first_row, first_row + batch.num_rows, dtype=np.int64)
+    part = batch.select(columns)
+    if exclude is not None and len(exclude):
+        keep = pc.invert(pc.is_in(batch["sample_id"], value_set=exclude))
+        if not pc.all(keep).as_py():
+            part = part.filter(keep)
+            rows = rows[keep.to_numpy(zero_copy_only=False)]
+    spill.write(part, rows)
+
+
+def _trace_spill_columns(options: ShardOptions) -> list[str]:
+    cols = ["sample_id", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
+    return cols + (["topk_ids", "topk_logprobs"] if options.topk is not None else [])
+
+
+def _scan_plan_traces(
+    store: Store,
+    version: int,
+    options: ShardOptions,
+    spill: _ScanSpill | None = None,
+    exclude: pa.Array | None = None,
+) -> pl.DataFrame:
+    """Per-sample scalars of every trace row, with its scan row number (``row``). With ``spill``, the token
+    columns of every row whose ``sample_id`` is not in ``exclude`` are spilled as they are decoded."""
     columns = [
         "sample_id",
         "group_id",
@@ -269,10 +295,16 @@ def _scan_plan_traces(store: Store, version: int, options: ShardOptions) -> pl.D
         columns.append(baseline)
     if options.topk is not None:
         columns.append("topk_ids")
+    spill_columns = _trace_spill_columns(options)
+    if spill is not None:
+        columns += [c for c in spill_columns if c not in columns]
     frames = []
     row = 0
-    for batch in store.scan("traces", columns=columns, batch_size=SCAN_BATCH_ROWS * 8, version=version):
+    batch_rows = SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8
+    for batch in store.scan("traces", columns=columns, batch_size=batch_rows, version=version):
         n = batch.num_rows
+        if spill is not None:
+            _spill_rows(spill, batch, spill_columns, row, exclude)
         cols = {
             "row": pa.array(np.arange(row, row + n, dtype=np.int64)),
             "sample_id": batch["sample_id"],
@@ -345,9 +377,15 @@ def _ref_filter(options: ShardOptions) -> ds.Expression | None:
     return pc.field("ref_model") == options.ref_model if options.ref_model else None
 
 
-def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> tuple[pl.DataFrame, int]:
-    """The winning reference row per sample (latest ingest) with its scan row number and length, and the
-    number of rows the scan yields."""
+def _scan_plan_refs(
+    store: Store,
+    version: int,
+    options: ShardOptions,
+    spill: _ScanSpill | None = None,
+    exclude: pa.Array | None = None,
+) -> pl.DataFrame:
+    """The winning reference row per sample (latest ingest) with its scan row number (``ref_row``) and length.
+    With ``spill``, ``ref_logprobs`` of every row whose ``sample_id`` is not in ``exclude`` is spilled."""
     frames = []
     row = 0
     cols = ["sample_id", "ingested_at", "source_uri", "source_line", "ref_logprobs"]
@@ -355,10 +393,12 @@ def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> tuple[
         "ref_logprobs",
         columns=cols,
         filter=_ref_filter(options),
-        batch_size=SCAN_BATCH_ROWS * 8,
+        batch_size=SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8,
         version=version,
     ):
         n = batch.num_rows
+        if spill is not None:
+            _spill_rows(spill, batch, ["ref_logprobs"], row, exclude)
         frames.append(
             pl.from_arrow(
                 pa.table(
@@ -376,13 +416,13 @@ def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> tuple[
         row += n
     if not frames:
         empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64}
-        return pl.DataFrame(schema=empty), 0
+        return pl.DataFrame(schema=empty)
     return (
         pl.concat(frames)
         .sort(["sample_id", "ingested_at", "source_uri", "source_line", "ref_row"])
         .unique(subset=["sample_id"], keep="last", maintain_order=True)
         .select("sample_id", "ref_row", "ref_len")
-    ), row
+    )
 
 
 def _drop_reasons(options: ShardOptions, with_ref: bool) -> pl.Expr:
@@ -442,29 +482,43 @@ class _Plan:
     considered: int
     already_shipped: int
     drops: dict[str, int]
-    trace_rows: int
     current_version: int | None
     k: int | None
     reward_names_seen: list[str]
     constant_groups: int = 0
-    ref_scan_rows: int = 0
 
 
-def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, shipped: set[str]) -> _Plan:
+def _plan(
+    store: Store,
+    versions: dict[str, int | None],
+    options: ShardOptions,
+    shipped: set[str],
+    trace_spill: _ScanSpill | None = None,
+    ref_spill: _ScanSpill | None = None,
+) -> _Plan:
+    """Scan, join, filter and pack (see the module docstring). With spills, the scans also keep the token
+    columns of every row not shipped before, for the shards to be assembled from."""
     with_ref = options.kl != "none"
     names = list(options.rewards)
+    exclude = pa.array(sorted(shipped), pa.string()) if shipped else None
     # the four reads are independent: run them side by side (decoding and polars release the GIL)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        traces_f = pool.submit(_scan_plan_traces, store, versions["traces"], options)
-        rewards_f = pool.submit(_latest_rewards, store, versions["rewards"], names)
-        verdicts_f = pool.submit(_latest_verdicts, store, versions["checks"], options.tokenizer_fingerprint)
-        refs_f = pool.submit(_scan_plan_refs, store, versions["ref_logprobs"], options) if with_ref else None
-        traces = traces_f.result()
-        rewards, verdicts = rewards_f.result(), verdicts_f.result()
-        refs, ref_scan_rows = refs_f.result() if refs_f is not None else (None, 0)
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            traces_f = pool.submit(_scan_plan_traces, store, versions["traces"], options, trace_spill, exclude)
+            rewards_f = pool.submit(_latest_rewards, store, versions["rewards"], names)
+            verdicts_f = pool.submit(_latest_verdicts, store, versions["checks"], options.tokenizer_fingerprint)
+            refs_f = None
+            if with_ref:
+                refs_f = pool.submit(_scan_plan_refs, store, versions["ref_logprobs"], options, ref_spill, exclude)
+            traces = traces_f.result()
+            rewards, verdicts = rewards_f.result(), verdicts_f.result()
+            refs = refs_f.result() if refs_f is not None else None
+    finally:
+        for spill in (trace_spill, ref_spill):
+            if spill is not None:
+                spill.close()
     if traces.is_empty():
-        return _Plan(traces, 0, 0, {}, 0, None, None, [])
-    trace_rows = traces.height
+        return _Plan(traces, 0, 0, {}, None, None, [])
     traces = traces.with_columns(pl.col("policy_version").str.extract(_VERSION_RE, 1).cast(pl.Int64).alias("_v"))
     current = parse_version(options.current_version) if options.current_version else traces["_v"].max()
     traces = traces.with_columns((pl.lit(current, dtype=pl.Int64) - pl.col("_v")).alias("staleness"))
@@ -529,7 +583,7 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
 
     ship = _pack(keep, options)
     seen = [n for n in names if plan[f"r::{n}"].is_not_null().any()]
-    return _Plan(ship, plan.height + already, already, drops, trace_rows, current, k, seen, constant, ref_scan_rows)
+    return _Plan(ship, plan.height + already, already, drops, current, k, seen, constant)
 
 
 def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
@@ -552,82 +606,69 @@ def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
 
 
 # --- spill ---------------------------------------------------------------------------------------------------
-class _Spill:
-    """Per-shard Arrow IPC files in the staging folder; rows carry ``_pos`` (their place in the final order)."""
+class _ScanSpill:
+    """Rows of one table in scan order, in one Arrow IPC file of the staging folder, written while the plan scan
+    decodes them (so token columns are decoded once per build) and gathered shard by shard afterwards.
 
-    def __init__(self, folder: str, prefix: str) -> None:
-        self.folder = folder
-        self.prefix = prefix
-        self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-        os.makedirs(folder, exist_ok=True)
+    Only the rows given to :meth:`write` are kept; :meth:`gather` finds them by their scan row numbers.
+    """
 
-    def path(self, shard: int) -> str:
-        return os.path.join(self.folder, f"{self.prefix}-{shard:05d}.arrow")
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.writer: pa.ipc.RecordBatchFileWriter | None = None
+        self.schema: pa.Schema | None = None
+        self._rows: list[np.ndarray] = []
+        self.rows_S = np.zeros(0, dtype=np.int64)
+        """Scan row number of every spilled row (ascending)."""
+        self.starts_B1 = np.zeros(1, dtype=np.int64)
+        """Spill row where each written batch starts, and the total."""
 
-    def write(self, shard: int, batch: pa.RecordBatch) -> None:
-        writer = self.writers.get(shard)
-        if writer is None:
-            writer = pa.ipc.new_stream(pa.OSFile(self.path(shard), "wb"), batch.schema)
-            self.writers[shard] = writer
-        writer.write_batch(batch)
+    def write(self, batch: pa.RecordBatch, rows: np.ndarray) -> None:
+        """Append ``batch`` whose rows have scan row numbers ``rows`` (ascending, after earlier writes)."""
+        if batch.num_rows == 0:
+            return
+        if self.writer is None:
+            self.schema = batch.schema
+            self.writer = pa.ipc.new_file(pa.OSFile(self.path, "wb"), batch.schema)
+        self.writer.write_batch(batch)
+        self._rows.append(np.asarray(rows, dtype=np.int64))
 
     def close(self) -> None:
-        for writer in self.writers.values():
-            writer.close()
-        self.writers.clear()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self._rows:
+            self.rows_S = np.concatenate(self._rows)
+            self.starts_B1 = np.concatenate(([0], np.cumsum([len(r) for r in self._rows])))
+            self._rows = []
 
-    def read(
-        self, shard: int, schema: pa.Schema, columns: list[str] | None = None, ordered: bool = True
-    ) -> pa.Table:
-        """The shard's rows (only ``columns`` and ``_pos`` when given), sorted by ``_pos`` when ``ordered``,
-        else in spill order (memory-mapped, no copy)."""
-        path = self.path(shard)
-        names = schema.names if columns is None else [*columns, "_pos"]
-        if not os.path.exists(path):
-            return pa.schema([schema.field(n) for n in names]).empty_table()
-        with pa.memory_map(path) as source:
-            table = pa.ipc.open_stream(source).read_all().select(names)
-        if not ordered:
-            return table
-        order = np.argsort(table["_pos"].to_numpy(), kind="stable")
-        return table.take(order)
+    def gather(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
+        """``columns`` of the rows with scan row numbers ``rows_N``, in that order.
 
-
-def _route(
-    store: Store,
-    table: str,
-    version: int,
-    columns: list[str],
-    dest_shard_R: np.ndarray,
-    dest_pos_R: np.ndarray,
-    expected_ids: pa.Array,
-    spill: _Spill,
-    flt: ds.Expression | None = None,
-) -> pa.Schema | None:
-    """Stream ``table`` and append each row whose scan row number ships to its shard's spill file."""
-    row = 0
-    schema = None
-    for batch in store.scan(table, columns=columns, filter=flt, batch_size=SCAN_BATCH_ROWS, version=version):
-        n = batch.num_rows
-        shard_n = dest_shard_R[row : row + n]
-        sel = np.flatnonzero(shard_n >= 0)
-        row += n
-        if len(sel) == 0:
-            continue
-        order = sel[np.argsort(shard_n[sel], kind="stable")]
-        pos = dest_pos_R[row - n + order]
-        picked = batch.take(pa.array(order))
-        if not picked["sample_id"].equals(expected_ids.take(pa.array(pos))):
-            raise RuntimeError(f"table {table} changed while it was read at version {version}")
-        picked = picked.append_column("_pos", pa.array(pos))
-        schema = picked.schema
-        shards = shard_n[order]
-        bounds = np.flatnonzero(np.diff(shards)) + 1
-        for start, stop in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(order)])), strict=True):
-            spill.write(int(shards[start]), picked.slice(int(start), int(stop - start)))
-    if row != len(dest_shard_R):
-        raise RuntimeError(f"table {table} changed while it was read at version {version}")
-    return schema
+        One ``take`` per spilled batch that holds some of them, then one ``take`` back to the requested order
+        (none when they all sit in one batch). The file is memory-mapped only while rows are copied out.
+        """
+        assert self.schema is not None, "gather from an empty spill"
+        spill_N = np.searchsorted(self.rows_S, rows_N)
+        if len(rows_N) and not np.array_equal(self.rows_S[np.minimum(spill_N, len(self.rows_S) - 1)], rows_N):
+            raise RuntimeError(f"rows missing from spill file {self.path}")
+        batch_N = np.searchsorted(self.starts_B1, spill_N, side="right") - 1
+        by_batch = np.argsort(batch_N, kind="stable")
+        bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
+        pieces = []
+        with pa.memory_map(self.path) as source:
+            reader = pa.ipc.open_file(source)
+            for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
+                if hi == lo:
+                    continue
+                sel = by_batch[lo:hi]
+                b = int(batch_N[sel[0]])
+                batch = reader.get_batch(b).select(columns)
+                pieces.append(batch.take(pa.array(spill_N[sel] - self.starts_B1[b])))
+        table = pa.Table.from_batches(pieces, schema=pa.schema([self.schema.field(c) for c in columns]))
+        if len(pieces) > 1:
+            table = table.take(np.argsort(by_batch))
+        return table
 
 
 # --- assembly ------------------------------------------------------------------------------------------------
@@ -646,13 +687,20 @@ def _flat_values(column: pa.ChunkedArray | pa.Array, dtype: Any) -> tuple[np.nda
 def _concat_lists(
     a_T: np.ndarray, a_off: np.ndarray, b_T: np.ndarray, b_off: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Row-wise concatenation of two flat list columns: ``(values, offsets)`` (two scatters, no per-row work)."""
+    """Row-wise concatenation of two flat list columns: ``(values, offsets)``.
+
+    A boolean pattern marks where the first column's values go; each column then fills its own positions in
+    order (two masked copies: no index arrays, no per-row work).
+    """
     a_len = np.diff(a_off)
     b_len = np.diff(b_off)
-    out_off = np.concatenate(([0], np.cumsum(a_len + b_len))).astype(np.int64)
-    out = np.empty(int(out_off[-1]), dtype=a_T.dtype)
-    out[np.arange(len(a_T)) + np.repeat(out_off[:-1] - a_off[:-1], a_len)] = a_T
-    out[np.arange(len(b_T)) + np.repeat(out_off[:-1] + a_len - b_off[:-1], b_len)] = b_T
+    out_off = np.zeros(len(a_len) + 1, dtype=np.int64)
+    np.cumsum(a_len + b_len, out=out_off[1:])
+    first_T = np.repeat(np.tile(np.array([True, False]), len(a_len)), np.column_stack((a_len, b_len)).ravel())
+    out = np.empty(int(out_off[-1]), dtype=np.result_type(a_T, b_T))
+    out[first_T] = a_T
+    np.logical_not(first_T, out=first_T)
+    out[first_T] = b_T
     return out, out_off
 
 
@@ -676,9 +724,10 @@ class _Scores:
 
 
 def _kl_inputs(table: pa.Table, ref_logprobs: pa.ChunkedArray | pa.Array):
-    """``(lp_T, ref_T, mask_T, offsets_N1)`` of rows that line up one to one (float64, NaN for nulls)."""
-    lp_T, off = _flat_values(table["completion_logprobs"], np.float64)
-    ref_T, _ = _flat_values(ref_logprobs, np.float64)
+    """``(lp_T, ref_T, mask_T, offsets_N1)`` of rows that line up one to one (float32 as stored, NaN for nulls;
+    :func:`prl.kl.log_ratio` widens them to float64 as it subtracts)."""
+    lp_T, off = _flat_values(table["completion_logprobs"], np.float32)
+    ref_T, _ = _flat_values(ref_logprobs, np.float32)
     return lp_T, ref_T, _mask_T(table, off), off
 
 
@@ -689,32 +738,23 @@ def _token_counts(valid_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
 
 
 def _kl_totals(
-    trace_spill: _Spill,
-    ref_spill: _Spill,
-    trace_schema: pa.Schema,
-    ref_schema: pa.Schema,
-    num_shards: int,
-    n_ship: int,
-    options: ShardOptions,
+    trace_spill: _ScanSpill, ref_spill: _ScanSpill, plan: _Plan, bounds: np.ndarray, options: ShardOptions
 ) -> tuple[np.ndarray | None, np.ndarray, float, int]:
-    """First pass over the spill files: ``(kl_sum_N, kl_tokens_N, Σd, count)`` over valid tokens.
+    """First pass over the spilled rows, shard by shard (:data:`WORKERS` threads): ``(kl_sum_N, kl_tokens_N,
+    Σd, count)`` over valid tokens, per shipped sample in final order.
 
-    ``kl_sum_N`` (float64, per shipped sample in final order) only with ``kl = "reward"``. Rows are read in
-    spill order and references are lined up with them by ``_pos``; every per-sample sum covers one sample alone,
-    so the result does not depend on the order rows were read in.
+    ``kl_sum_N`` (float64) only with ``kl = "reward"``. Every per-sample sum covers one sample alone, and the
+    batch total adds them in final order, so nothing depends on the threads.
     """
     with_k = options.kl == "reward"
+    rows_N = plan.ship["row"].to_numpy()
+    ref_rows_N = plan.ship["ref_row"].to_numpy()
 
-    def one(s: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
-        table = trace_spill.read(s, trace_schema, ["completion_logprobs", "completion_mask"], ordered=False)
-        refs = ref_spill.read(s, ref_schema, ["ref_logprobs"], ordered=False)
-        pos = table["_pos"].to_numpy()
-        ref_pos = refs["_pos"].to_numpy()
-        by_pos = np.argsort(ref_pos)
-        line_up = by_pos[np.searchsorted(ref_pos, pos, sorter=by_pos)] if len(pos) else by_pos
-        if not np.array_equal(ref_pos[line_up], pos):
-            raise RuntimeError(f"spill files of shard {s} do not hold the same samples")
-        lp_T, ref_T, mask_T, off = _kl_inputs(table, refs["ref_logprobs"].take(line_up))
+    def one(s: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        table = trace_spill.gather(rows_N[lo:hi], ["completion_logprobs", "completion_mask"])
+        refs = ref_spill.gather(ref_rows_N[lo:hi], ["ref_logprobs"])
+        lp_T, ref_T, mask_T, off = _kl_inputs(table, refs["ref_logprobs"])
         del table, refs
         kl_sum = None
         if with_k:
@@ -722,33 +762,29 @@ def _kl_totals(
             kl_sum = klmod.segment_sum(k_T, off)
         else:
             d_T, valid_T = klmod.masked_log_ratio(lp_T, ref_T, mask_T)
-        return pos, kl_sum, klmod.segment_sum(d_T, off), _token_counts(valid_T, off)
+        return kl_sum, klmod.segment_sum(d_T, off), _token_counts(valid_T, off)
 
-    kl_sum_N = np.zeros(n_ship) if with_k else None
-    kl_tokens_N = np.zeros(n_ship, dtype=np.int64)
-    d_sum_N = np.zeros(n_ship)
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        for pos, kl_sum, d_sum, count in pool.map(one, range(num_shards)):
-            if kl_sum_N is not None:
-                kl_sum_N[pos] = kl_sum
-            d_sum_N[pos] = d_sum
-            kl_tokens_N[pos] = count
+        parts = list(pool.map(one, range(len(bounds) - 1)))
+    kl_sum_N = np.concatenate([p[0] for p in parts]) if with_k else None  # type: ignore[misc]
+    d_sum_N = np.concatenate([p[1] for p in parts])
+    kl_tokens_N = np.concatenate([p[2] for p in parts])
     return kl_sum_N, kl_tokens_N, float(d_sum_N.sum()), int(kl_tokens_N.sum())
 
 
 def _mask_T(table: pa.Table, off: np.ndarray) -> np.ndarray:
+    """``mask_T`` (bool, completion-aligned): the row's ``completion_mask``, all True for rows without one."""
     masks = table["completion_mask"]
     if masks.null_count == len(masks):
         return np.ones(int(off[-1]), dtype=bool)
     masks = masks.combine_chunks() if isinstance(masks, pa.ChunkedArray) else masks
-    vals, moff = _flat_values(masks, bool)
-    present = masks.is_valid().to_numpy(zero_copy_only=False)
+    # rows with a mask: lengths equal completion lengths (checked in the plan), so their values fill exactly
+    # those rows' positions, in order
+    vals = pc.fill_null(pc.list_flatten(masks), False).to_numpy(zero_copy_only=False)
+    if masks.null_count == 0:
+        return vals
     out = np.ones(int(off[-1]), dtype=bool)
-    row_T = np.repeat(np.arange(len(present)), np.diff(off))
-    have_T = present[row_T]
-    # rows with a mask: lengths equal completion lengths (checked in the plan), so offsets line up row by row
-    src_T = moff[:-1][row_T] + (np.arange(len(out)) - off[:-1][row_T])
-    out[have_T] = vals[src_T[have_T]]
+    out[np.repeat(masks.is_valid().to_numpy(zero_copy_only=False), np.diff(off))] = vals
     return out
 
 
@@ -780,16 +816,17 @@ def _assemble(
     table: pa.Table,
     refs: pa.Table | None,
     meta: pl.DataFrame,
+    pos: slice,
     scores: _Scores,
     options: ShardOptions,
     k: int | None,
 ) -> tuple[pa.Table, float, int]:
     """One shard's Arrow table in ``SHARD`` schema, with the sum (float64) and count of its per-token KL values
-    (0.0, 0 without KL); ``table``/``refs``/``meta`` rows are in final order."""
-    pos = table["_pos"].to_numpy()
+    (0.0, 0 without KL); ``table``/``refs``/``meta`` rows are the shipped rows ``pos`` of the final order."""
     p_T, p_off = _flat_values(table["prompt_token_ids"], np.int32)
     c_T, c_off = _flat_values(table["completion_token_ids"], np.int32)
     ids, ids_off = _concat_lists(p_T, p_off, c_T, c_off)
+    del p_T, c_T
     mask_T = _mask_T(table, c_off)
     adv_T = klmod.broadcast(scores.advantage_N[pos], c_off)
     if not mask_T.all():
@@ -804,11 +841,13 @@ def _assemble(
         k32_T = k_T.astype(np.float32)
         del k_T
         kl_col = _list_array(k32_T, c_off, pa.float32(), valid_T)
-        kl_vals = k32_T[valid_T] if not valid_T.all() else k32_T
-        kl_tok_sum = float(pc.sum(pa.array(kl_vals).cast(pa.float64())).as_py() or 0.0)
+        kl_vals = pa.array(k32_T[valid_T] if not valid_T.all() else k32_T)
+        kl_tok_sum = float(pc.sum(kl_vals).as_py() or 0.0)  # float32 values summed in float64
         kl_tok_n = len(kl_vals)
-        if options.kl == "advantages":
-            adv_T = klmod.kl_into_token_advantages(adv_T, d_T, valid_T, options.kl_coef, scores.mean_d)
+        del k32_T, kl_vals
+        if options.kl == "advantages":  # into d_T's buffer: d is not needed afterwards
+            adv_T = klmod.kl_into_token_advantages(adv_T, d_T, valid_T, options.kl_coef, scores.mean_d, out=d_T)
+        del d_T
     if k is not None:
         topk_ids = heads.fixed_k(table["topk_ids"], k, heads.PAD_ID)
         topk_lps = heads.fixed_k(table["topk_logprobs"], k, heads.PAD_LOGPROB)
@@ -856,6 +895,18 @@ def _write_parquet(table: pa.Table, path: str) -> None:
     _publish_file(tmp, path)
 
 
+def _count_plan(result: ShardResult, plan: _Plan, options: ShardOptions) -> None:
+    """Copy the plan's counts into ``result`` and flag a drop rate above ``options.max_drop_rate``."""
+    result.considered = plan.considered
+    result.already_shipped = plan.already_shipped
+    result.drops = plan.drops
+    dropped = sum(plan.drops.values())
+    denominator = plan.considered - plan.already_shipped
+    result.drop_rate_exceeded = bool(
+        options.max_drop_rate is not None and denominator and dropped / denominator > options.max_drop_rate
+    )
+
+
 # --- entry point ---------------------------------------------------------------------------------------------
 def build_shards(
     store: Store, out: str, options: ShardOptions | None = None, rebuild: bool = False, dry_run: bool = False
@@ -885,16 +936,6 @@ def build_shards(
         shipped.update(
             pq.read_table(os.path.join(out, manifest["set_id"], manifest["samples"]["file"]))["sample_id"].to_pylist()
         )
-    plan = _plan(store, versions, options, shipped)
-    ship = plan.ship
-    result.considered = plan.considered
-    result.already_shipped = plan.already_shipped
-    result.drops = plan.drops
-    dropped = sum(plan.drops.values())
-    denominator = plan.considered - plan.already_shipped
-    result.drop_rate_exceeded = bool(
-        options.max_drop_rate is not None and denominator and dropped / denominator > options.max_drop_rate
-    )
     digest = hashlib.sha256(
         json.dumps(
             {
@@ -910,47 +951,50 @@ def build_shards(
     with_ref = options.kl != "none"
     needs_global_kl = options.kl in ("reward", "advantages")
 
-    if ship.is_empty():
-        result.statistics = _statistics(plan, None, options)
-        return result
     if dry_run:
-        scores = _scores(ship, options, None, None, 0.0, 0)
-        result.status = "dry_run"
-        result.set_id = set_id
-        result.rows = ship.height
-        result.tokens = int((ship["prompt_len"] + ship["completion_len"]).sum())
+        plan = _plan(store, versions, options, shipped)
+        _count_plan(result, plan, options)
+        if not plan.ship.is_empty():
+            result.status = "dry_run"
+            result.set_id = set_id
+            result.rows = plan.ship.height
+            result.tokens = int((plan.ship["prompt_len"] + plan.ship["completion_len"]).sum())
+        scores = None if plan.ship.is_empty() else _scores(plan.ship, options, None, None, 0.0, 0)
         result.statistics = _statistics(plan, scores, options)
         return result
 
+    made_out = not os.path.isdir(out)
     os.makedirs(out, exist_ok=True)
     _clean_stale_staging(out)
     staging = os.path.join(out, f".staging-{set_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.makedirs(staging)
     try:
         spill_dir = os.path.join(staging, "_spill")
-        trace_spill = _Spill(spill_dir, "traces")
-        ref_spill = _Spill(spill_dir, "ref")
+        os.makedirs(spill_dir)
+        trace_spill = _ScanSpill(os.path.join(spill_dir, "traces.arrow"))
+        ref_spill = _ScanSpill(os.path.join(spill_dir, "ref_logprobs.arrow")) if with_ref else None
+        plan = _plan(store, versions, options, shipped, trace_spill, ref_spill)
+        ship = plan.ship
+        _count_plan(result, plan, options)
+        if ship.is_empty():
+            shutil.rmtree(staging)
+            if made_out:
+                os.rmdir(out)
+            result.statistics = _statistics(plan, None, options)
+            return result
         n_ship = ship.height
         expected = ship["sample_id"].to_arrow().cast(pa.string())
-        trace_schema, ref_schema = _spill(store, versions, plan, options, expected, trace_spill, ref_spill)
-        num_shards = int(ship["shard"].max()) + 1  # type: ignore[arg-type]
-
+        shard_N = ship["shard"].to_numpy()
+        bounds = np.searchsorted(shard_N, np.arange(int(shard_N[-1]) + 2))  # shards are runs of the final order
         kl_sum_N = kl_tokens_N = None
         d_sum, d_count = 0.0, 0
         if needs_global_kl:
-            kl_sum_N, kl_tokens_N, d_sum, d_count = _kl_totals(
-                trace_spill,
-                ref_spill,
-                trace_schema,
-                ref_schema,  # type: ignore[arg-type]
-                num_shards,
-                n_ship,
-                options,
-            )
+            assert ref_spill is not None
+            kl_sum_N, kl_tokens_N, d_sum, d_count = _kl_totals(trace_spill, ref_spill, plan, bounds, options)
         scores = _scores(ship, options, kl_sum_N, kl_tokens_N, d_sum, d_count)
 
         shard_entries, kl_tok_sum, kl_tok_n = _write_shards(
-            staging, trace_spill, ref_spill, trace_schema, ref_schema, num_shards, plan, scores, options
+            staging, trace_spill, ref_spill, plan, bounds, scores, options
         )
         shutil.rmtree(spill_dir, ignore_errors=True)
 
@@ -1044,29 +1088,32 @@ def build_shards(
 
 def _write_shards(
     staging: str,
-    trace_spill: _Spill,
-    ref_spill: _Spill,
-    trace_schema: pa.Schema,
-    ref_schema: pa.Schema | None,
-    num_shards: int,
+    trace_spill: _ScanSpill,
+    ref_spill: _ScanSpill | None,
     plan: _Plan,
+    bounds: np.ndarray,
     scores: _Scores,
     options: ShardOptions,
 ) -> tuple[list[dict[str, Any]], float, int]:
     """Assemble and write every shard: ``(manifest entries, Σ per-token KL, KL token count)``, in shard order.
 
-    Each shard is read from its spill files, assembled and written (zstd, fsync, sha256) by one of
-    :data:`WORKERS` threads; numpy and Arrow release the GIL for the heavy parts, so shards proceed side by side
-    and at most :data:`WORKERS` shards are in memory at once. Each shard is computed on its own, so the bytes do
-    not depend on the threads.
+    Shard ``s`` holds the shipped rows ``bounds[s]:bounds[s + 1]`` of the final order. Each shard is gathered
+    from the spill files, assembled and written (zstd, fsync, sha256) by one of :data:`WORKERS` threads; numpy
+    and Arrow release the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS`
+    shards are in memory at once. Each shard is computed on its own, so the bytes do not depend on the threads.
     """
-    with_ref = ref_schema is not None
+    trace_columns = _trace_spill_columns(options)
+    rows_N = plan.ship["row"].to_numpy()
+    ref_rows_N = plan.ship["ref_row"].to_numpy() if ref_spill is not None else None
 
     def one(s: int) -> tuple[dict[str, Any], float, int]:
-        table = trace_spill.read(s, trace_schema)
-        refs = ref_spill.read(s, ref_schema, ["ref_logprobs"]) if ref_schema is not None else None
-        meta = plan.ship[table["_pos"].to_numpy()]
-        shard, kl_sum, kl_n = _assemble(table, refs, meta, scores, options, plan.k)
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        table = trace_spill.gather(rows_N[lo:hi], trace_columns)
+        refs = None
+        if ref_spill is not None:
+            refs = ref_spill.gather(ref_rows_N[lo:hi], ["ref_logprobs"])  # type: ignore[index]
+        meta = plan.ship.slice(lo, hi - lo)
+        shard, kl_sum, kl_n = _assemble(table, refs, meta, slice(lo, hi), scores, options, plan.k)
         del table, refs
         name = f"part-{s:05d}.parquet"
         path = os.path.join(staging, name)
@@ -1080,74 +1127,16 @@ def _write_shards(
             "bytes": os.path.getsize(path),
             "sha256": _sha256(path),
         }
-        os.remove(trace_spill.path(s))
-        if with_ref and os.path.exists(ref_spill.path(s)):
-            os.remove(ref_spill.path(s))
         return entry, kl_sum, kl_n
 
     entries: list[dict[str, Any]] = []
     kl_tok_sum, kl_tok_n = 0.0, 0
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        for entry, kl_sum, kl_n in pool.map(one, range(num_shards)):
+        for entry, kl_sum, kl_n in pool.map(one, range(len(bounds) - 1)):
             entries.append(entry)
             kl_tok_sum += kl_sum
             kl_tok_n += kl_n
     return entries, kl_tok_sum, kl_tok_n
-
-
-def _destinations(rows_N: np.ndarray, shard_N: np.ndarray, scan_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per scan row: its shard (-1 when it does not ship) and its place in the final order."""
-    dest_shard_R = np.full(scan_rows, -1, dtype=np.int32)
-    dest_pos_R = np.zeros(scan_rows, dtype=np.int64)
-    dest_shard_R[rows_N] = shard_N
-    dest_pos_R[rows_N] = np.arange(len(rows_N))
-    return dest_shard_R, dest_pos_R
-
-
-def _spill(
-    store: Store,
-    versions: dict[str, int | None],
-    plan: _Plan,
-    options: ShardOptions,
-    expected: pa.Array,
-    trace_spill: _Spill,
-    ref_spill: _Spill,
-) -> tuple[pa.Schema, pa.Schema | None]:
-    """Route the shipped rows of ``traces`` (and ``ref_logprobs`` with KL) to their shards' spill files, both
-    tables at once (two threads: decoding, take and IPC writes release the GIL). Returns the spill schemas."""
-    ship = plan.ship
-    shard_N = ship["shard"].to_numpy()
-    cols = ["sample_id", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
-    if plan.k is not None:
-        cols += ["topk_ids", "topk_logprobs"]
-    dest_shard, dest_pos = _destinations(ship["row"].to_numpy(), shard_N, plan.trace_rows)
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            traces = pool.submit(
-                _route, store, "traces", versions["traces"], cols, dest_shard, dest_pos, expected, trace_spill
-            )
-            refs = None
-            if options.kl != "none":
-                rdest_shard, rdest_pos = _destinations(ship["ref_row"].to_numpy(), shard_N, plan.ref_scan_rows)
-                refs = pool.submit(
-                    _route,
-                    store,
-                    "ref_logprobs",
-                    versions["ref_logprobs"],
-                    ["sample_id", "ref_logprobs"],
-                    rdest_shard,
-                    rdest_pos,
-                    expected,
-                    ref_spill,
-                    _ref_filter(options),
-                )
-            trace_schema = traces.result()
-            ref_schema = refs.result() if refs is not None else None
-    finally:
-        trace_spill.close()
-        ref_spill.close()
-    assert trace_schema is not None
-    return trace_schema, ref_schema
 
 
 def _heads_info(ship: pl.DataFrame, k: int | None) -> dict[str, Any]:

@@ -13,9 +13,10 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from prl import report
-from prl.errors import ExitCode, PrlError
+from prl.errors import ExitCode, PrlError, RetryableIOError
 
 app = typer.Typer(
     name="prl",
@@ -31,15 +32,19 @@ StoreOpt = Annotated[str, typer.Option("--store", help="Trace store: a folder or
 
 
 def _run(call: Callable[[], Any], render: Callable[[Any], None], as_json: bool) -> None:
-    """Run a library call, render its result, exit with its exit code; map errors to exit codes."""
+    """Run a library call, render its result, exit with its exit code; map errors to exit codes (an
+    ``OSError`` that no layer below translated is retryable I/O: exit 5)."""
     try:
         result = call()
-    except PrlError as exc:
+    except (PrlError, OSError) as exc:
+        error = exc if isinstance(exc, PrlError) else RetryableIOError(f"{type(exc).__name__}: {exc}")
         if as_json:
-            report.emit_json({"error": str(exc), "exit_code": int(exc.exit_code)})
-        report.stderr.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(int(exc.exit_code)) from None
+            report.emit_json({"error": str(error), "exit_code": int(error.exit_code)})
+        report.stderr.print(f"[red]error:[/red] {escape(str(error))}")
+        raise typer.Exit(int(error.exit_code)) from None
     except KeyboardInterrupt:
+        if as_json:
+            report.emit_json({"error": "interrupted", "exit_code": int(ExitCode.INTERRUPTED)})
         report.stderr.print("[yellow]interrupted[/yellow]: committed work is kept, uncommitted work is invisible")
         raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
     if as_json:
@@ -234,6 +239,44 @@ def export_cmd(
         return export_tinker(shards, out)
 
     _run(call, lambda r: report.stdout.print(f"{r.rows:,} datums written to {r.out} ({r.skipped} skipped)"), as_json)
+
+
+@app.command("run")
+def run_cmd(
+    recipe: Annotated[str, typer.Argument(help="TOML recipe (see docs/recipes.md).")],
+    only: Annotated[
+        list[str] | None,
+        typer.Option("--only", help="Run only this step: ingest, rewards, ref, check, shards (repeatable)."),
+    ] = None,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the steps a recipe names (ingest → rewards → ref → check → shards), incrementally; what cron calls."""
+    from prl.pipeline import run
+
+    _run(lambda: run(recipe, dry_run=dry_run, steps=only), report.render_run, as_json)
+
+
+@app.command("inspect")
+def inspect_cmd(
+    path: Annotated[str, typer.Argument(help="A store (folder or s3:// prefix), a shard set, or an OUT folder.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Summarise a store (tables, traces, quarantine, checks, rewards) or shard sets (manifests, histograms)."""
+    from prl.inspection import inspect
+
+    _run(lambda: inspect(path), report.render_inspect, as_json)
+
+
+@app.command("verify")
+def verify_cmd(
+    shards: Annotated[str, typer.Argument(help="A shard set folder, or an OUT folder (every set in it).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Recompute sha256, rows and tokens of every shard against its manifest; exit 1 naming any mismatch."""
+    from prl.verify import verify_shards
+
+    _run(lambda: verify_shards(shards), report.render_verify, as_json)
 
 
 def _interrupt(signum: int, frame: object) -> None:

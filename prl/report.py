@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
@@ -130,3 +131,193 @@ def render_shards(result: Any, console: Console = stdout) -> None:
 
 def _short(uri: str, width: int = 60) -> str:
     return uri if len(uri) <= width else "…" + uri[-(width - 1) :]
+
+
+# --- prl run, inspect, verify ----------------------------------------------------------------------------------
+_BLOCKS = " ▏▎▍▌▋▊▉█"
+
+
+def bar(value: float, top: float, width: int = 40) -> str:
+    """A unicode bar of ``width`` cells at full scale ``top`` (eighth-cell resolution)."""
+    if top <= 0 or value <= 0:
+        return ""
+    eighths = round(8 * width * min(value, top) / top)
+    full, rest = divmod(eighths, 8)
+    return "█" * full + (_BLOCKS[rest] if rest else "")
+
+
+def _num(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if float(x).is_integer() and abs(x) < 1e12:
+        return f"{int(x):,}"
+    return f"{x:.4g}"
+
+
+def histogram_table(name: str, hist: dict[str, Any], width: int = 40) -> Table:
+    """One histogram as rows ``[lo, hi)  count  ███▌`` with a summary in the title."""
+    title = (
+        f"{name}: n={hist['count']:,} min={_num(hist['min'])} p50={_num(hist['p50'])} "
+        f"mean={_num(hist['mean'])} max={_num(hist['max'])}"
+    )
+    table = Table(title=title, show_header=False, box=None, padding=(0, 1), title_justify="left")
+    table.add_column("bin", justify="right", style="dim")
+    table.add_column("count", justify="right")
+    table.add_column("bar")
+    edges, counts = hist["edges"], hist["counts"]
+    top = max(counts, default=0)
+    for lo, hi, count in zip(edges[:-1], edges[1:], counts):
+        if hist.get("integer"):
+            first, last = round(lo + 0.5), round(hi - 0.5)
+            label = f"{first:,}" if first == last else f"{first:,} … {last:,}"
+        else:
+            label = f"{_num(lo)} … {_num(hi)}"
+        table.add_row(label, f"{count:,}", f"[cyan]{bar(count, top, width)}[/cyan]")
+    return table
+
+
+def render_run(result: Any, console: Console = stdout) -> None:
+    """One row per step: status, exit code, seconds and the step's headline numbers."""
+    table = Table(title=f"prl run {result.recipe or ''}" + ("  (dry run)" if result.dry_run else ""))
+    for column in ("step", "status", "exit", "seconds", "result"):
+        table.add_column(column, justify="right" if column in ("exit", "seconds") else "left")
+    colors = {"done": "green", "failed": "red", "interrupted": "yellow", "not_run": "dim"}
+    for step in result.steps:
+        table.add_row(
+            step.step,
+            f"[{colors.get(step.status, 'white')}]{step.status}[/]",
+            str(step.exit_code),
+            f"{step.seconds:.2f}",
+            escape(step.error) if step.error else _headline(step.step, step.summary) if step.summary else "-",
+        )
+    console.print(table)
+    if result.error:
+        console.print(f"[red]run stopped:[/red] {escape(result.error)}")
+    console.print(f"exit {result.exit_code} after {result.seconds:.2f}s")
+
+
+def _headline(step: str, s: dict[str, Any]) -> str:
+    if step == "ingest":
+        return (
+            f"{s.get('samples', 0):,} samples new, {s.get('already_present', 0):,} already present, "
+            f"{s.get('quarantined_total', 0):,} quarantined ({s.get('quarantine_rate', 0):.2%}); "
+            f"{sum(1 for f in s.get('files', []) if f.get('status') == 'unchanged')} files unchanged"
+        )
+    if step in ("rewards", "ref"):
+        return (
+            f"{s.get('rows', 0):,} rows, {s.get('unchanged_files', 0)} files unchanged, "
+            f"{sum((s.get('quarantined') or {}).values()):,} quarantined"
+        )
+    if step == "check":
+        verdicts = s.get("verdicts") or {}
+        return (
+            f"{s.get('checked', 0):,} checked ({', '.join(f'{k} {v:,}' for k, v in verdicts.items())}); "
+            f"drift rate {s.get('drift_rate', 0):.2%}"
+        )
+    if step == "shards":
+        return (
+            f"{s.get('status')}: {s.get('rows', 0):,} samples, {s.get('tokens', 0):,} tokens in "
+            f"{len(s.get('shards') or [])} shards, {s.get('dropped', 0):,} dropped"
+            + (f" → {s['set_id']}" if s.get("set_id") else "")
+        )
+    return ""
+
+
+def render_inspect(result: Any, console: Console = stdout) -> None:
+    if result.kind == "store":
+        _render_store(result, console)
+    else:
+        _render_shard_sets(result, console)
+
+
+def _counts_table(title: str, rows: list[tuple[str, int]], unit: str, key: str = "value") -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column(key)
+    table.add_column(unit, justify="right")
+    table.add_column("")
+    top = max((n for _, n in rows), default=0)
+    for value, n in rows:
+        table.add_row(value, f"{n:,}", f"[cyan]{bar(n, top, 30)}[/cyan]")
+    return table
+
+
+def _render_store(result: Any, console: Console) -> None:
+    tables = Table(title=f"store {result.uri}", title_justify="left")
+    for column in ("table", "version", "rows", "files", "bytes"):
+        tables.add_column(column, justify="left" if column == "table" else "right")
+    for name, t in result.tables.items():
+        tables.add_row(name, _num(t["version"]), _num(t["rows"]), _num(t["files"]), human_count(t["bytes"]) + "B")
+    console.print(tables)
+    for column, rows in result.traces_by.items():
+        console.print(
+            _counts_table(f"traces by {column}", [(str(r["value"]), r["samples"]) for r in rows], "samples", column)
+        )
+    if result.quarantine:
+        rows = [(f"{r['table']}: {r['reason']}", r["records"]) for r in result.quarantine]
+        console.print(_counts_table("quarantine by reason", rows, "records", "table: reason"))
+    for check in result.checks:
+        v = check["verdicts"]
+        console.print(
+            f"[bold]checks[/bold] {check['tokenizer_fingerprint'][:16]}: {check['checked']:,} samples — "
+            f"ok {v['ok']:,}, warn {v['warn']:,}, drift {v['drift']:,}, invalid {v['invalid']:,}; "
+            f"drift rate {check['drift_rate']:.2%}, warn rate {check['warn_rate']:.2%}"
+        )
+        if check["top_reasons"]:
+            console.print(_counts_table("  reasons", list(check["top_reasons"].items()), "samples", "reason"))
+    if result.rewards:
+        rewards = Table(title="rewards by name", title_justify="left")
+        for column in ("name", "events", "samples", "mean", "min", "max"):
+            rewards.add_column(column, justify="left" if column == "name" else "right")
+        for r in result.rewards:
+            rewards.add_row(
+                r["name"], _num(r["events"]), _num(r["samples"]), _num(r["mean"]), _num(r["min"]), _num(r["max"])
+            )
+        console.print(rewards)
+
+
+def _render_shard_sets(result: Any, console: Console) -> None:
+    sets = Table(title=f"shard sets in {result.path}", title_justify="left")
+    sets.add_column("set", no_wrap=True)
+    for column in ("rows", "groups", "tokens", "shards", "traces v", "dropped"):
+        sets.add_column(column, justify="right")
+    for s in result.sets:
+        sets.add_row(
+            str(s["set_id"]),
+            _num(s["rows"]),
+            _num(s["groups"]),
+            _num(s["tokens"]),
+            _num(s["shards"]),
+            _num((s["source_versions"] or {}).get("traces")),
+            _num(s["dropped"]),
+        )
+    totals = result.totals
+    sets.add_section()
+    sets.add_row(
+        f"{len(result.sets)} sets",
+        _num(totals["rows"]),
+        _num(totals["groups"]),
+        _num(totals["tokens"]),
+        _num(totals["shards"]),
+    )
+    console.print(sets)
+    for s in result.sets:
+        console.print(
+            f"  {s['set_id']}: advantage {s['advantage']}, kl {s['kl']}, top-k {_num(s['topk'])}, "
+            f"current version {_num(s['current_version'])}, groups of one {_num(s['groups_of_one'])}, "
+            f"excludes {s['excluded_sets']} earlier set(s)"
+        )
+    if result.drops:
+        console.print(_counts_table("dropped by reason", list(result.drops.items()), "samples", "reason"))
+    for name, hist in result.histograms.items():
+        if hist["count"]:
+            console.print(histogram_table(name, hist))
+
+
+def render_verify(result: Any, console: Console = stdout) -> None:
+    for p in result.problems:
+        console.print(f"[red]MISMATCH[/red] {p.set_id}/{p.file}: {p.problem}")
+    status = "[green]ok[/green]" if result.ok else f"[red]{len(result.problems)} problem(s)[/red]"
+    console.print(
+        f"{status}: {len(result.sets)} set(s), {result.shards:,} shards, {result.rows:,} rows, "
+        f"{result.tokens:,} tokens, {human_count(result.bytes)}B verified in {result.path}"
+    )

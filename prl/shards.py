@@ -48,7 +48,7 @@ from prl import advantages as adv
 from prl import heads
 from prl import kl as klmod
 from prl.errors import ExitCode, UsageError
-from prl.locks import pid_alive
+from prl.locks import holding, pid_alive, step_name
 from prl.recipe_shards import ShardOptions
 from prl.schema import SCHEMA_VERSION, SHARD
 from prl.store import Store
@@ -170,7 +170,8 @@ def _summary(values: np.ndarray) -> dict[str, float | int | None]:
     }
 
 
-def _sha256(path: str) -> str:
+def sha256_file(path: str) -> str:
+    """Hex sha256 of a file's bytes, read in 4 MiB chunks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
@@ -909,17 +910,32 @@ def _count_plan(result: ShardResult, plan: _Plan, options: ShardOptions) -> None
 
 # --- entry point ---------------------------------------------------------------------------------------------
 def build_shards(
-    store: Store, out: str, options: ShardOptions | None = None, rebuild: bool = False, dry_run: bool = False
+    store: Store,
+    out: str,
+    options: ShardOptions | None = None,
+    rebuild: bool = False,
+    dry_run: bool = False,
+    lock: bool = True,
 ) -> ShardResult:
     """Build one shard set from ``store`` into ``out/<set-id>/`` (see the module docstring for the steps).
 
     Samples shipped by earlier sets in ``out`` are skipped unless ``rebuild``. ``dry_run`` plans and reports
-    without writing anything. Raises :class:`~prl.errors.UsageError` for bad options or missing inputs.
+    without writing anything. Unless ``dry_run`` (or ``lock=False``), the build holds the store's
+    ``build-shards-<digest of OUT>`` lock (:func:`prl.locks.step_name`), so two builds into one ``OUT`` never
+    overlap; a second one raises :class:`~prl.errors.LockedError`. Raises :class:`~prl.errors.UsageError` for
+    bad options or missing inputs.
     """
     options = options or ShardOptions()
     if out.startswith("s3://") or "://" in out:
         raise UsageError(f"shard output must be a local folder for now, got {out!r}")
     out = os.path.abspath(out)
+    with holding(store.uri, step_name("build-shards", out), enabled=lock and not dry_run):
+        if not dry_run and os.path.isdir(out):
+            _clean_stale_staging(out)  # leftovers of killed builds go first, even when nothing is new
+        return _build_locked(store, out, options, rebuild, dry_run)
+
+
+def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, dry_run: bool) -> ShardResult:
     versions = store.versions()
     if options.kl != "none" and versions.get("ref_logprobs") is None:
         raise UsageError(
@@ -965,7 +981,6 @@ def build_shards(
 
     made_out = not os.path.isdir(out)
     os.makedirs(out, exist_ok=True)
-    _clean_stale_staging(out)
     staging = os.path.join(out, f".staging-{set_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.makedirs(staging)
     try:
@@ -1031,7 +1046,7 @@ def build_shards(
                 "file": SAMPLES_FILE,
                 "rows": n_ship,
                 "bytes": os.path.getsize(samples_path),
-                "sha256": _sha256(samples_path),
+                "sha256": sha256_file(samples_path),
             },
             "totals": {
                 "rows": n_ship,
@@ -1125,7 +1140,7 @@ def _write_shards(
             "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
             "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
             "bytes": os.path.getsize(path),
-            "sha256": _sha256(path),
+            "sha256": sha256_file(path),
         }
         return entry, kl_sum, kl_n
 

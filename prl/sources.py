@@ -10,17 +10,21 @@ import fnmatch
 import glob
 import hashlib
 import os
+import queue
+import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 import zstandard
 
 from prl.errors import RetryableIOError, UsageError
-from prl.store import filesystem_for
+from prl.store import aws_endpoint, filesystem_for
 
 READ_CHUNK = 4 * 1024 * 1024
+READ_AHEAD_CHUNKS = 2
+"""Chunks of an ``s3://`` source fetched (and hashed) ahead by a background thread, while the caller parses."""
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SKIP_NAMES = ("_SUCCESS", ".DS_Store")
@@ -42,8 +46,10 @@ class SourceFile:
 
 
 def _info_to_source(uri: str, info: pafs.FileInfo) -> SourceFile:
-    mtime = info.mtime_ns if info.mtime_ns is not None else 0
-    return SourceFile(uri, int(info.size or 0), int(mtime))
+    """An object's size and mtime. S3 gives ``LastModified`` in whole seconds on HEAD but some servers add
+    milliseconds in listings: the mtime is floored to the second so both spellings give one identity."""
+    mtime = int(info.mtime_ns) if info.mtime_ns is not None else 0
+    return SourceFile(uri, int(info.size or 0), mtime - mtime % 1_000_000_000)
 
 
 def expand(specs: list[str]) -> list[SourceFile]:
@@ -112,7 +118,20 @@ def _expand_remote(spec: str) -> list[SourceFile]:
         if pattern is not None and not fnmatch.fnmatch(item.path, pattern):
             continue
         out.append(_info_to_source(f"s3://{item.path}", item))
+    if not out:
+        _check_bucket(fs, spec, path.split("/", 1)[0])
     return out
+
+
+def _check_bucket(fs: pafs.FileSystem, spec: str, bucket: str) -> None:
+    """An empty listing of a missing bucket is an error of the storage setup (retryable), not of the spec."""
+    try:
+        missing = fs.get_file_info(bucket).type == pafs.FileType.NotFound
+    except OSError as exc:
+        raise RetryableIOError(f"cannot list {spec}: {exc}") from exc
+    if missing:
+        where = aws_endpoint() or "the default AWS endpoint"
+        raise RetryableIOError(f"cannot list {spec}: bucket {bucket!r} does not exist at {where}")
 
 
 @dataclass
@@ -153,6 +172,12 @@ class LineReader:
         self.sha256 = self._hasher.hexdigest()
 
     def _raw_chunks(self) -> Iterator[bytes]:
+        chunks = self._read_chunks()
+        if self.source.uri.startswith("s3://"):  # each read is a ranged GET: overlap its latency with parsing
+            return _read_ahead(chunks, READ_AHEAD_CHUNKS)
+        return chunks
+
+    def _read_chunks(self) -> Generator[bytes, None, None]:
         fs, path = filesystem_for(self.source.uri)
         try:
             with fs.open_input_stream(path, compression=None) as stream:
@@ -229,3 +254,48 @@ class LineReader:
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield first
     yield from rest
+
+
+_END = object()
+
+
+def _read_ahead(chunks: Generator[bytes, None, None], depth: int) -> Iterator[bytes]:
+    """Iterate ``chunks`` while a background thread produces up to ``depth`` chunks ahead (memory: ``depth`` + 1
+    chunks). An error in the producer is raised in the consumer; a consumer that stops early stops the producer
+    (after at most one more read) and closes ``chunks``."""
+    ready: queue.Queue[object] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def offer(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not offer(chunk):
+                    return
+            offer(_END)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            offer(exc)
+        finally:
+            chunks.close()
+
+    thread = threading.Thread(target=produce, name="prl-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item  # type: ignore[misc]
+    finally:
+        stop.set()
+        thread.join()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,24 +32,50 @@ TARGET_FILE_BYTES = 128 * 1024 * 1024
 """Uncompressed Arrow bytes after which a data file is closed and a new one begun."""
 
 
+def aws_endpoint() -> str | None:
+    """The S3 endpoint URL from the standard environment (``AWS_ENDPOINT_URL_S3``, then ``AWS_ENDPOINT_URL``)."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def aws_region() -> str | None:
+    """The AWS region from the standard environment (``AWS_REGION``, then ``AWS_DEFAULT_REGION``)."""
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
 def storage_options() -> dict[str, str]:
     """Delta storage options from the standard AWS environment (never from flags; never printed).
 
     Only non-secret switches are added here; credentials are read by the object store client itself from
     ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` / profiles.
+
+    Concurrent writers on S3: a Delta commit is the creation of ``_delta_log/<version>.json``, which must fail
+    when another writer created that version first. delta-rs 1.x does this with S3 conditional writes
+    (``PutObject`` with ``If-None-Match: *``, supported by AWS S3 since 2024, MinIO, R2 and moto), selected by
+    ``conditional_put=etag``; the loser re-reads the log and retries at the next version. No DynamoDB locking
+    provider is needed (delta-rs 1.x dropped it), and ``AWS_S3_ALLOW_UNSAFE_RENAME`` must stay unset: it lets two
+    writers overwrite each other's commit. Stores whose S3 API lacks conditional writes are not supported.
     """
     opts: dict[str, str] = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = aws_endpoint()
     if endpoint:
         opts["AWS_ENDPOINT_URL"] = endpoint
         if endpoint.startswith("http://"):
             opts["AWS_ALLOW_HTTP"] = "true"
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    region = aws_region()
     if region:
         opts["AWS_REGION"] = region
     # S3 supports conditional writes (If-None-Match); delta-rs uses them for safe concurrent commits.
     opts.setdefault("conditional_put", "etag")
     return opts
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def describe_error(exc: BaseException) -> str:
+    """One plain line for a storage error: delta-rs prints its chain of causes on coloured lines."""
+    parts = (line.strip().lstrip("↳").strip() for line in _ANSI.sub("", str(exc)).splitlines())
+    return " ← ".join(part for part in parts if part)
 
 
 def is_remote(uri: str) -> bool:
@@ -58,13 +85,13 @@ def is_remote(uri: str) -> bool:
 def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and the path inside it for a local path or an ``s3://`` URI."""
     if uri.startswith("s3://"):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = aws_endpoint()
         kwargs: dict[str, Any] = {}
         if endpoint:
             scheme, _, host = endpoint.partition("://")
             kwargs["endpoint_override"] = host.rstrip("/")
             kwargs["scheme"] = scheme
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        region = aws_region()
         if region:
             kwargs["region"] = region
         return pafs.S3FileSystem(**kwargs), uri[len("s3://") :].rstrip("/")
@@ -104,6 +131,8 @@ class PendingCommit:
         if self.dry_run or (not self.adds and not transactions):
             return CommitResult(self.table, None, self.rows, len(self.adds), self.bytes)
         custom = {f"prl.{key}": json.dumps(value, sort_keys=True) for key, value in (metadata or {}).items()}
+        commit_id = uuid.uuid4().hex  # finds this commit's version when other writers commit right after it
+        custom["prl.commit_id"] = json.dumps(commit_id)
         props = CommitProperties(
             custom_metadata=custom,
             app_transactions=[Transaction(app_id, version) for app_id, version in (transactions or {}).items()],
@@ -113,8 +142,11 @@ class PendingCommit:
         try:
             table.create_write_transaction(self.adds, "append", TABLES[self.table], commit_properties=props)
         except OSError as exc:
-            raise RetryableIOError(f"committing to {self.table} in {self.store.uri} failed: {exc}") from exc
-        return CommitResult(self.table, self.store.version(self.table), self.rows, len(self.adds), self.bytes)
+            raise RetryableIOError(
+                f"committing to {self.table} in {self.store.uri} failed: {describe_error(exc)}"
+            ) from exc
+        version = self.store.committed_version(self.table, commit_id)
+        return CommitResult(self.table, version, self.rows, len(self.adds), self.bytes)
 
 
 @dataclass
@@ -129,6 +161,8 @@ class Store:
         self.uri = self.uri.rstrip("/")
         if not is_remote(self.uri):
             self.uri = os.path.abspath(self.uri.removeprefix("file://"))
+            if os.path.exists(self.uri) and not os.path.isdir(self.uri):
+                raise RetryableIOError(f"store {self.uri} is not a folder")
         self._options = storage_options() if self.uri.startswith("s3://") else {}
         self.fs, self.root = filesystem_for(self.uri)
 
@@ -153,7 +187,7 @@ class Store:
         except TableNotFoundError:
             return None
         except OSError as exc:  # network and permission errors from the object store
-            raise RetryableIOError(f"cannot open table {name!r} in {self.uri}: {exc}") from exc
+            raise RetryableIOError(f"cannot open table {name!r} in {self.uri}: {describe_error(exc)}") from exc
 
     def version(self, name: str) -> int | None:
         table = self.open(name)
@@ -265,8 +299,8 @@ class Store:
                     continue
                 if writer is None:
                     current = f"part-{uuid.uuid4().hex}.zstd.parquet"
-                    sink = self.fs.open_output_stream(f"{table_dir}/{current}")
-                    writer = pq.ParquetWriter(sink, schema, compression="zstd")
+                    # given a path, the writer owns its stream and closes it (an S3 upload completes on close)
+                    writer = pq.ParquetWriter(f"{table_dir}/{current}", schema, filesystem=self.fs, compression="zstd")
                 writer.write_batch(batch)
                 current_rows += batch.num_rows
                 current_bytes += batch.nbytes
@@ -291,6 +325,24 @@ class Store:
         """Append ``batches`` to table ``name`` in one atomic commit (see :meth:`write_files` and
         :meth:`PendingCommit.commit`)."""
         return self.write_files(name, batches, dry_run=dry_run).commit(metadata, transactions)
+
+    def committed_version(self, name: str, commit_id: str, window: int = 256) -> int | None:
+        """The version of table ``name`` whose commit carries ``prl.commit_id``: the newest ``window`` commit
+        files are read from the newest down (other writers may have committed after it; ``history()`` numbers
+        entries unreliably while the log grows)."""
+        table = self.open(name)
+        if table is None:
+            return None
+        latest = table.version()
+        needle = commit_id.encode()
+        for version in range(latest, max(-1, latest - window), -1):
+            try:
+                with self.fs.open_input_stream(f"{self.table_path(name)}/_delta_log/{version:020d}.json") as log:
+                    if needle in log.read():
+                        return version
+            except FileNotFoundError:
+                continue
+        return latest
 
     def commit_info(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
         """Commit infos, newest first, with ``prl.*`` metadata decoded from JSON."""

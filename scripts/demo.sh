@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The whole pipeline on sample_data/: ingest → check-tokens → build-shards → inspect.
+# The whole pipeline on sample_data/ with one recipe (recipes/demo.toml): ingest → rewards / ref →
+# check-tokens → build-shards, then a look at the store and the shard sets, and a second run that finds
+# nothing new. The same command is what cron runs (see recipes/crontab.example).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PRL=.venv/bin/prl
-OUT=demo_out
-rm -rf "$OUT"
-mkdir -p "$OUT"
+rm -rf demo_out
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 run() {  # exit 1 (data problems past a threshold) is an expected outcome on the planted bad records
@@ -13,10 +13,13 @@ run() {  # exit 1 (data problems past a threshold) is an expected outcome on the
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then echo "demo step failed (exit $rc): $*" >&2; exit "$rc"; fi
 }
 
-step "ingest traces"
-run $PRL ingest sample_data/traces sample_data/bad --store "$OUT/store"
-step "ingest rewards and reference logprobs"
-run $PRL ingest --kind rewards sample_data/rewards.jsonl sample_data/rewards.csv --store "$OUT/store"
-run $PRL ingest --kind ref sample_data/ref_logprobs.jsonl --store "$OUT/store"
-step "ingest again: nothing new"
-run $PRL ingest sample_data/traces sample_data/bad --store "$OUT/store"
+step "prl run recipes/demo.toml"
+run $PRL run recipes/demo.toml
+step "prl inspect demo_out/store"
+run $PRL inspect demo_out/store
+step "prl inspect demo_out/shards"
+run $PRL inspect demo_out/shards
+step "prl verify demo_out/shards"
+run $PRL verify demo_out/shards
+step "prl run recipes/demo.toml again: nothing new"
+run $PRL run recipes/demo.toml

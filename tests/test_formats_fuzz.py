@@ -140,3 +140,20 @@ def test_fixture_records_are_json_round_trippable():
     for name in NAMES:
         for record in _records(name):
             json.dumps(record)
+
+
+@pytest.mark.parametrize(
+    ("name", "record"),
+    [
+        ("vllm_request_output", {"prompt_token_ids": [1], "outputs": [
+            {"token_ids": [2, 3], "finish_reason": "stop", "logprobs": [[None], {"3": {"logprob": -0.25}}]}]}),
+        ("vllm_request_output", {"prompt_token_ids": [1], "outputs": [
+            {"token_ids": [2], "finish_reason": "stop", "logprobs": [[["a", None]]]}]}),
+    ],
+)
+def test_map_shaped_lists_are_quarantined_not_a_crash(name, record):
+    # Arrow aborts the process when a map entry is a list holding null; readers must refuse it first
+    (item,) = registry.by_name(name).parse(record, ParseOptions())
+    assert isinstance(item, Quarantined)
+    assert (item.reason, item.choice_index) == ("bad_logprob", 0)
+    assert "must be a list of JSON objects" in item.message

@@ -236,3 +236,12 @@ def test_missing_finish_reason_quarantined_unless_given(store, write_trace):
     assert pl.read_delta(store.table_uri("traces"))["finish_reason"].to_list() == ["length"]
     with pytest.raises(UsageError, match="--finish-reason must be one of"):
         ingest([str(path)], store, finish_reason="done")
+
+
+def test_completions_heads_that_are_not_objects(store, write_trace):
+    from tests.records import vllm_completion
+
+    record = vllm_completion("h", [1], [2], [-1.0], heads=[{"token_id:2": -1.0}])
+    record["choices"][0]["logprobs"]["top_logprobs"] = [[None]]
+    result = ingest([str(write_trace("h.jsonl", [record]))], store, max_quarantine_rate=None)
+    assert result.quarantined == {"bad_logprob": 1}

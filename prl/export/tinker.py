@@ -19,7 +19,6 @@ tokens are skipped and counted.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prl.errors import UsageError
+from prl.shards import sha256_file
 
 
 @dataclass
@@ -119,11 +119,7 @@ def export_tinker(shard_dir: str, out_jsonl: str, verify: bool = True) -> Export
             for entry in manifest["shards"]:
                 path = os.path.join(shard_dir, entry["file"])
                 if verify:
-                    digest = hashlib.sha256()
-                    with open(path, "rb") as fh:
-                        for chunk in iter(lambda fh=fh: fh.read(1 << 22), b""):
-                            digest.update(chunk)
-                    if digest.hexdigest() != entry["sha256"]:
+                    if sha256_file(path) != entry["sha256"]:
                         raise UsageError(f"{path} does not match the sha256 in its manifest")
                 columns = ["input_ids", "prompt_len", "behavior_logprobs", "token_advantages"]
                 for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=columns):

@@ -194,10 +194,25 @@ def logprob_array(values: Any, what: str) -> pa.Array:
 def typed_array(values: list[Any], type_: pa.DataType, reason: str, what: str) -> pa.Array:
     """Convert nested JSON (lists of dicts) to a declared Arrow type in one C++ pass; missing keys become
     nulls, extra keys are ignored, anything else is quarantined with ``reason``."""
+    if pa.types.is_map(type_):
+        require_map_entries(values, reason, what)
     try:
         return pa.array(values, type=type_)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
         raise Quarantined(reason, f"{what} has an unexpected shape: {exc}") from None
+
+
+_MAP_ENTRY_TYPES = frozenset({dict, type(None)})
+
+
+def require_map_entries(values: Any, reason: str, what: str) -> None:
+    """Every entry of a list bound for an Arrow map column must be a JSON object (or null).
+
+    Arrow also reads a map entry from a list of (key, value) pairs, and aborts the whole process (a failed
+    C++ check, not an exception) on such a list holding a null; JSON maps are objects, so anything else is
+    refused here first. The check is ``set(map(type, values))``: C-level, no per-token Python."""
+    if not isinstance(values, list) or not set(map(type, values)) <= _MAP_ENTRY_TYPES:
+        raise Quarantined(reason, f"{what} must be a list of JSON objects, one per position")
 
 
 def token_ids_from_mixed(values: pa.Array, what: str) -> pa.Array:

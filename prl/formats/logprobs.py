@@ -25,6 +25,7 @@ from prl.formats.base import (
     drop_extra_sampled,
     logprob_array,
     parse_token_id_strings,
+    require_map_entries,
     sort_heads_descending,
 )
 
@@ -224,6 +225,7 @@ def completions_logprobs(logprobs: Any, what: str, sampled_ids: pa.Array | None 
         return columns
     if not isinstance(top, list):
         raise Quarantined("bad_logprob", f"{what}.top_logprobs is {type(top).__name__}, expected a list")
+    require_map_entries(top, "bad_logprob", f"{what}.top_logprobs")
     try:
         heads = pa.array(top, type=_HEAD_MAP)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:
@@ -261,6 +263,7 @@ def dict_logprobs(entries: Any, sampled_ids: pa.Array, what: str) -> TokenColumn
     if not entries:
         return TokenColumns.empty()
     ranks = None
+    require_map_entries(entries, "bad_logprob", what)
     try:
         maps = pa.array(entries, type=_RANKED)
         values = maps.items

@@ -61,8 +61,12 @@ def detect_file(uri: str, lines: list[tuple[int, bytes]]) -> Format:
 
     Raises :class:`FormatDetectionError` naming every format tried when none matches.
     """
+    framed: dict[Any, list[RawRecord]] = {}  # formats that frame alike (one JSON per line) decode the head once
     for fmt in FORMATS:
-        head: list[RawRecord] = list(fmt.frame(iter(lines)))
+        framing = type(fmt).frame
+        if framing not in framed:
+            framed[framing] = list(fmt.frame(iter(lines)))
+        head = framed[framing]
         if head and fmt.sniff(head):
             return fmt
     raise FormatDetectionError(

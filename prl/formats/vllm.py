@@ -221,7 +221,7 @@ class VllmCompletions(_OpenAIReader):
 
         topk_ids = topk_logprobs = None
         heads_raw = lp.get("top_logprobs")
-        if isinstance(heads_raw, list) and heads_raw and all(isinstance(h, dict) and h for h in heads_raw[:1]):
+        if isinstance(heads_raw, list) and heads_raw and any(h for h in heads_raw[:1]):
             flat_maps = typed_array(heads_raw, HEAD_MAP, "bad_logprob", "logprobs.top_logprobs")
             map_keys = flat_maps.keys
             if (

@@ -1,0 +1,228 @@
+"""``prl run RECIPE``: the steps a recipe names, in order, incrementally — what cron calls.
+
+ingest → rewards → ref → check → shards. Each step is the library call its command makes, and each commits
+atomically on its own (Delta commits for the store tables, rename-published shard sets), so a run killed at any
+instant keeps what its finished commits wrote and the next run picks up the rest: files already in the ingest
+ledger are skipped, checked samples are not checked again, shipped samples are not shipped again.
+
+Locks: the whole run holds the store's ``run`` lock, so a second ``prl run`` on the same store exits 3 at once,
+naming the holder; each writing step also takes its own lock (``ingest``, ``ingest-rewards``,
+``ingest-ref_logprobs``, ``check-tokens``, ``build-shards-<OUT digest>``), so hand-run commands cannot collide with
+a run either. A dry run takes no lock and writes nothing.
+
+Exit code of a run: when a step fails (locked, bad configuration, I/O trouble) or the run is interrupted, the run
+stops there and that step's code is the run's (3, 2, 5, 130); otherwise the largest of the steps' codes (0, 1,
+or 2 when some input file had an unknown format).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prl import recipe as recipes
+from prl.errors import ExitCode, PrlError, RetryableIOError, UsageError
+from prl.locks import holding
+from prl.recipe import Recipe
+from prl.store import Store
+
+log = logging.getLogger(__name__)
+
+RUN_LOCK = "run"
+
+
+@dataclass
+class StepResult:
+    """One step of a run. ``status``: ``done``, ``failed`` (a :class:`PrlError`), ``interrupted`` or
+    ``not_run`` (an earlier step stopped the run). ``summary`` is the step's own ``--json`` summary."""
+
+    step: str
+    status: str
+    exit_code: int = 0
+    seconds: float = 0.0
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "seconds": round(self.seconds, 3),
+            "summary": self.summary,
+            "error": self.error,
+        }
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` did, step by step."""
+
+    recipe: str | None
+    store: str
+    dry_run: bool = False
+    steps: list[StepResult] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+    """Why the run stopped before its first step (the run lock), if it did."""
+    error_code: int | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """The stopping step's code if one stopped the run, else the worst step code (design.md §7)."""
+        if self.error_code is not None:
+            return self.error_code
+        for step in self.steps:
+            if step.status in ("failed", "interrupted"):
+                return step.exit_code
+        return max((step.exit_code for step in self.steps), default=int(ExitCode.OK))
+
+    def step(self, name: str) -> StepResult:
+        for step in self.steps:
+            if step.step == name:
+                return step
+        raise KeyError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": "run",
+            "recipe": self.recipe,
+            "store": self.store,
+            "dry_run": self.dry_run,
+            "steps": [s.to_json() for s in self.steps],
+            "seconds": round(self.seconds, 3),
+            "error": self.error,
+            "exit_code": self.exit_code,
+        }
+
+
+def _summary(result: Any) -> dict[str, Any]:
+    """A step result's JSON summary as a dict (``to_dict()``, or ``to_json()`` returning a dict or a string)."""
+    if hasattr(result, "to_dict"):
+        return result.to_dict()
+    payload = result.to_json()
+    return json.loads(payload) if isinstance(payload, str) else payload
+
+
+# --- the steps -----------------------------------------------------------------------------------------------
+def _ingest(recipe: Recipe, store: Store, dry_run: bool) -> Any:
+    from prl.ingest import ingest
+
+    section = recipe.ingest
+    assert section is not None
+    return ingest(
+        list(section.sources),
+        store,
+        format=section.format,
+        policy_version=section.policy_version,
+        group_field=section.group_field,
+        dry_run=dry_run,
+        max_quarantine_rate=section.max_quarantine_rate,
+    )
+
+
+def _side(kind: str) -> Callable[[Recipe, Store, bool], Any]:
+    def step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
+        from prl.side_tables import ingest_side_table
+
+        section = getattr(recipe, kind)
+        return ingest_side_table(list(section.sources), store, kind=kind, dry_run=dry_run)
+
+    return step
+
+
+def check_tokens_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
+    """The ``[check]`` step: :func:`prl.checks.check_tokens`, which holds the store's ``check-tokens`` lock."""
+    try:
+        from prl.checks import check_tokens
+    except ImportError as exc:
+        raise UsageError(
+            "this installation has no token checks (prl.checks.check_tokens); drop [check] from the recipe "
+            "or run the other steps with --only"
+        ) from exc
+    section = recipe.check
+    assert section is not None
+    return check_tokens(
+        store,
+        section.tokenizer,
+        chat_template=section.chat_template,
+        max_drift_rate=section.max_drift_rate,
+        sample_rate=section.sample_rate,
+        allow_warn=section.allow_warn,
+        dry_run=dry_run,
+    )
+
+
+def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:
+    from prl.shards import build_shards
+
+    assert recipe.shards is not None and recipe.store.out is not None
+    return build_shards(store, recipe.store.out, recipe.shards, rebuild=False, dry_run=dry_run)
+
+
+STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], Any]] = {
+    "ingest": _ingest,
+    "rewards": _side("rewards"),
+    "ref": _side("ref"),
+    "check": check_tokens_step,
+    "shards": _shards,
+}
+"""Step name → ``fn(recipe, store, dry_run) -> result with exit_code and to_json()``."""
+
+
+# --- the run -------------------------------------------------------------------------------------------------
+def run(recipe: str | Recipe, *, dry_run: bool = False, steps: list[str] | tuple[str, ...] | None = None) -> RunResult:
+    """Run the steps of ``recipe`` (a TOML path or a :class:`Recipe`), or only ``steps`` of them, in order.
+
+    Returns a :class:`RunResult`; step failures (:class:`PrlError`, I/O errors) and interrupts (Ctrl-C,
+    SIGTERM raised as ``KeyboardInterrupt``) are recorded in it, not raised, and stop the run. Raises
+    :class:`UsageError` only for a bad recipe or step name, before anything runs.
+    """
+    loaded = recipes.load(recipe) if isinstance(recipe, str) else recipe
+    chosen = recipes.resolve_steps(steps, loaded)
+    result = RunResult(recipe=loaded.path, store=loaded.store.uri, dry_run=dry_run)
+    started = time.perf_counter()
+    try:
+        store = Store(loaded.store.uri)
+        with holding(store.uri, RUN_LOCK, enabled=not dry_run):
+            _run_steps(loaded, store, chosen, dry_run, result)
+    except PrlError as exc:  # the run lock is held, or the store is unusable (a file, permission denied)
+        result.error, result.error_code = str(exc), int(exc.exit_code)
+    except KeyboardInterrupt:
+        result.error, result.error_code = "interrupted", int(ExitCode.INTERRUPTED)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _run_steps(recipe: Recipe, store: Store, chosen: tuple[str, ...], dry_run: bool, result: RunResult) -> None:
+    stopped = False
+    for name in chosen:
+        if stopped:
+            result.steps.append(StepResult(name, "not_run"))
+            continue
+        step = StepResult(name, "done")
+        result.steps.append(step)
+        started = time.perf_counter()
+        log.info("step %s: started", name)
+        try:
+            outcome = STEP_FUNCTIONS[name](recipe, store, dry_run)
+            step.summary = _summary(outcome)
+            step.exit_code = int(outcome.exit_code)
+        except PrlError as exc:
+            step.status, step.exit_code, step.error = "failed", int(exc.exit_code), str(exc)
+        except OSError as exc:
+            wrapped = RetryableIOError(f"{name}: {exc}")
+            step.status, step.exit_code, step.error = "failed", int(wrapped.exit_code), str(wrapped)
+        except KeyboardInterrupt:
+            step.status, step.exit_code = "interrupted", int(ExitCode.INTERRUPTED)
+            step.error = "interrupted: committed work is kept, uncommitted work is invisible"
+        step.seconds = time.perf_counter() - started
+        log.info("step %s: %s (exit %d) in %.2fs", name, step.status, step.exit_code, step.seconds)
+        stopped = step.status != "done"
+
+
+__all__ = ["RunResult", "StepResult", "check_tokens_step", "run"]

@@ -1,0 +1,243 @@
+"""Store-step locks on S3: the contract of :class:`prl.locks.LocalLock`, built from S3 conditional writes.
+
+The lock is the object ``STORE/_locks/<step>.lock`` holding JSON ``{holder, host, pid, run_id, step, started_at,
+heartbeat_at}``.
+
+- **acquire**: ``PutObject`` with ``If-None-Match: *``; exactly one of any number of racing writers creates it.
+- **heartbeat**: every ``HEARTBEAT_SECONDS`` the holder re-puts the object with ``If-Match: <its ETag>``, which
+  moves ``LastModified``. The body changes each time (``heartbeat_at``), so the ETag changes too. A failed
+  condition means another run took the lock over: :attr:`S3Lock.lost` becomes True and the heartbeat stops.
+- **stale**: the heartbeat is older than ``stale_after`` seconds, measured on the server's clock
+  (response ``Date`` − ``LastModified``), so clock skew between hosts does not matter. Process liveness is
+  not consulted: a host name is not unique across containers sharing a bucket.
+- **takeover**: a stale lock is replaced with ``If-Match: <the ETag judged stale>``; after the first breaker's
+  put the ETag differs, so two breakers cannot both win, and a holder whose heartbeat lands first keeps it.
+- **release**: ``DeleteObject`` with ``If-Match: <its ETag>``: a run never deletes a lock it no longer holds.
+
+Credentials come from the standard AWS chain (environment, profile, instance role); they are never logged.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from prl import locks
+from prl.errors import LockedError, RetryableIOError, UsageError
+from prl.store import aws_endpoint, aws_region
+
+try:
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+except ImportError:  # pragma: no cover - depends on the installation
+    boto3 = None
+
+log = logging.getLogger(__name__)
+
+CONDITION_FAILED = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
+"""Error codes of a failed ``If-Match`` / ``If-None-Match`` (409: a concurrent conditional write is in flight)."""
+GONE = {"NoSuchKey", "404"}
+
+
+def s3_client() -> Any:
+    """A boto3 S3 client for the standard AWS environment (``AWS_ENDPOINT_URL[_S3]``, ``AWS_REGION``)."""
+    if boto3 is None:  # pragma: no cover - depends on the installation
+        raise UsageError("s3:// stores need boto3 for their locks: pip install 'prl[s3]'")
+    config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=30)
+    return boto3.client("s3", endpoint_url=aws_endpoint(), region_name=aws_region(), config=config)
+
+
+def _code(exc: ClientError) -> str:
+    """The S3 error code of a failed request (its HTTP status where the body named none)."""
+    code = str(exc.response.get("Error", {}).get("Code", ""))
+    status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    return code if code and not code.isdigit() else status or code
+
+
+@dataclass
+class S3Lock:
+    """An exclusive lock on one step of the store at ``store_uri`` (``s3://bucket/prefix``). Use as a context
+    manager. ``stale_after`` is in seconds (judged at one-second resolution, the resolution of S3 times)."""
+
+    store_uri: str
+    step: str
+    stale_after: float = locks.STALE_AFTER_SECONDS
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    lost: bool = False
+    """True once another run has taken the lock over from this one (its heartbeat found a different ETag)."""
+    _started_at: str = field(default="", repr=False)
+    _etag: str | None = field(default=None, repr=False)
+    _client: Any = field(default=None, repr=False)
+    _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.store_uri.startswith("s3://"):
+            raise UsageError(f"S3Lock needs an s3:// store, not {self.store_uri!r}")
+        bucket, _, prefix = self.store_uri[len("s3://") :].rstrip("/").partition("/")
+        self.bucket = bucket
+        self.key = f"{prefix}/_locks/{self.step}.lock" if prefix else f"_locks/{self.step}.lock"
+
+    @property
+    def path(self) -> str:
+        """The lock object's URI."""
+        return f"s3://{self.bucket}/{self.key}"
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = s3_client()
+        return self._client
+
+    def holder_info(self) -> dict[str, Any]:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return {
+            "holder": f"{socket.gethostname()}:{os.getpid()}",
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "run_id": self.run_id,
+            "step": self.step,
+            "started_at": self._started_at or now,
+            "heartbeat_at": f"{time.time():.3f}",
+        }
+
+    def _body(self) -> bytes:
+        return json.dumps(self.holder_info()).encode()
+
+    def _io_error(self, action: str, exc: Exception) -> RetryableIOError:
+        return RetryableIOError(f"{action} the {self.step} lock at {self.path} failed: {exc}")
+
+    def _read(self) -> tuple[dict[str, Any], str, float] | None:
+        """The current lock: ``(holder info, ETag, heartbeat age in seconds)``; None when there is none."""
+        client = self.client
+        try:
+            response = client.get_object(Bucket=self.bucket, Key=self.key)
+            raw = response["Body"].read()
+        except ClientError as exc:
+            if _code(exc) in GONE:
+                return None
+            raise self._io_error("reading", exc) from exc
+        except BotoCoreError as exc:
+            raise self._io_error("reading", exc) from exc
+        try:
+            info = json.loads(raw)
+            info = info if isinstance(info, dict) else {}
+        except ValueError:
+            info = {}  # damaged: judged by its age alone
+        server_now = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        now = email.utils.parsedate_to_datetime(server_now).timestamp() if server_now else time.time()
+        age = now - response["LastModified"].timestamp()
+        return info, response["ETag"], age
+
+    def _put(self, action: str, **condition: str) -> str | None:
+        """Put this run's holder info under ``condition``; its new ETag, or None when the condition failed."""
+        client = self.client
+        try:
+            response = client.put_object(
+                Bucket=self.bucket, Key=self.key, Body=self._body(), ContentType="application/json", **condition
+            )
+        except ClientError as exc:
+            if _code(exc) in CONDITION_FAILED | GONE:
+                return None
+            raise self._io_error(action, exc) from exc
+        except BotoCoreError as exc:
+            raise self._io_error(action, exc) from exc
+        return response["ETag"]
+
+    def acquire(self) -> None:
+        """Take the lock, or raise :class:`LockedError` naming the live holder (or
+        :class:`RetryableIOError` when S3 cannot be reached)."""
+        self._started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._stop.clear()
+        self.lost = False
+        for _ in range(5):
+            etag = self._put("taking", IfNoneMatch="*")
+            if etag is None:
+                current = self._read()
+                if current is None:
+                    continue  # released between our put and our read
+                info, stale_etag, age = current
+                if age <= self.stale_after:
+                    raise LockedError(
+                        f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
+                        f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); "
+                        f"lock object {self.path}"
+                    )
+                log.warning(
+                    "taking over the stale %s lock of %s (no heartbeat for %.0f s)",
+                    self.step,
+                    info.get("holder", "unknown holder"),
+                    age,
+                )
+                etag = self._put("taking over", IfMatch=stale_etag)  # only the first breaker's condition holds
+                if etag is None:
+                    continue
+            self._etag = etag
+            self._thread = threading.Thread(target=self._heartbeat, name=f"prl-s3lock-{self.step}", daemon=True)
+            self._thread.start()
+            return
+        raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
+
+    def heartbeat(self) -> bool:
+        """Refresh the lock's ``LastModified`` now; False when the lock was taken over (see :attr:`lost`)."""
+        with self._mutex:
+            if self._etag is None or self.lost:
+                return False
+            try:
+                etag = self._put("refreshing", IfMatch=self._etag)
+            except RetryableIOError as exc:  # a missed beat is survivable: the next one may get through
+                log.warning("%s", exc)
+                return True
+            if etag is None:
+                self.lost = True
+                log.error("the %s lock at %s was taken over by another run", self.step, self.path)
+                return False
+            self._etag = etag
+            return True
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(locks.HEARTBEAT_SECONDS):
+            if not self.heartbeat():
+                return
+
+    def release(self) -> None:
+        """Stop the heartbeat and delete the lock if this run still holds it. Never raises: a lock that cannot
+        be deleted is logged and goes stale."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
+        with self._mutex:
+            etag, self._etag = self._etag, None
+            if etag is None or self.lost:
+                return
+            client = self.client
+            try:
+                client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=etag)
+            except ClientError as exc:
+                if _code(exc) in CONDITION_FAILED | GONE:
+                    return  # taken over meanwhile: not ours to delete
+                self._left_behind(exc)
+            except BotoCoreError as exc:
+                self._left_behind(exc)
+
+    def _left_behind(self, exc: Exception) -> None:
+        """A lock that cannot be deleted does not fail the run that held it: it goes stale without heartbeats."""
+        log.warning("%s; the lock goes stale after %.0f s", self._io_error("releasing", exc), self.stale_after)
+
+    def __enter__(self) -> S3Lock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,175 @@
+"""``prl verify SHARDS``: recompute every shard's sha256, size, rows and tokens and compare with its manifest.
+
+``SHARDS`` is one shard set (a folder holding ``manifest.json``) or an ``OUT`` folder (every set in it). For each
+shard the manifest names: the file exists, its byte size and sha256 match, its Parquet row count matches ``rows``,
+and Σ len(input_ids) matches ``tokens`` (streamed one record batch at a time; only ``input_ids`` is read). The
+sample-id file is checked the same way, and every sample id appears in exactly one shard set of ``OUT``.
+Leftover ``*.tmp`` files inside a published set are reported too. Any problem → exit 1, naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import polars as pl
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from prl.errors import ExitCode, UsageError
+from prl.shards import MANIFEST, SAMPLES_FILE, sha256_file
+
+BATCH_ROWS = 1024
+
+
+@dataclass
+class Problem:
+    """One mismatch: which set and file, and what differs."""
+
+    set_id: str
+    file: str
+    problem: str
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of :func:`verify_shards`; ``exit_code`` is 1 on any problem."""
+
+    path: str
+    sets: list[str] = field(default_factory=list)
+    shards: int = 0
+    rows: int = 0
+    tokens: int = 0
+    bytes: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def exit_code(self) -> int:
+        return int(ExitCode.OK if self.ok else ExitCode.DATA_PROBLEMS)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "command": "verify", "ok": self.ok, "exit_code": self.exit_code}
+
+
+def set_dirs(path: str) -> list[str]:
+    """The shard-set folders ``path`` names: itself when it holds a manifest, else its sets (an ``OUT`` folder).
+    Raises :class:`UsageError` when it is neither."""
+    if os.path.isfile(os.path.join(path, MANIFEST)):
+        return [path]
+    if os.path.isdir(path):
+        sets = [
+            os.path.join(path, name)
+            for name in sorted(os.listdir(path))
+            if not name.startswith(".") and os.path.isfile(os.path.join(path, name, MANIFEST))
+        ]
+        if sets or os.path.isfile(os.path.join(path, "_index.json")):
+            return sets
+        raise UsageError(f"{path} holds no shard set (no {MANIFEST} in it or in its subfolders)")
+    raise UsageError(f"{path} is not a shard set or a folder of shard sets")
+
+
+def _count_tokens(path: str) -> tuple[int, int]:
+    """(rows, Σ len(input_ids)) of a shard, reading only ``input_ids``, one batch at a time."""
+    parquet = pq.ParquetFile(path)
+    tokens = 0
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=["input_ids"]):
+        tokens += int(pc.sum(pc.list_value_length(batch.column(0))).as_py() or 0)
+    return parquet.metadata.num_rows, tokens
+
+
+def _check_file(set_id: str, folder: str, entry: dict[str, Any], result: VerifyResult) -> bool:
+    """Existence, size and sha256 of one file the manifest names; appends problems, True when all match."""
+    name = entry["file"]
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        result.problems.append(Problem(set_id, name, "missing"))
+        return False
+    size = os.path.getsize(path)
+    if size != entry.get("bytes"):
+        result.problems.append(Problem(set_id, name, f"size {size} != manifest {entry.get('bytes')}"))
+        return False
+    digest = sha256_file(path)
+    if digest != entry.get("sha256"):
+        result.problems.append(Problem(set_id, name, f"sha256 {digest} != manifest {entry.get('sha256')}"))
+        return False
+    return True
+
+
+def verify_set(folder: str, result: VerifyResult) -> None:
+    """Verify one shard set folder into ``result``."""
+    try:
+        with open(os.path.join(folder, MANIFEST), encoding="utf-8") as fh:
+            manifest = json.load(fh)
+    except (OSError, ValueError) as exc:
+        result.problems.append(Problem(os.path.basename(folder), MANIFEST, f"unreadable: {exc}"))
+        return
+    set_id = os.path.basename(folder)
+    result.sets.append(set_id)
+    if manifest.get("set_id") != set_id:
+        result.problems.append(Problem(set_id, MANIFEST, f"set_id {manifest.get('set_id')!r} != folder name"))
+    for name in sorted(os.listdir(folder)):
+        if ".tmp" in name:
+            result.problems.append(Problem(set_id, name, "leftover temporary file in a published set"))
+    for entry in manifest.get("shards", []):
+        result.shards += 1
+        if not _check_file(set_id, folder, entry, result):
+            continue
+        result.bytes += entry["bytes"]
+        try:
+            rows, tokens = _count_tokens(os.path.join(folder, entry["file"]))
+        except (OSError, ValueError) as exc:
+            result.problems.append(Problem(set_id, entry["file"], f"unreadable Parquet: {exc}"))
+            continue
+        result.rows += rows
+        result.tokens += tokens
+        if rows != entry.get("rows"):
+            result.problems.append(Problem(set_id, entry["file"], f"rows {rows} != manifest {entry.get('rows')}"))
+        if tokens != entry.get("tokens"):
+            result.problems.append(Problem(set_id, entry["file"], f"tokens {tokens} != manifest {entry.get('tokens')}"))
+    samples = manifest.get("samples")
+    if samples and _check_file(set_id, folder, samples, result):
+        rows = pq.ParquetFile(os.path.join(folder, samples["file"])).metadata.num_rows
+        if rows != samples.get("rows"):
+            result.problems.append(Problem(set_id, samples["file"], f"rows {rows} != manifest {samples.get('rows')}"))
+
+
+def _shipped_twice(folders: list[str], result: VerifyResult) -> None:
+    """Sample ids that appear in more than one set's sample-id file (a streaming polars group-by)."""
+    frames = []
+    for folder in folders:
+        path = os.path.join(folder, SAMPLES_FILE)
+        if os.path.isfile(path):
+            frames.append(pl.scan_parquet(path).select("sample_id", pl.lit(os.path.basename(folder)).alias("set")))
+    if len(frames) < 2:
+        return
+    twice = (
+        pl.concat(frames)
+        .group_by("sample_id")
+        .agg(pl.col("set").sort())
+        .filter(pl.col("set").list.len() > 1)
+        .sort("sample_id")
+        .head(20)
+        .collect(engine="streaming")
+    )
+    for sid, sets in twice.iter_rows():
+        result.problems.append(Problem(sets[-1], SAMPLES_FILE, f"sample {sid} shipped in {', '.join(sets)}"))
+
+
+def verify_shards(path: str) -> VerifyResult:
+    """Verify a shard set, or every set of an ``OUT`` folder (see the module docstring)."""
+    path = os.path.abspath(path)
+    result = VerifyResult(path=path)
+    folders = set_dirs(path)
+    for folder in folders:
+        verify_set(folder, result)
+    _shipped_twice(folders, result)
+    return result
+
+
+__all__ = ["Problem", "VerifyResult", "set_dirs", "verify_set", "verify_shards"]

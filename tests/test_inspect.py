@@ -1,0 +1,203 @@
+"""``prl inspect``: exact store aggregates and shard histograms; unicode bars; histogram binning."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+from hypothesis import given
+from hypothesis import strategies as st
+from rich.console import Console
+
+from prl import report
+from prl.inspection import histogram, inspect, inspect_shards, inspect_store
+from prl.recipe_shards import ShardOptions
+from prl.shards import build_shards
+from prl.store import Store
+from tests.shards_fixtures import make_store, random_store, reward, trace, verdict
+
+
+def small_store(root: str) -> Store:
+    traces = [
+        trace("a:0", "g1", [1, 2], [3, 4, 1], source_format="openai_chat", model="m1", policy_version="step-1"),
+        trace("b:0", "g1", [1, 2], [5, 1], source_format="openai_chat", model="m1", policy_version="step-2"),
+        trace("c:0", "g2", [7], [8, 9, 10, 1], source_format="sglang_generate", model="m2", policy_version=None),
+    ]
+    rewards = [reward("a:0", 1.0), reward("b:0", 0.0), reward("c:0", 0.5), reward("a:0", 0.25, name="format")]
+    checks = [
+        verdict("a:0", "ok"),
+        verdict("b:0", "drift", at=0) | {"reasons": ["roundtrip"]},
+        verdict("b:0", "ok", at=5),  # a later verdict for the same sample and tokenizer wins
+        verdict("c:0", "invalid") | {"reasons": ["vocab", "logprobs"]},
+        verdict("a:0", "warn", fingerprint="tok-b") | {"reasons": ["special"]},
+    ]
+    store = make_store(root, traces, rewards, checks)
+    store.commit("quarantine", [_quarantine_batch()])
+    return store
+
+
+def _quarantine_batch():
+    import pyarrow as pa
+
+    from prl.schema import QUARANTINE
+
+    rows = [
+        {
+            "quarantine_id": f"q{i}",
+            "table": t,
+            "source_uri": "f",
+            "source_line": i,
+            "reason": r,
+            "message": "m",
+            "raw_truncated": False,
+            "quarantined_at": 0,
+        }
+        for i, (t, r) in enumerate(
+            [("traces", "length_mismatch"), ("traces", "length_mismatch"), ("rewards", "missing_key")]
+        )
+    ]
+    return pa.RecordBatch.from_pylist(rows, schema=QUARANTINE)
+
+
+def test_store_aggregates_exact(tmp_path):
+    store = small_store(str(tmp_path / "s"))
+    result = inspect(str(tmp_path / "s"))
+    assert result.kind == "store"
+    assert result.tables["traces"] == {"version": 1, "rows": 3, "files": 1, "bytes": result.tables["traces"]["bytes"]}
+    assert result.tables["ref_logprobs"] == {"version": None, "rows": 0, "files": 0, "bytes": 0}
+    assert (result.tables["rewards"]["rows"], result.tables["checks"]["rows"]) == (4, 5)
+    assert result.traces_by["source_format"] == [
+        {"value": "openai_chat", "samples": 2},
+        {"value": "sglang_generate", "samples": 1},
+    ]
+    assert result.traces_by["policy_version"] == [
+        {"value": "step-1", "samples": 1},
+        {"value": "step-2", "samples": 1},
+        {"value": None, "samples": 1},
+    ]
+    assert result.traces_by["model"] == [{"value": "m1", "samples": 2}, {"value": "m2", "samples": 1}]
+    assert result.quarantine == [
+        {"table": "traces", "reason": "length_mismatch", "records": 2},
+        {"table": "rewards", "reason": "missing_key", "records": 1},
+    ]
+    assert result.checks == [
+        {
+            "tokenizer_fingerprint": "tok-a",
+            "checked": 3,
+            "verdicts": {"ok": 2, "warn": 0, "drift": 0, "invalid": 1},
+            "drift_rate": 1 / 3,
+            "warn_rate": 0.0,
+            "top_reasons": {"logprobs": 1, "vocab": 1},
+        },
+        {
+            "tokenizer_fingerprint": "tok-b",
+            "checked": 1,
+            "verdicts": {"ok": 0, "warn": 1, "drift": 0, "invalid": 0},
+            "drift_rate": 0.0,
+            "warn_rate": 1.0,
+            "top_reasons": {"special": 1},
+        },
+    ]
+    assert result.rewards == [
+        {"name": "format", "events": 1, "samples": 1, "mean": 0.25, "min": 0.25, "max": 0.25},
+        {"name": "reward", "events": 3, "samples": 3, "mean": 0.5, "min": 0.0, "max": 1.0},
+    ]
+    assert store.uri == result.uri
+    console = Console(file=io.StringIO(), width=120, record=True)
+    report.render_inspect(result, console)
+    text = console.export_text()
+    assert "quarantine by reason" in text and "traces: length_mismatch" in text and "█" in text
+    assert "drift rate 33.33%" in text
+
+
+def test_store_inspection_projects_a_few_scalar_columns(tmp_path, monkeypatch):
+    """Every scan is pushed down to the few scalar columns it aggregates: traces scans read 1 of 28 columns."""
+    import re
+
+    small_store(str(tmp_path / "s"))
+    plans: list[str] = []
+    real = pl.LazyFrame.collect
+
+    def spy(self, *args, **kwargs):
+        plans.append(self.explain())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(pl.LazyFrame, "collect", spy)
+    inspect_store(Store(str(tmp_path / "s")))
+    projections = [tuple(map(int, m)) for plan in plans for m in re.findall(r"PROJECT (\d+)/(\d+) COLUMNS", plan)]
+    assert len(plans) == 3 + 1 + 2 + 1  # traces by 3 columns, quarantine, checks (verdicts, reasons), rewards
+    assert projections.count((1, 28)) == 3  # traces: one column per aggregate, never the token lists
+    assert all(n <= 4 for n, _ in projections), projections
+
+
+def test_shard_histograms_match_the_shards(tmp_path):
+    store = random_store(str(tmp_path / "s"), n_groups=6, group_size=3, seed=4, with_ref=True)
+    options = ShardOptions(kl="column", target_tokens=40)
+    built = build_shards(store, str(tmp_path / "out"), options)
+    result = inspect(str(tmp_path / "out"))
+    assert result.kind == "shards" and [s["set_id"] for s in result.sets] == [built.set_id]
+    assert result.totals == {"rows": 18, "tokens": built.tokens, "shards": len(built.shards), "groups": 6}
+    table = pl.concat([pl.read_parquet(os.path.join(built.set_dir, e["file"])) for e in built.shards], how="vertical")
+    assert (
+        result.histograms["reward"]["counts"]
+        == np.histogram(table["reward"].to_numpy(), bins=[-0.5, 0.5, 1.5, 2.5])[0].tolist()
+    )
+    completion = (table["input_ids"].list.len() - table["prompt_len"]).to_numpy()
+    assert result.histograms["completion_len"]["count"] == 18
+    assert result.histograms["completion_len"]["min"] == completion.min()
+    assert result.histograms["completion_len"]["max"] == completion.max()
+    assert sum(result.histograms["completion_len"]["counts"]) == 18
+    kl_means = table["kl"].list.mean().to_numpy()
+    assert np.isclose(result.histograms["kl"]["mean"], kl_means.astype(np.float32).mean(), rtol=1e-6)
+    assert result.histograms["group_size"]["edges"] == [2.5, 3.5] and result.histograms["group_size"]["counts"] == [18]
+    # a single set folder gives the same numbers as its OUT folder
+    assert inspect_shards(built.set_dir).histograms == result.histograms
+    console = Console(file=io.StringIO(), width=120, record=True)
+    report.render_inspect(result, console)
+    text = console.export_text()
+    assert f"{built.set_id}" in text and "advantage: n=18" in text and "kl: n=18" in text
+
+
+def test_shard_inspection_reads_only_scalar_mask_and_kl_columns(tmp_path, monkeypatch):
+    store = random_store(str(tmp_path / "s"), n_groups=2, group_size=2, seed=1)
+    build_shards(store, str(tmp_path / "out"), ShardOptions())
+    asked: list[list[str]] = []
+    real = pq.ParquetFile.iter_batches
+
+    def spy(self, *args, columns=None, **kwargs):
+        asked.append(list(columns))
+        return real(self, *args, columns=columns, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", spy)
+    inspect(str(tmp_path / "out"))
+    assert asked == [["reward", "advantage", "staleness", "prompt_len", "group_size", "loss_mask"]]
+
+
+def test_histogram_bins():
+    h = histogram(np.array([1, 2, 2, 3, 3, 3, np.nan]))
+    assert (h["count"], h["min"], h["max"], h["integer"]) == (6, 1.0, 3.0, True)
+    assert h["edges"] == [0.5, 1.5, 2.5, 3.5] and h["counts"] == [1, 2, 3]
+    wide = histogram(np.arange(0, 100))
+    assert wide["edges"][:3] == [-0.5, 8.5, 17.5] and wide["counts"] == [9] * 11 + [1]
+    floats = histogram(np.array([0.0, 0.1, 0.6, 0.9, 1.0]), bins=4)
+    assert floats["edges"] == [0.0, 0.25, 0.5, 0.75, 1.0] and floats["counts"] == [2, 0, 1, 2]
+    assert histogram(np.array([0.5, 0.5]))["counts"] == [2]
+    assert histogram(np.array([np.inf]))["count"] == 0
+
+
+@given(st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(float("nan"))), max_size=200), st.integers(1, 30))
+def test_histogram_counts_every_finite_value_once(values, bins):
+    h = histogram(np.array(values, dtype=np.float64), bins=bins)
+    finite = [v for v in values if np.isfinite(v)]
+    assert sum(h["counts"]) == len(finite) == h["count"]
+    if finite:
+        assert h["edges"][0] <= min(finite) and h["edges"][-1] >= max(finite)
+        assert len(h["counts"]) <= max(bins, 1) and len(h["edges"]) == len(h["counts"]) + 1
+
+
+def test_bar_resolution():
+    assert report.bar(0, 10) == "" and report.bar(10, 10, width=4) == "████"
+    assert report.bar(1, 8, width=1) == "▏" and report.bar(5, 10, width=3) == "█▌"

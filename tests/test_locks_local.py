@@ -1,0 +1,146 @@
+"""Local step locks beyond the shared contract (tests/test_locks.py): dead holders on this host, racing processes,
+interrupted acquires, unusable lock folders, ``holding`` and ``step_name``."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from prl.errors import LockedError, RetryableIOError
+from prl.locks import LocalLock, holding, lock_for, step_name
+
+
+def lock_path(store: str, step: str = "ingest") -> str:
+    return os.path.join(store, "_locks", f"{step}.lock")
+
+
+def write_lock(path: str, **info) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump({"holder": f"{info.get('host')}:{info.get('pid')}", "run_id": "old", **info}, fh)
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def locks_left(folder) -> list[str]:
+    """Lock files (not the ``.guard`` files of the judging flock) in a ``_locks`` folder."""
+    return sorted(n for n in os.listdir(folder) if not n.endswith(".guard"))
+
+
+def test_holding_releases_only_its_own_lock(tmp_path):
+    store = str(tmp_path)
+    first = lock_for(store, "ingest")
+    first.acquire()
+    info = json.loads(Path(lock_path(store)).read_text())
+    assert (info["pid"], info["host"], info["run_id"], info["step"]) == (
+        os.getpid(),
+        socket.gethostname(),
+        first.run_id,
+        "ingest",
+    )
+    second = lock_for(store, "ingest")
+    with pytest.raises(LockedError, match=rf"holds the ingest lock: {socket.gethostname()}:{os.getpid()} "):
+        second.acquire()
+    second.release()  # not its lock: nothing happens
+    assert os.path.exists(lock_path(store))
+    with pytest.raises(LockedError), holding(store, "ingest"):
+        pass  # a failed acquire inside holding() does not release the holder's lock either
+    assert os.path.exists(lock_path(store))
+    first.release()
+    assert locks_left(os.path.join(store, "_locks")) == []
+
+
+def test_a_dead_holder_on_this_host_is_taken_over(tmp_path):
+    write_lock(lock_path(str(tmp_path)), host=socket.gethostname(), pid=dead_pid())
+    with holding(str(tmp_path), "ingest") as lock:
+        assert json.loads(Path(lock_path(str(tmp_path))).read_text())["run_id"] == lock.run_id
+    assert locks_left(tmp_path / "_locks") == []
+
+
+def test_an_interrupted_acquire_leaves_no_lock(tmp_path, monkeypatch):
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lock_for(str(tmp_path), "ingest").acquire()
+    assert locks_left(tmp_path / "_locks") == []
+
+
+def test_an_unusable_lock_folder_is_retryable_io(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RetryableIOError, match="Not a directory"):
+        lock_for(str(tmp_path / "file"), "ingest").acquire()
+
+
+def test_step_names_are_file_names():
+    assert step_name("ingest") == "ingest"
+    name = step_name("build-shards", "/data/out")
+    assert name.startswith("build-shards-") and len(name) == len("build-shards-") + 12 and "/" not in name
+    assert step_name("build-shards", "/data/out") == name != step_name("build-shards", "/data/out2")
+
+
+def _race(path: str, barrier, results) -> None:
+    lock = LocalLock(path, "ingest")
+    barrier.wait()
+    try:
+        lock.acquire()
+    except LockedError:
+        results.put("locked")
+        return
+    results.put("won")
+    time.sleep(1.0)  # hold while the others try
+    lock.release()
+
+
+@pytest.mark.slow
+def test_many_processes_breaking_one_stale_lock_only_one_wins(tmp_path):
+    path = lock_path(str(tmp_path))
+    ctx = mp.get_context("fork")
+    for _round in range(3):
+        write_lock(path, host=socket.gethostname(), pid=dead_pid())
+        barrier, results = ctx.Barrier(6), ctx.Queue()
+        procs = [ctx.Process(target=_race, args=(path, barrier, results)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        outcomes = sorted(results.get(timeout=5) for _ in procs)
+        assert outcomes == ["locked"] * 5 + ["won"]
+        assert locks_left(os.path.dirname(path)) == []
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (None, 300.0),
+        ("2", 2.0),
+        ("0.5", 0.5),
+        ("x", 300.0),
+        ("-1", 300.0),
+        ("0", 300.0),
+        ("inf", 300.0),
+        ("nan", 300.0),
+    ],
+)
+def test_stale_after_from_the_environment(monkeypatch, raw, expected):
+    from prl.locks import STALE_ENV, _stale_after_from_env
+
+    if raw is None:
+        monkeypatch.delenv(STALE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(STALE_ENV, raw)
+    assert _stale_after_from_env() == expected

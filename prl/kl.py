@@ -37,18 +37,25 @@ def log_ratio(logprobs_T: np.ndarray, ref_logprobs_T: np.ndarray) -> np.ndarray:
 
 
 def kl_estimate(d_T: np.ndarray, estimator: str = "k3") -> np.ndarray:
-    """Per-token KL estimate ``k(d_T)`` (float64) for ``estimator`` in ``k1``, ``k2``, ``k3``."""
+    """Per-token KL estimate ``k(d_T)`` (float64, a new array) for ``estimator`` in ``k1``, ``k2``, ``k3``.
+
+    k3 is computed in one buffer: with ``x = clamp(−d, −20, 20)``, ``eˣ − 1 − x`` equals ``expm1(x) + d``
+    wherever the clamp does not bite (``x = −d`` exactly, so the rounding is the same), and every ``d`` outside
+    ``[−20, 20]`` gives the cap of 10.
+    """
     d_T = np.asarray(d_T, dtype=np.float64)
     if estimator == "k1":
         return d_T.copy()
     if estimator == "k2":
         return 0.5 * d_T * d_T
     if estimator == "k3":
-        x_T = np.negative(d_T)
-        np.clip(x_T, -K3_CLAMP_X, K3_CLAMP_X, out=x_T)
-        k_T = np.expm1(x_T)
-        k_T -= x_T
-        return np.minimum(k_T, K3_MAX, out=k_T)
+        k_T = np.negative(d_T)
+        np.clip(k_T, -K3_CLAMP_X, K3_CLAMP_X, out=k_T)
+        np.expm1(k_T, out=k_T)
+        k_T += d_T
+        np.minimum(k_T, K3_MAX, out=k_T)  # d > 20: expm1(−20) + d > 10
+        k_T[d_T < -K3_CLAMP_X] = K3_MAX  # d < −20 (also −inf): x = 20, far above the cap
+        return k_T
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
 
 

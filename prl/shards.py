@@ -829,7 +829,10 @@ def _assemble(
     ids, ids_off = _concat_lists(p_T, p_off, c_T, c_off)
     del p_T, c_T
     mask_T = _mask_T(table, c_off)
-    adv_T = klmod.broadcast(scores.advantage_N[pos], c_off)
+    # float32 straight away unless the KL penalty is added in float64 first (the cast commutes with the
+    # broadcast and with the 0/1 mask, so the stored values are the same either way)
+    adv_dtype = np.float64 if options.kl == "advantages" else np.float32
+    adv_T = klmod.broadcast(scores.advantage_N[pos].astype(adv_dtype), c_off)
     if not mask_T.all():
         adv_T *= mask_T
     ref_col = kl_col = pa.nulls(table.num_rows, SHARD.field("kl").type)
@@ -866,7 +869,7 @@ def _assemble(
         "behavior_logprobs": table["completion_logprobs"],
         "ref_logprobs": ref_col,
         "kl": kl_col,
-        "token_advantages": _list_array(adv_T.astype(np.float32), c_off, pa.float32()),
+        "token_advantages": _list_array(adv_T.astype(np.float32, copy=False), c_off, pa.float32()),
         "reward": pa.array(scores.reward_N[pos]),
         "advantage": pa.array(scores.advantage_N[pos]),
         "group_size": pa.array(scores.group_size_N[pos]),

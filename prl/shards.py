@@ -265,7 +265,7 @@ def _spill_rows(
 
 
 def _trace_spill_columns(options: ShardOptions) -> list[str]:
-    cols = ["sample_id", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
+    cols = ["prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
     return cols + (["topk_ids", "topk_logprobs"] if options.topk is not None else [])
 
 
@@ -644,15 +644,19 @@ class _ScanSpill:
             self._rows = []
 
     def gather(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
-        """``columns`` of the rows with scan row numbers ``rows_N``, in that order.
+        """``columns`` of the rows with scan row numbers ``rows_N``, in that order (spill column types).
 
-        One ``take`` per spilled batch that holds some of them, then one ``take`` back to the requested order
-        (none when they all sit in one batch). The file is memory-mapped only while rows are copied out.
+        Rows are copied out of each spilled batch that holds some of them, then put in the requested order
+        (polars gathers list columns a row at a time; Arrow's ``take`` indexes every value). The file is
+        memory-mapped only while rows are copied out, so memory stays bounded by the rows gathered.
         """
         assert self.schema is not None, "gather from an empty spill"
+        schema = pa.schema([self.schema.field(c) for c in columns])
         spill_N = np.searchsorted(self.rows_S, rows_N)
         if len(rows_N) and not np.array_equal(self.rows_S[np.minimum(spill_N, len(self.rows_S) - 1)], rows_N):
             raise RuntimeError(f"rows missing from spill file {self.path}")
+        if len(rows_N) == 0:
+            return schema.empty_table()
         batch_N = np.searchsorted(self.starts_B1, spill_N, side="right") - 1
         by_batch = np.argsort(batch_N, kind="stable")
         bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
@@ -660,16 +664,11 @@ class _ScanSpill:
         with pa.memory_map(self.path) as source:
             reader = pa.ipc.open_file(source)
             for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
-                if hi == lo:
-                    continue
                 sel = by_batch[lo:hi]
                 b = int(batch_N[sel[0]])
-                batch = reader.get_batch(b).select(columns)
-                pieces.append(batch.take(pa.array(spill_N[sel] - self.starts_B1[b])))
-        table = pa.Table.from_batches(pieces, schema=pa.schema([self.schema.field(c) for c in columns]))
-        if len(pieces) > 1:
-            table = table.take(np.argsort(by_batch))
-        return table
+                pieces.append(pl.from_arrow(reader.get_batch(b).select(columns))[spill_N[sel] - self.starts_B1[b]])
+        frame = pieces[0] if len(pieces) == 1 else pl.concat(pieces)[np.argsort(by_batch)]
+        return frame.to_arrow().cast(schema)
 
 
 # --- assembly ------------------------------------------------------------------------------------------------
@@ -734,8 +733,14 @@ def _kl_inputs(table: pa.Table, ref_logprobs: pa.ChunkedArray | pa.Array):
 
 def _token_counts(valid_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
     """Number of True tokens per sample (int64)."""
-    csum = np.concatenate(([0], np.cumsum(valid_T, dtype=np.int64)))
-    return csum[offsets_N1[1:]] - csum[offsets_N1[:-1]]
+    lengths_N = np.diff(offsets_N1)
+    if valid_T.all():
+        return lengths_N
+    counts_N = np.zeros(len(lengths_N), dtype=np.int64)
+    nonempty_N = lengths_N > 0
+    if nonempty_N.any():
+        counts_N[nonempty_N] = np.add.reduceat(valid_T, offsets_N1[:-1][nonempty_N], dtype=np.int64)
+    return counts_N
 
 
 def _kl_totals(
@@ -859,7 +864,7 @@ def _assemble(
         topk_ids = pa.nulls(table.num_rows, SHARD.field("topk_ids").type)
         topk_lps = pa.nulls(table.num_rows, SHARD.field("topk_logprobs").type)
     columns = {
-        "sample_id": table["sample_id"],
+        "sample_id": meta["sample_id"].to_arrow(),
         "group_id": meta["group_id"].to_arrow(),
         "policy_version": meta["policy_version"].to_arrow(),
         "staleness": meta["staleness"].to_arrow(),

@@ -94,6 +94,9 @@ FLOAT_LEAVES = (
 """Parquet leaf columns written with byte-stream-split encoding."""
 SCAN_BATCH_ROWS = 1024
 WORKERS = 2
+BLOCK_TOKENS = 1 << 16
+"""Per-token numerics run over blocks of whole samples of about this many tokens: their float64 temporaries
+(512 KiB each) are reused from block to block and stay in cache instead of faulting in fresh pages."""
 """Threads that assemble and write shards side by side (numpy, Arrow, Parquet and zstd release the GIL)."""
 _VERSION_RE = r"(\d+)\D*$"
 
@@ -743,6 +746,17 @@ def _token_counts(valid_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
     return counts_N
 
 
+def _blocks(offsets_N1: np.ndarray) -> list[tuple[int, int]]:
+    """Row ranges ``[r0, r1)`` cutting samples into blocks of about :data:`BLOCK_TOKENS` tokens (a longer sample
+    is a block of its own)."""
+    n = len(offsets_N1) - 1
+    cuts = np.searchsorted(offsets_N1, np.arange(0, int(offsets_N1[-1]), BLOCK_TOKENS), side="right") - 1
+    cuts = np.unique(np.concatenate((cuts[cuts < n], [n])))
+    if cuts[0] != 0:
+        cuts = np.concatenate(([0], cuts))
+    return list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+
+
 def _kl_totals(
     trace_spill: _ScanSpill, ref_spill: _ScanSpill, plan: _Plan, bounds: np.ndarray, options: ShardOptions
 ) -> tuple[np.ndarray | None, np.ndarray, float, int]:
@@ -750,7 +764,7 @@ def _kl_totals(
     Σd, count)`` over valid tokens, per shipped sample in final order.
 
     ``kl_sum_N`` (float64) only with ``kl = "reward"``. Every per-sample sum covers one sample alone, and the
-    batch total adds them in final order, so nothing depends on the threads.
+    batch total adds them in final order, so nothing depends on the threads or the blocks.
     """
     with_k = options.kl == "reward"
     rows_N = plan.ship["row"].to_numpy()
@@ -762,13 +776,20 @@ def _kl_totals(
         refs = ref_spill.gather(ref_rows_N[lo:hi], ["ref_logprobs"])
         lp_T, ref_T, mask_T, off = _kl_inputs(table, refs["ref_logprobs"])
         del table, refs
-        kl_sum = None
-        if with_k:
-            d_T, k_T, valid_T = klmod.masked_kl(lp_T, ref_T, mask_T, options.kl_estimator)
-            kl_sum = klmod.segment_sum(k_T, off)
-        else:
-            d_T, valid_T = klmod.masked_log_ratio(lp_T, ref_T, mask_T)
-        return kl_sum, klmod.segment_sum(d_T, off), _token_counts(valid_T, off)
+        kl_sum = np.zeros(hi - lo) if with_k else None
+        d_sum = np.zeros(hi - lo)
+        count = np.zeros(hi - lo, dtype=np.int64)
+        for r0, r1 in _blocks(off):
+            t0, t1 = int(off[r0]), int(off[r1])
+            off_b = off[r0 : r1 + 1] - t0
+            if with_k:
+                d_B, k_B, valid_B = klmod.masked_kl(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1], options.kl_estimator)
+                kl_sum[r0:r1] = klmod.segment_sum(k_B, off_b)  # type: ignore[index]
+            else:
+                d_B, valid_B = klmod.masked_log_ratio(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1])
+            d_sum[r0:r1] = klmod.segment_sum(d_B, off_b)
+            count[r0:r1] = _token_counts(valid_B, off_b)
+        return kl_sum, d_sum, count
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         parts = list(pool.map(one, range(len(bounds) - 1)))
@@ -834,29 +855,40 @@ def _assemble(
     ids, ids_off = _concat_lists(p_T, p_off, c_T, c_off)
     del p_T, c_T
     mask_T = _mask_T(table, c_off)
-    # float32 straight away unless the KL penalty is added in float64 first (the cast commutes with the
-    # broadcast and with the 0/1 mask, so the stored values are the same either way)
-    adv_dtype = np.float64 if options.kl == "advantages" else np.float32
-    adv_T = klmod.broadcast(scores.advantage_N[pos].astype(adv_dtype), c_off)
-    if not mask_T.all():
-        adv_T *= mask_T
+    masked = not mask_T.all()
+    with_kl = refs is not None
+    into_adv = options.kl == "advantages"
+    advantage_N = scores.advantage_N[pos]
+    adv32_T = np.empty(len(mask_T), dtype=np.float32)
+    if with_kl:
+        lp_T, ref_T, _, _ = _kl_inputs(table, refs["ref_logprobs"])  # type: ignore[index]
+        kl32_T = np.empty(len(mask_T), dtype=np.float32)
+        valid_T = np.empty(len(mask_T), dtype=bool)
+    for r0, r1 in _blocks(c_off):
+        t0, t1 = int(c_off[r0]), int(c_off[r1])
+        # float32 straight away unless the KL penalty is added in float64 first (the cast commutes with the
+        # broadcast and with the 0/1 mask, so the stored values are the same either way)
+        adv_B = klmod.broadcast(advantage_N[r0:r1].astype(np.float64 if into_adv else np.float32), c_off[r0 : r1 + 1])
+        if masked:
+            adv_B *= mask_T[t0:t1]
+        if with_kl:
+            d_B, k_B, valid_T[t0:t1] = klmod.masked_kl(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1], options.kl_estimator)
+            kl32_T[t0:t1] = k_B
+            if into_adv:  # into d's buffer: d is not needed afterwards
+                adv_B = klmod.kl_into_token_advantages(
+                    adv_B, d_B, valid_T[t0:t1], options.kl_coef, scores.mean_d, out=d_B
+                )
+        adv32_T[t0:t1] = adv_B
     ref_col = kl_col = pa.nulls(table.num_rows, SHARD.field("kl").type)
     kl_tok_sum, kl_tok_n = 0.0, 0
-    if refs is not None:
-        lp_T, ref_T, _, _ = _kl_inputs(table, refs["ref_logprobs"])
-        d_T, k_T, valid_T = klmod.masked_kl(lp_T, ref_T, mask_T, options.kl_estimator)
+    if with_kl:
         del lp_T, ref_T
-        ref_col = refs["ref_logprobs"]
-        k32_T = k_T.astype(np.float32)
-        del k_T
-        kl_col = _list_array(k32_T, c_off, pa.float32(), valid_T)
-        kl_vals = pa.array(k32_T[valid_T] if not valid_T.all() else k32_T)
+        ref_col = refs["ref_logprobs"]  # type: ignore[index]
+        kl_col = _list_array(kl32_T, c_off, pa.float32(), valid_T)
+        kl_vals = pa.array(kl32_T[valid_T] if not valid_T.all() else kl32_T)
         kl_tok_sum = float(pc.sum(kl_vals).as_py() or 0.0)  # float32 values summed in float64
         kl_tok_n = len(kl_vals)
-        del k32_T, kl_vals
-        if options.kl == "advantages":  # into d_T's buffer: d is not needed afterwards
-            adv_T = klmod.kl_into_token_advantages(adv_T, d_T, valid_T, options.kl_coef, scores.mean_d, out=d_T)
-        del d_T
+        del kl32_T, kl_vals
     if k is not None:
         topk_ids = heads.fixed_k(table["topk_ids"], k, heads.PAD_ID)
         topk_lps = heads.fixed_k(table["topk_logprobs"], k, heads.PAD_LOGPROB)
@@ -874,7 +906,7 @@ def _assemble(
         "behavior_logprobs": table["completion_logprobs"],
         "ref_logprobs": ref_col,
         "kl": kl_col,
-        "token_advantages": _list_array(adv_T.astype(np.float32, copy=False), c_off, pa.float32()),
+        "token_advantages": _list_array(adv32_T, c_off, pa.float32()),
         "reward": pa.array(scores.reward_N[pos]),
         "advantage": pa.array(scores.advantage_N[pos]),
         "group_size": pa.array(scores.group_size_N[pos]),

@@ -1,22 +1,27 @@
 """``prl build-shards``: checked traces + rewards (+ reference logprobs) → Parquet shard sets (design.md §5–6).
 
-How a build runs (memory is bounded by one shard plus a few scalars per sample, never by token data):
+How a build runs (memory is bounded by one shard per worker thread plus a few scalars per sample, never by the
+table's token data):
 
 1. **Pin** the source: ``store.versions()`` is read once and every scan reads exactly those table versions.
-2. **Plan** (scalars only): stream ``traces`` in batches, keeping per sample its scan row number, ids, version,
-   finish reason, sampling settings and token counts (list lengths; token values are dropped batch by batch).
-   Join the latest reward per (sample_id, name), the latest token-check verdict, and (with KL) the latest reference
-   row's length. Apply every filter; each dropped sample is counted under the first reason it fails, in the order
-   of :data:`DROP_REASONS`. Samples already shipped by an earlier set in ``OUT`` are skipped (unless ``rebuild``).
-3. **Pack**: groups (by ``group_id``) are sorted, shuffled with ``options.seed`` and laid out back to back; a
+2. **Plan**: stream ``traces`` in batches, keeping per sample its scan row number, ids, version, finish reason,
+   sampling settings and token counts (list lengths). Join the latest reward per (sample_id, name), the latest
+   token-check verdict, and (with KL) the latest reference row's length. Apply every filter; each dropped sample is
+   counted under the first reason it fails, in the order of :data:`DROP_REASONS`. Samples already shipped by an
+   earlier set in ``OUT`` are skipped (unless ``rebuild``). The four reads run side by side in threads.
+3. **Spill** (during the plan scans, so token columns are decoded once per build): the token columns of every
+   row not shipped before (and its ``ref_logprobs``) are appended, in scan order, to an Arrow IPC file in the
+   staging folder (:class:`_ScanSpill`); a dry run spills nothing.
+4. **Pack**: groups (by ``group_id``) are sorted, shuffled with ``options.seed`` and laid out back to back; a
    group belongs to the shard in whose ``target_tokens`` window its first token falls, so groups stay whole and
-   shards hold about ``target_tokens`` tokens. Within a group, samples follow ``sample_id``.
-4. **Spill**: stream ``traces`` (and ``ref_logprobs``) again, this time with token columns; each row that ships is
-   routed by its scan row number to its shard's Arrow IPC spill file in the staging folder. This one linear pass
-   replaces a filtered scan per shard, which would read the whole table once per shard.
-5. **Numerics**: with KL into the reward or the advantages, a first pass over the spill files computes per-sample
-   KL sums and the batch mean log ratio; advantages are then computed over exactly the rows that ship
-   (:mod:`prl.advantages`), and each shard is assembled (:mod:`prl.kl`, :mod:`prl.heads`) and written.
+   shards hold about ``target_tokens`` tokens. Within a group, samples follow ``sample_id``. Each shard is a run
+   of the final order.
+5. **Numerics and assembly**: each shard gathers its rows from the spill files, in final order. With KL into the
+   reward or the advantages, a first pass computes per-sample KL sums and the batch mean log ratio; advantages are
+   then computed over exactly the rows that ship (:mod:`prl.advantages`), and each shard is assembled
+   (:mod:`prl.kl` over cache-sized blocks of samples, :mod:`prl.heads`) and written. Shards are gathered,
+   assembled and written by :data:`WORKERS` threads; every value is computed per shard or per sample, so the
+   bytes do not depend on the threads.
 6. **Publish**: parts are written as ``*.tmp``, fsynced and renamed; ``manifest.json`` is written last (temp file,
    fsync, rename); then the whole staging folder is renamed to ``OUT/<set-id>/`` and ``OUT/_index.json`` is
    rewritten from the manifests present. A reader that sees a set folder sees its manifest and every shard it names.

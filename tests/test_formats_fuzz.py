@@ -145,10 +145,22 @@ def test_fixture_records_are_json_round_trippable():
 @pytest.mark.parametrize(
     ("name", "record"),
     [
-        ("vllm_request_output", {"prompt_token_ids": [1], "outputs": [
-            {"token_ids": [2, 3], "finish_reason": "stop", "logprobs": [[None], {"3": {"logprob": -0.25}}]}]}),
-        ("vllm_request_output", {"prompt_token_ids": [1], "outputs": [
-            {"token_ids": [2], "finish_reason": "stop", "logprobs": [[["a", None]]]}]}),
+        (
+            "vllm_request_output",
+            {
+                "prompt_token_ids": [1],
+                "outputs": [
+                    {"token_ids": [2, 3], "finish_reason": "stop", "logprobs": [[None], {"3": {"logprob": -0.25}}]}
+                ],
+            },
+        ),
+        (
+            "vllm_request_output",
+            {
+                "prompt_token_ids": [1],
+                "outputs": [{"token_ids": [2], "finish_reason": "stop", "logprobs": [[["a", None]]]}],
+            },
+        ),
     ],
 )
 def test_map_shaped_lists_are_quarantined_not_a_crash(name, record):

@@ -624,6 +624,7 @@ class _ScanSpill:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.sink: pa.OSFile | None = None
         self.writer: pa.ipc.RecordBatchFileWriter | None = None
         self.schema: pa.Schema | None = None
         self._rows: list[np.ndarray] = []
@@ -638,7 +639,8 @@ class _ScanSpill:
             return
         if self.writer is None:
             self.schema = batch.schema
-            self.writer = pa.ipc.new_file(pa.OSFile(self.path, "wb"), batch.schema)
+            self.sink = pa.OSFile(self.path, "wb")
+            self.writer = pa.ipc.new_file(self.sink, batch.schema)
         self.writer.write_batch(batch)
         self._rows.append(np.asarray(rows, dtype=np.int64))
 
@@ -646,6 +648,9 @@ class _ScanSpill:
         if self.writer is not None:
             self.writer.close()
             self.writer = None
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
         if self._rows:
             self.rows_S = np.concatenate(self._rows)
             self.starts_B1 = np.concatenate(([0], np.cumsum([len(r) for r in self._rows])))

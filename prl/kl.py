@@ -31,22 +31,31 @@ K3_MAX = 10.0
 
 
 def log_ratio(logprobs_T: np.ndarray, ref_logprobs_T: np.ndarray) -> np.ndarray:
-    """``d_T = log q − log p_ref`` in float64 (NaN where either side is NaN)."""
-    return np.asarray(logprobs_T, dtype=np.float64) - np.asarray(ref_logprobs_T, dtype=np.float64)
+    """``d_T = log q − log p_ref`` in float64 (NaN where either side is NaN); float32 inputs are widened on the
+    fly (one new array, no widened copies)."""
+    return np.subtract(logprobs_T, ref_logprobs_T, dtype=np.float64)
 
 
 def kl_estimate(d_T: np.ndarray, estimator: str = "k3") -> np.ndarray:
-    """Per-token KL estimate ``k(d_T)`` (float64) for ``estimator`` in ``k1``, ``k2``, ``k3``."""
+    """Per-token KL estimate ``k(d_T)`` (float64, a new array) for ``estimator`` in ``k1``, ``k2``, ``k3``.
+
+    k3 is computed in one buffer: with ``x = clamp(−d, −20, 20)``, ``eˣ − 1 − x`` equals ``expm1(x) + d``
+    wherever the clamp does not bite (``x = −d`` exactly, so the rounding is the same), and every ``d`` outside
+    ``[−20, 20]`` gives the cap of 10.
+    """
     d_T = np.asarray(d_T, dtype=np.float64)
     if estimator == "k1":
         return d_T.copy()
     if estimator == "k2":
         return 0.5 * d_T * d_T
     if estimator == "k3":
-        x_T = np.clip(-d_T, -K3_CLAMP_X, K3_CLAMP_X)
-        k_T = np.expm1(x_T)
-        k_T -= x_T
-        return np.minimum(k_T, K3_MAX, out=k_T)
+        k_T = np.negative(d_T)
+        np.clip(k_T, -K3_CLAMP_X, K3_CLAMP_X, out=k_T)
+        np.expm1(k_T, out=k_T)
+        k_T += d_T
+        np.minimum(k_T, K3_MAX, out=k_T)  # d > 20: expm1(−20) + d > 10
+        k_T[d_T < -K3_CLAMP_X] = K3_MAX  # d < −20 (also −inf): x = 20, far above the cap
+        return k_T
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
 
 
@@ -59,15 +68,43 @@ def valid_tokens(logprobs_T: np.ndarray, ref_logprobs_T: np.ndarray, mask_T: np.
 
 
 def segment_sum(values_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
-    """``Σ`` of ``values_T`` within each sample: ``sums_N`` float64 (0 for empty samples)."""
+    """``Σ`` of ``values_T`` within each sample: ``sums_N`` float64 (0 for empty samples).
+
+    Each sample is summed on its own (``np.add.reduceat``), so a sum depends only on that sample's values, never
+    on where the sample sits in the batch.
+    """
     offsets_N1 = np.asarray(offsets_N1, dtype=np.int64)
-    csum = np.concatenate(([0.0], np.cumsum(np.asarray(values_T, dtype=np.float64))))
-    return csum[offsets_N1[1:]] - csum[offsets_N1[:-1]]
+    values_T = np.asarray(values_T, dtype=np.float64)
+    starts_N = offsets_N1[:-1]
+    sums_N = np.zeros(len(starts_N))
+    nonempty_N = offsets_N1[1:] > starts_N
+    if nonempty_N.all() and len(starts_N):
+        return np.add.reduceat(values_T[: offsets_N1[-1]], starts_N)
+    if nonempty_N.any():  # an empty segment's start equals the next start, so reduceat over the others is exact
+        sums_N[nonempty_N] = np.add.reduceat(values_T[: offsets_N1[-1]], starts_N[nonempty_N])
+    return sums_N
 
 
 def broadcast(values_N: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
     """Repeat each sample's value over its tokens: ``values_T``."""
     return np.repeat(np.asarray(values_N), np.diff(np.asarray(offsets_N1, dtype=np.int64)))
+
+
+def masked_log_ratio(
+    logprobs_T: np.ndarray, ref_logprobs_T: np.ndarray, mask_T: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(d_T, valid_T)``: the log ratio (float64), 0.0 where a token is not valid.
+
+    A token is valid when it is inside the loss mask and ``d`` is finite: both logprobs are finite (one
+    subtraction and one test instead of a test per side; two finite logprobs, ≤ 0, never overflow).
+    """
+    d_T = log_ratio(logprobs_T, ref_logprobs_T)
+    valid_T = np.isfinite(d_T)
+    if mask_T is not None:
+        valid_T &= np.asarray(mask_T, dtype=bool)
+    if not valid_T.all():
+        d_T[~valid_T] = 0.0
+    return d_T, valid_T
 
 
 def masked_kl(
@@ -77,14 +114,8 @@ def masked_kl(
     estimator: str = "k3",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(d_T, kl_T, valid_T)``: the log ratio and KL estimate, both 0.0 where a token is not valid."""
-    valid_T = valid_tokens(logprobs_T, ref_logprobs_T, mask_T)
-    d_T = log_ratio(logprobs_T, ref_logprobs_T)
-    if valid_T.all():  # the common case: no masked or missing tokens, no extra passes
-        return d_T, kl_estimate(d_T, estimator), valid_T
-    d_T[~valid_T] = 0.0
-    k_T = kl_estimate(d_T, estimator)
-    k_T[~valid_T] = 0.0
-    return d_T, k_T, valid_T
+    d_T, valid_T = masked_log_ratio(logprobs_T, ref_logprobs_T, mask_T)
+    return d_T, kl_estimate(d_T, estimator), valid_T  # every estimator is +0.0 where d is 0.0
 
 
 def kl_into_reward(rewards_N: np.ndarray, kl_T: np.ndarray, offsets_N1: np.ndarray, beta: float) -> np.ndarray:
@@ -104,7 +135,16 @@ def kl_into_token_advantages(
     valid_T: np.ndarray,
     beta: float,
     mean_d: float,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``A_t + β·(mean_d − d_t)`` on valid tokens, ``A_t`` elsewhere (float64)."""
-    penalty_T = np.where(valid_T, beta * (mean_d - np.asarray(d_T, dtype=np.float64)), 0.0)
-    return np.asarray(token_advantages_T, dtype=np.float64) + penalty_T
+    """``A_t + β·(mean_d − d_t)`` on valid tokens, ``A_t`` elsewhere (float64).
+
+    Written into ``out`` when given (a float64 array of the same length; it may be ``d_T`` itself), else into a
+    new array.
+    """
+    penalty_T = np.subtract(mean_d, d_T, dtype=np.float64, out=out)
+    penalty_T *= beta
+    if not valid_T.all():
+        penalty_T[~valid_T] = 0.0
+    penalty_T += token_advantages_T
+    return penalty_T

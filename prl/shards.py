@@ -1,22 +1,27 @@
 """``prl build-shards``: checked traces + rewards (+ reference logprobs) → Parquet shard sets (design.md §5–6).
 
-How a build runs (memory is bounded by one shard plus a few scalars per sample, never by token data):
+How a build runs (memory is bounded by one shard per worker thread plus a few scalars per sample, never by the
+table's token data):
 
 1. **Pin** the source: ``store.versions()`` is read once and every scan reads exactly those table versions.
-2. **Plan** (scalars only): stream ``traces`` in batches, keeping per sample its scan row number, ids, version,
-   finish reason, sampling settings and token counts (list lengths; token values are dropped batch by batch).
-   Join the latest reward per (sample_id, name), the latest token-check verdict, and (with KL) the latest reference
-   row's length. Apply every filter; each dropped sample is counted under the first reason it fails, in the order
-   of :data:`DROP_REASONS`. Samples already shipped by an earlier set in ``OUT`` are skipped (unless ``rebuild``).
-3. **Pack**: groups (by ``group_id``) are sorted, shuffled with ``options.seed`` and laid out back to back; a
+2. **Plan**: stream ``traces`` in batches, keeping per sample its scan row number, ids, version, finish reason,
+   sampling settings and token counts (list lengths). Join the latest reward per (sample_id, name), the latest
+   token-check verdict, and (with KL) the latest reference row's length. Apply every filter; each dropped sample is
+   counted under the first reason it fails, in the order of :data:`DROP_REASONS`. Samples already shipped by an
+   earlier set in ``OUT`` are skipped (unless ``rebuild``). The four reads run side by side in threads.
+3. **Spill** (during the plan scans, so token columns are decoded once per build): the token columns of every
+   row not shipped before (and its ``ref_logprobs``) are appended, in scan order, to an Arrow IPC file in the
+   staging folder (:class:`_ScanSpill`); a dry run spills nothing.
+4. **Pack**: groups (by ``group_id``) are sorted, shuffled with ``options.seed`` and laid out back to back; a
    group belongs to the shard in whose ``target_tokens`` window its first token falls, so groups stay whole and
-   shards hold about ``target_tokens`` tokens. Within a group, samples follow ``sample_id``.
-4. **Spill**: stream ``traces`` (and ``ref_logprobs``) again, this time with token columns; each row that ships is
-   routed by its scan row number to its shard's Arrow IPC spill file in the staging folder. This one linear pass
-   replaces a filtered scan per shard, which would read the whole table once per shard.
-5. **Numerics**: with KL into the reward or the advantages, a first pass over the spill files computes per-sample
-   KL sums and the batch mean log ratio; advantages are then computed over exactly the rows that ship
-   (:mod:`prl.advantages`), and each shard is assembled (:mod:`prl.kl`, :mod:`prl.heads`) and written.
+   shards hold about ``target_tokens`` tokens. Within a group, samples follow ``sample_id``. Each shard is a run
+   of the final order.
+5. **Numerics and assembly**: each shard gathers its rows from the spill files, in final order. With KL into the
+   reward or the advantages, a first pass computes per-sample KL sums and the batch mean log ratio; advantages are
+   then computed over exactly the rows that ship (:mod:`prl.advantages`), and each shard is assembled
+   (:mod:`prl.kl` over cache-sized blocks of samples, :mod:`prl.heads`) and written. Shards are gathered,
+   assembled and written by :data:`WORKERS` threads; every value is computed per shard or per sample, so the
+   bytes do not depend on the threads.
 6. **Publish**: parts are written as ``*.tmp``, fsynced and renamed; ``manifest.json`` is written last (temp file,
    fsync, rename); then the whole staging folder is renamed to ``OUT/<set-id>/`` and ``OUT/_index.json`` is
    rewritten from the manifests present. A reader that sees a set folder sees its manifest and every shard it names.
@@ -33,7 +38,7 @@ import os
 import re
 import shutil
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +98,11 @@ FLOAT_LEAVES = (
 )
 """Parquet leaf columns written with byte-stream-split encoding."""
 SCAN_BATCH_ROWS = 1024
+WORKERS = 2
+BLOCK_TOKENS = 1 << 16
+"""Per-token numerics run over blocks of whole samples of about this many tokens: their float64 temporaries
+(512 KiB each) are reused from block to block and stay in cache instead of faulting in fresh pages."""
+"""Threads that assemble and write shards side by side (numpy, Arrow, Parquet and zstd release the GIL)."""
 _VERSION_RE = r"(\d+)\D*$"
 
 
@@ -248,8 +258,34 @@ def _write_index(out: str) -> None:
 
 
 # --- plan ----------------------------------------------------------------------------------------------------
-def _scan_plan_traces(store: Store, version: int, options: ShardOptions) -> pl.DataFrame:
-    """Per-sample scalars of every trace row, with its scan row number (``row``)."""
+def _spill_rows(
+    spill: _ScanSpill, batch: pa.RecordBatch, columns: list[str], first_row: int, exclude: pa.Array | None
+) -> None:
+    """Spill ``columns`` of the rows of ``batch`` (scan rows from ``first_row``) whose sample is not excluded."""
+    rows = np.arange(first_row, first_row + batch.num_rows, dtype=np.int64)
+    part = batch.select(columns)
+    if exclude is not None and len(exclude):
+        keep = pc.invert(pc.is_in(batch["sample_id"], value_set=exclude))
+        if not pc.all(keep).as_py():
+            part = part.filter(keep)
+            rows = rows[keep.to_numpy(zero_copy_only=False)]
+    spill.write(part, rows)
+
+
+def _trace_spill_columns(options: ShardOptions) -> list[str]:
+    cols = ["prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
+    return cols + (["topk_ids", "topk_logprobs"] if options.topk is not None else [])
+
+
+def _scan_plan_traces(
+    store: Store,
+    version: int,
+    options: ShardOptions,
+    spill: _ScanSpill | None = None,
+    exclude: pa.Array | None = None,
+) -> pl.DataFrame:
+    """Per-sample scalars of every trace row, with its scan row number (``row``). With ``spill``, the token
+    columns of every row whose ``sample_id`` is not in ``exclude`` are spilled as they are decoded."""
     columns = [
         "sample_id",
         "group_id",
@@ -268,10 +304,16 @@ def _scan_plan_traces(store: Store, version: int, options: ShardOptions) -> pl.D
         columns.append(baseline)
     if options.topk is not None:
         columns.append("topk_ids")
+    spill_columns = _trace_spill_columns(options)
+    if spill is not None:
+        columns += [c for c in spill_columns if c not in columns]
     frames = []
     row = 0
-    for batch in store.scan("traces", columns=columns, batch_size=SCAN_BATCH_ROWS * 8, version=version):
+    batch_rows = SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8
+    for batch in store.scan("traces", columns=columns, batch_size=batch_rows, version=version):
         n = batch.num_rows
+        if spill is not None:
+            _spill_rows(spill, batch, spill_columns, row, exclude)
         cols = {
             "row": pa.array(np.arange(row, row + n, dtype=np.int64)),
             "sample_id": batch["sample_id"],
@@ -344,9 +386,15 @@ def _ref_filter(options: ShardOptions) -> ds.Expression | None:
     return pc.field("ref_model") == options.ref_model if options.ref_model else None
 
 
-def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> tuple[pl.DataFrame, int]:
-    """The winning reference row per sample (latest ingest) with its scan row number and length, and the
-    number of rows the scan yields."""
+def _scan_plan_refs(
+    store: Store,
+    version: int,
+    options: ShardOptions,
+    spill: _ScanSpill | None = None,
+    exclude: pa.Array | None = None,
+) -> pl.DataFrame:
+    """The winning reference row per sample (latest ingest) with its scan row number (``ref_row``) and length.
+    With ``spill``, ``ref_logprobs`` of every row whose ``sample_id`` is not in ``exclude`` is spilled."""
     frames = []
     row = 0
     cols = ["sample_id", "ingested_at", "source_uri", "source_line", "ref_logprobs"]
@@ -354,10 +402,12 @@ def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> tuple[
         "ref_logprobs",
         columns=cols,
         filter=_ref_filter(options),
-        batch_size=SCAN_BATCH_ROWS * 8,
+        batch_size=SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8,
         version=version,
     ):
         n = batch.num_rows
+        if spill is not None:
+            _spill_rows(spill, batch, ["ref_logprobs"], row, exclude)
         frames.append(
             pl.from_arrow(
                 pa.table(
@@ -375,13 +425,13 @@ def _scan_plan_refs(store: Store, version: int, options: ShardOptions) -> tuple[
         row += n
     if not frames:
         empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64}
-        return pl.DataFrame(schema=empty), 0
+        return pl.DataFrame(schema=empty)
     return (
         pl.concat(frames)
         .sort(["sample_id", "ingested_at", "source_uri", "source_line", "ref_row"])
         .unique(subset=["sample_id"], keep="last", maintain_order=True)
         .select("sample_id", "ref_row", "ref_len")
-    ), row
+    )
 
 
 def _drop_reasons(options: ShardOptions, with_ref: bool) -> pl.Expr:
@@ -441,21 +491,43 @@ class _Plan:
     considered: int
     already_shipped: int
     drops: dict[str, int]
-    trace_rows: int
     current_version: int | None
     k: int | None
     reward_names_seen: list[str]
     constant_groups: int = 0
-    ref_scan_rows: int = 0
 
 
-def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, shipped: set[str]) -> _Plan:
+def _plan(
+    store: Store,
+    versions: dict[str, int | None],
+    options: ShardOptions,
+    shipped: set[str],
+    trace_spill: _ScanSpill | None = None,
+    ref_spill: _ScanSpill | None = None,
+) -> _Plan:
+    """Scan, join, filter and pack (see the module docstring). With spills, the scans also keep the token
+    columns of every row not shipped before, for the shards to be assembled from."""
     with_ref = options.kl != "none"
-    ref_scan_rows = 0
-    traces = _scan_plan_traces(store, versions["traces"], options)  # type: ignore[arg-type]
+    names = list(options.rewards)
+    exclude = pa.array(sorted(shipped), pa.string()) if shipped else None
+    # the four reads are independent: run them side by side (decoding and polars release the GIL)
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            traces_f = pool.submit(_scan_plan_traces, store, versions["traces"], options, trace_spill, exclude)
+            rewards_f = pool.submit(_latest_rewards, store, versions["rewards"], names)
+            verdicts_f = pool.submit(_latest_verdicts, store, versions["checks"], options.tokenizer_fingerprint)
+            refs_f = None
+            if with_ref:
+                refs_f = pool.submit(_scan_plan_refs, store, versions["ref_logprobs"], options, ref_spill, exclude)
+            traces = traces_f.result()
+            rewards, verdicts = rewards_f.result(), verdicts_f.result()
+            refs = refs_f.result() if refs_f is not None else None
+    finally:
+        for spill in (trace_spill, ref_spill):
+            if spill is not None:
+                spill.close()
     if traces.is_empty():
-        return _Plan(traces, 0, 0, {}, 0, None, None, [])
-    trace_rows = traces.height
+        return _Plan(traces, 0, 0, {}, None, None, [])
     traces = traces.with_columns(pl.col("policy_version").str.extract(_VERSION_RE, 1).cast(pl.Int64).alias("_v"))
     current = parse_version(options.current_version) if options.current_version else traces["_v"].max()
     traces = traces.with_columns((pl.lit(current, dtype=pl.Int64) - pl.col("_v")).alias("staleness"))
@@ -468,12 +540,8 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
         already = int(is_shipped.sum())
         traces = traces.filter(~is_shipped)
 
-    names = list(options.rewards)
-    rewards = _latest_rewards(store, versions["rewards"], names)
-    verdicts = _latest_verdicts(store, versions["checks"], options.tokenizer_fingerprint)
     plan = traces.join(rewards, on="sample_id", how="left").join(verdicts, on="sample_id", how="left")
-    if with_ref:
-        refs, ref_scan_rows = _scan_plan_refs(store, versions["ref_logprobs"], options)  # type: ignore[arg-type]
+    if refs is not None:
         plan = plan.join(refs, on="sample_id", how="left")
     plan = plan.sort("row")
     components = {n: plan[f"r::{n}"].to_numpy().astype(np.float64) for n in names}
@@ -524,7 +592,7 @@ def _plan(store: Store, versions: dict[str, int | None], options: ShardOptions, 
 
     ship = _pack(keep, options)
     seen = [n for n in names if plan[f"r::{n}"].is_not_null().any()]
-    return _Plan(ship, plan.height + already, already, drops, trace_rows, current, k, seen, constant, ref_scan_rows)
+    return _Plan(ship, plan.height + already, already, drops, current, k, seen, constant)
 
 
 def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
@@ -547,76 +615,73 @@ def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
 
 
 # --- spill ---------------------------------------------------------------------------------------------------
-class _Spill:
-    """Per-shard Arrow IPC files in the staging folder; rows carry ``_pos`` (their place in the final order)."""
+class _ScanSpill:
+    """Rows of one table in scan order, in one Arrow IPC file of the staging folder, written while the plan scan
+    decodes them (so token columns are decoded once per build) and gathered shard by shard afterwards.
 
-    def __init__(self, folder: str, prefix: str) -> None:
-        self.folder = folder
-        self.prefix = prefix
-        self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
-        os.makedirs(folder, exist_ok=True)
+    Only the rows given to :meth:`write` are kept; :meth:`gather` finds them by their scan row numbers.
+    """
 
-    def path(self, shard: int) -> str:
-        return os.path.join(self.folder, f"{self.prefix}-{shard:05d}.arrow")
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sink: pa.OSFile | None = None
+        self.writer: pa.ipc.RecordBatchFileWriter | None = None
+        self.schema: pa.Schema | None = None
+        self._rows: list[np.ndarray] = []
+        self.rows_S = np.zeros(0, dtype=np.int64)
+        """Scan row number of every spilled row (ascending)."""
+        self.starts_B1 = np.zeros(1, dtype=np.int64)
+        """Spill row where each written batch starts, and the total."""
 
-    def write(self, shard: int, batch: pa.RecordBatch) -> None:
-        writer = self.writers.get(shard)
-        if writer is None:
-            writer = pa.ipc.new_stream(pa.OSFile(self.path(shard), "wb"), batch.schema)
-            self.writers[shard] = writer
-        writer.write_batch(batch)
+    def write(self, batch: pa.RecordBatch, rows: np.ndarray) -> None:
+        """Append ``batch`` whose rows have scan row numbers ``rows`` (ascending, after earlier writes)."""
+        if batch.num_rows == 0:
+            return
+        if self.writer is None:
+            self.schema = batch.schema
+            self.sink = pa.OSFile(self.path, "wb")
+            self.writer = pa.ipc.new_file(self.sink, batch.schema)
+        self.writer.write_batch(batch)
+        self._rows.append(np.asarray(rows, dtype=np.int64))
 
     def close(self) -> None:
-        for writer in self.writers.values():
-            writer.close()
-        self.writers.clear()
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+        if self._rows:
+            self.rows_S = np.concatenate(self._rows)
+            self.starts_B1 = np.concatenate(([0], np.cumsum([len(r) for r in self._rows])))
+            self._rows = []
 
-    def read(self, shard: int, schema: pa.Schema) -> pa.Table:
-        """The shard's rows, sorted by ``_pos``."""
-        path = self.path(shard)
-        if not os.path.exists(path):
+    def gather(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
+        """``columns`` of the rows with scan row numbers ``rows_N``, in that order (spill column types).
+
+        Rows are copied out of each spilled batch that holds some of them, then put in the requested order
+        (polars gathers list columns a row at a time; Arrow's ``take`` indexes every value). The file is
+        memory-mapped only while rows are copied out, so memory stays bounded by the rows gathered.
+        """
+        assert self.schema is not None, "gather from an empty spill"
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        spill_N = np.searchsorted(self.rows_S, rows_N)
+        if len(rows_N) and not np.array_equal(self.rows_S[np.minimum(spill_N, len(self.rows_S) - 1)], rows_N):
+            raise RuntimeError(f"rows missing from spill file {self.path}")
+        if len(rows_N) == 0:
             return schema.empty_table()
-        with pa.memory_map(path) as source:
-            table = pa.ipc.open_stream(source).read_all()
-        order = np.argsort(table["_pos"].to_numpy(), kind="stable")
-        return table.take(order)
-
-
-def _route(
-    store: Store,
-    table: str,
-    version: int,
-    columns: list[str],
-    dest_shard_R: np.ndarray,
-    dest_pos_R: np.ndarray,
-    expected_ids: pa.Array,
-    spill: _Spill,
-    flt: ds.Expression | None = None,
-) -> pa.Schema | None:
-    """Stream ``table`` and append each row whose scan row number ships to its shard's spill file."""
-    row = 0
-    schema = None
-    for batch in store.scan(table, columns=columns, filter=flt, batch_size=SCAN_BATCH_ROWS, version=version):
-        n = batch.num_rows
-        shard_n = dest_shard_R[row : row + n]
-        sel = np.flatnonzero(shard_n >= 0)
-        row += n
-        if len(sel) == 0:
-            continue
-        order = sel[np.argsort(shard_n[sel], kind="stable")]
-        pos = dest_pos_R[row - n + order]
-        picked = batch.take(pa.array(order))
-        if not picked["sample_id"].equals(expected_ids.take(pa.array(pos))):
-            raise RuntimeError(f"table {table} changed while it was read at version {version}")
-        picked = picked.append_column("_pos", pa.array(pos))
-        schema = picked.schema
-        shards = shard_n[order]
-        bounds = np.flatnonzero(np.diff(shards)) + 1
-        for start, stop in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(order)])), strict=True):
-            spill.write(int(shards[start]), picked.slice(int(start), int(stop - start)))
-    if row != len(dest_shard_R):
-        raise RuntimeError(f"table {table} changed while it was read at version {version}")
-    return schema
+        batch_N = np.searchsorted(self.starts_B1, spill_N, side="right") - 1
+        by_batch = np.argsort(batch_N, kind="stable")
+        bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
+        pieces = []
+        with pa.memory_map(self.path) as source:
+            reader = pa.ipc.open_file(source)
+            for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
+                sel = by_batch[lo:hi]
+                b = int(batch_N[sel[0]])
+                pieces.append(pl.from_arrow(reader.get_batch(b).select(columns))[spill_N[sel] - self.starts_B1[b]])
+        frame = pieces[0] if len(pieces) == 1 else pl.concat(pieces)[np.argsort(by_batch)]
+        return frame.to_arrow().cast(schema)
 
 
 # --- assembly ------------------------------------------------------------------------------------------------
@@ -635,13 +700,20 @@ def _flat_values(column: pa.ChunkedArray | pa.Array, dtype: Any) -> tuple[np.nda
 def _concat_lists(
     a_T: np.ndarray, a_off: np.ndarray, b_T: np.ndarray, b_off: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Row-wise concatenation of two flat list columns: ``(values, offsets)`` (two scatters, no per-row work)."""
+    """Row-wise concatenation of two flat list columns: ``(values, offsets)``.
+
+    A boolean pattern marks where the first column's values go; each column then fills its own positions in
+    order (two masked copies: no index arrays, no per-row work).
+    """
     a_len = np.diff(a_off)
     b_len = np.diff(b_off)
-    out_off = np.concatenate(([0], np.cumsum(a_len + b_len))).astype(np.int64)
-    out = np.empty(int(out_off[-1]), dtype=a_T.dtype)
-    out[np.arange(len(a_T)) + np.repeat(out_off[:-1] - a_off[:-1], a_len)] = a_T
-    out[np.arange(len(b_T)) + np.repeat(out_off[:-1] + a_len - b_off[:-1], b_len)] = b_T
+    out_off = np.zeros(len(a_len) + 1, dtype=np.int64)
+    np.cumsum(a_len + b_len, out=out_off[1:])
+    first_T = np.repeat(np.tile(np.array([True, False]), len(a_len)), np.column_stack((a_len, b_len)).ravel())
+    out = np.empty(int(out_off[-1]), dtype=np.result_type(a_T, b_T))
+    out[first_T] = a_T
+    np.logical_not(first_T, out=first_T)
+    out[first_T] = b_T
     return out, out_off
 
 
@@ -664,27 +736,92 @@ class _Scores:
     singletons_without_baseline: int
 
 
-def _kl_for(table: pa.Table, refs: pa.Table, options: ShardOptions):
-    lp_T, off = _flat_values(table["completion_logprobs"], np.float64)
-    ref_T, _ = _flat_values(refs["ref_logprobs"], np.float64)
-    mask_T = _mask_T(table, off)
-    d_T, k_T, valid_T = klmod.masked_kl(lp_T, ref_T, mask_T, options.kl_estimator)
-    return d_T, k_T, valid_T, off, mask_T
+def _kl_inputs(table: pa.Table, ref_logprobs: pa.ChunkedArray | pa.Array):
+    """``(lp_T, ref_T, mask_T, offsets_N1)`` of rows that line up one to one (float32 as stored, NaN for nulls;
+    :func:`prl.kl.log_ratio` widens them to float64 as it subtracts)."""
+    lp_T, off = _flat_values(table["completion_logprobs"], np.float32)
+    ref_T, _ = _flat_values(ref_logprobs, np.float32)
+    return lp_T, ref_T, _mask_T(table, off), off
+
+
+def _token_counts(valid_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
+    """Number of True tokens per sample (int64)."""
+    lengths_N = np.diff(offsets_N1)
+    if valid_T.all():
+        return lengths_N
+    counts_N = np.zeros(len(lengths_N), dtype=np.int64)
+    nonempty_N = lengths_N > 0
+    if nonempty_N.any():
+        counts_N[nonempty_N] = np.add.reduceat(valid_T, offsets_N1[:-1][nonempty_N], dtype=np.int64)
+    return counts_N
+
+
+def _blocks(offsets_N1: np.ndarray) -> list[tuple[int, int]]:
+    """Row ranges ``[r0, r1)`` cutting samples into blocks of about :data:`BLOCK_TOKENS` tokens (a longer sample
+    is a block of its own)."""
+    n = len(offsets_N1) - 1
+    cuts = np.searchsorted(offsets_N1, np.arange(0, int(offsets_N1[-1]), BLOCK_TOKENS), side="right") - 1
+    cuts = np.unique(np.concatenate((cuts[cuts < n], [n])))
+    if cuts[0] != 0:
+        cuts = np.concatenate(([0], cuts))
+    return list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+
+
+def _kl_totals(
+    trace_spill: _ScanSpill, ref_spill: _ScanSpill, plan: _Plan, bounds: np.ndarray, options: ShardOptions
+) -> tuple[np.ndarray | None, np.ndarray, float, int]:
+    """First pass over the spilled rows, shard by shard (:data:`WORKERS` threads): ``(kl_sum_N, kl_tokens_N,
+    Σd, count)`` over valid tokens, per shipped sample in final order.
+
+    ``kl_sum_N`` (float64) only with ``kl = "reward"``. Every per-sample sum covers one sample alone, and the
+    batch total adds them in final order, so nothing depends on the threads or the blocks.
+    """
+    with_k = options.kl == "reward"
+    rows_N = plan.ship["row"].to_numpy()
+    ref_rows_N = plan.ship["ref_row"].to_numpy()
+
+    def one(s: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        table = trace_spill.gather(rows_N[lo:hi], ["completion_logprobs", "completion_mask"])
+        refs = ref_spill.gather(ref_rows_N[lo:hi], ["ref_logprobs"])
+        lp_T, ref_T, mask_T, off = _kl_inputs(table, refs["ref_logprobs"])
+        del table, refs
+        kl_sum = np.zeros(hi - lo) if with_k else None
+        d_sum = np.zeros(hi - lo)
+        count = np.zeros(hi - lo, dtype=np.int64)
+        for r0, r1 in _blocks(off):
+            t0, t1 = int(off[r0]), int(off[r1])
+            off_b = off[r0 : r1 + 1] - t0
+            if with_k:
+                d_B, k_B, valid_B = klmod.masked_kl(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1], options.kl_estimator)
+                kl_sum[r0:r1] = klmod.segment_sum(k_B, off_b)  # type: ignore[index]
+            else:
+                d_B, valid_B = klmod.masked_log_ratio(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1])
+            d_sum[r0:r1] = klmod.segment_sum(d_B, off_b)
+            count[r0:r1] = _token_counts(valid_B, off_b)
+        return kl_sum, d_sum, count
+
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        parts = list(pool.map(one, range(len(bounds) - 1)))
+    kl_sum_N = np.concatenate([p[0] for p in parts]) if with_k else None  # type: ignore[misc]
+    d_sum_N = np.concatenate([p[1] for p in parts])
+    kl_tokens_N = np.concatenate([p[2] for p in parts])
+    return kl_sum_N, kl_tokens_N, float(d_sum_N.sum()), int(kl_tokens_N.sum())
 
 
 def _mask_T(table: pa.Table, off: np.ndarray) -> np.ndarray:
+    """``mask_T`` (bool, completion-aligned): the row's ``completion_mask``, all True for rows without one."""
     masks = table["completion_mask"]
     if masks.null_count == len(masks):
         return np.ones(int(off[-1]), dtype=bool)
     masks = masks.combine_chunks() if isinstance(masks, pa.ChunkedArray) else masks
-    vals, moff = _flat_values(masks, bool)
-    present = masks.is_valid().to_numpy(zero_copy_only=False)
+    # rows with a mask: lengths equal completion lengths (checked in the plan), so their values fill exactly
+    # those rows' positions, in order
+    vals = pc.fill_null(pc.list_flatten(masks), False).to_numpy(zero_copy_only=False)
+    if masks.null_count == 0:
+        return vals
     out = np.ones(int(off[-1]), dtype=bool)
-    row_T = np.repeat(np.arange(len(present)), np.diff(off))
-    have_T = present[row_T]
-    # rows with a mask: lengths equal completion lengths (checked in the plan), so offsets line up row by row
-    src_T = moff[:-1][row_T] + (np.arange(len(out)) - off[:-1][row_T])
-    out[have_T] = vals[src_T[have_T]]
+    out[np.repeat(masks.is_valid().to_numpy(zero_copy_only=False), np.diff(off))] = vals
     return out
 
 
@@ -716,24 +853,52 @@ def _assemble(
     table: pa.Table,
     refs: pa.Table | None,
     meta: pl.DataFrame,
+    pos: slice,
     scores: _Scores,
     options: ShardOptions,
     k: int | None,
-) -> pa.Table:
-    """One shard's Arrow table in ``SHARD`` schema; ``table``/``refs``/``meta`` rows are in final order."""
-    pos = table["_pos"].to_numpy()
+) -> tuple[pa.Table, float, int]:
+    """One shard's Arrow table in ``SHARD`` schema, with the sum (float64) and count of its per-token KL values
+    (0.0, 0 without KL); ``table``/``refs``/``meta`` rows are the shipped rows ``pos`` of the final order."""
     p_T, p_off = _flat_values(table["prompt_token_ids"], np.int32)
     c_T, c_off = _flat_values(table["completion_token_ids"], np.int32)
     ids, ids_off = _concat_lists(p_T, p_off, c_T, c_off)
+    del p_T, c_T
     mask_T = _mask_T(table, c_off)
-    adv_T = klmod.broadcast(scores.advantage_N[pos], c_off) * mask_T
+    masked = not mask_T.all()
+    with_kl = refs is not None
+    into_adv = options.kl == "advantages"
+    advantage_N = scores.advantage_N[pos]
+    adv32_T = np.empty(len(mask_T), dtype=np.float32)
+    if with_kl:
+        lp_T, ref_T, _, _ = _kl_inputs(table, refs["ref_logprobs"])  # type: ignore[index]
+        kl32_T = np.empty(len(mask_T), dtype=np.float32)
+        valid_T = np.empty(len(mask_T), dtype=bool)
+    for r0, r1 in _blocks(c_off):
+        t0, t1 = int(c_off[r0]), int(c_off[r1])
+        # float32 straight away unless the KL penalty is added in float64 first (the cast commutes with the
+        # broadcast and with the 0/1 mask, so the stored values are the same either way)
+        adv_B = klmod.broadcast(advantage_N[r0:r1].astype(np.float64 if into_adv else np.float32), c_off[r0 : r1 + 1])
+        if masked:
+            adv_B *= mask_T[t0:t1]
+        if with_kl:
+            d_B, k_B, valid_T[t0:t1] = klmod.masked_kl(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1], options.kl_estimator)
+            kl32_T[t0:t1] = k_B
+            if into_adv:  # into d's buffer: d is not needed afterwards
+                adv_B = klmod.kl_into_token_advantages(
+                    adv_B, d_B, valid_T[t0:t1], options.kl_coef, scores.mean_d, out=d_B
+                )
+        adv32_T[t0:t1] = adv_B
     ref_col = kl_col = pa.nulls(table.num_rows, SHARD.field("kl").type)
-    if refs is not None:
-        d_T, k_T, valid_T, _, _ = _kl_for(table, refs, options)
-        ref_col = refs["ref_logprobs"]
-        kl_col = _list_array(k_T.astype(np.float32), c_off, pa.float32(), valid_T)
-        if options.kl == "advantages":
-            adv_T = klmod.kl_into_token_advantages(adv_T, d_T, valid_T, options.kl_coef, scores.mean_d)
+    kl_tok_sum, kl_tok_n = 0.0, 0
+    if with_kl:
+        del lp_T, ref_T
+        ref_col = refs["ref_logprobs"]  # type: ignore[index]
+        kl_col = _list_array(kl32_T, c_off, pa.float32(), valid_T)
+        kl_vals = pa.array(kl32_T[valid_T] if not valid_T.all() else kl32_T)
+        kl_tok_sum = float(pc.sum(kl_vals).as_py() or 0.0)  # float32 values summed in float64
+        kl_tok_n = len(kl_vals)
+        del kl32_T, kl_vals
     if k is not None:
         topk_ids = heads.fixed_k(table["topk_ids"], k, heads.PAD_ID)
         topk_lps = heads.fixed_k(table["topk_logprobs"], k, heads.PAD_LOGPROB)
@@ -741,7 +906,7 @@ def _assemble(
         topk_ids = pa.nulls(table.num_rows, SHARD.field("topk_ids").type)
         topk_lps = pa.nulls(table.num_rows, SHARD.field("topk_logprobs").type)
     columns = {
-        "sample_id": table["sample_id"],
+        "sample_id": meta["sample_id"].to_arrow(),
         "group_id": meta["group_id"].to_arrow(),
         "policy_version": meta["policy_version"].to_arrow(),
         "staleness": meta["staleness"].to_arrow(),
@@ -751,7 +916,7 @@ def _assemble(
         "behavior_logprobs": table["completion_logprobs"],
         "ref_logprobs": ref_col,
         "kl": kl_col,
-        "token_advantages": _list_array(adv_T.astype(np.float32), c_off, pa.float32()),
+        "token_advantages": _list_array(adv32_T, c_off, pa.float32()),
         "reward": pa.array(scores.reward_N[pos]),
         "advantage": pa.array(scores.advantage_N[pos]),
         "group_size": pa.array(scores.group_size_N[pos]),
@@ -764,7 +929,7 @@ def _assemble(
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks else pa.array([], f.type)
         arrays.append(col.cast(f.type) if col.type != f.type else col)
-    return pa.Table.from_arrays(arrays, schema=SHARD)
+    return pa.Table.from_arrays(arrays, schema=SHARD), kl_tok_sum, kl_tok_n
 
 
 def _write_parquet(table: pa.Table, path: str) -> None:
@@ -779,6 +944,18 @@ def _write_parquet(table: pa.Table, path: str) -> None:
         row_group_size=max(1, table.num_rows),
     )
     _publish_file(tmp, path)
+
+
+def _count_plan(result: ShardResult, plan: _Plan, options: ShardOptions) -> None:
+    """Copy the plan's counts into ``result`` and flag a drop rate above ``options.max_drop_rate``."""
+    result.considered = plan.considered
+    result.already_shipped = plan.already_shipped
+    result.drops = plan.drops
+    dropped = sum(plan.drops.values())
+    denominator = plan.considered - plan.already_shipped
+    result.drop_rate_exceeded = bool(
+        options.max_drop_rate is not None and denominator and dropped / denominator > options.max_drop_rate
+    )
 
 
 # --- entry point ---------------------------------------------------------------------------------------------
@@ -825,16 +1002,6 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
         shipped.update(
             pq.read_table(os.path.join(out, manifest["set_id"], manifest["samples"]["file"]))["sample_id"].to_pylist()
         )
-    plan = _plan(store, versions, options, shipped)
-    ship = plan.ship
-    result.considered = plan.considered
-    result.already_shipped = plan.already_shipped
-    result.drops = plan.drops
-    dropped = sum(plan.drops.values())
-    denominator = plan.considered - plan.already_shipped
-    result.drop_rate_exceeded = bool(
-        options.max_drop_rate is not None and denominator and dropped / denominator > options.max_drop_rate
-    )
     digest = hashlib.sha256(
         json.dumps(
             {
@@ -850,131 +1017,50 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
     with_ref = options.kl != "none"
     needs_global_kl = options.kl in ("reward", "advantages")
 
-    if ship.is_empty():
-        result.statistics = _statistics(plan, None, options)
-        return result
     if dry_run:
-        scores = _scores(ship, options, None, None, 0.0, 0)
-        result.status = "dry_run"
-        result.set_id = set_id
-        result.rows = ship.height
-        result.tokens = int((ship["prompt_len"] + ship["completion_len"]).sum())
+        plan = _plan(store, versions, options, shipped)
+        _count_plan(result, plan, options)
+        if not plan.ship.is_empty():
+            result.status = "dry_run"
+            result.set_id = set_id
+            result.rows = plan.ship.height
+            result.tokens = int((plan.ship["prompt_len"] + plan.ship["completion_len"]).sum())
+        scores = None if plan.ship.is_empty() else _scores(plan.ship, options, None, None, 0.0, 0)
         result.statistics = _statistics(plan, scores, options)
         return result
 
+    made_out = not os.path.isdir(out)
     os.makedirs(out, exist_ok=True)
-    _clean_stale_staging(out)
     staging = os.path.join(out, f".staging-{set_id}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     os.makedirs(staging)
     try:
         spill_dir = os.path.join(staging, "_spill")
-        trace_spill = _Spill(spill_dir, "traces")
-        ref_spill = _Spill(spill_dir, "ref")
+        os.makedirs(spill_dir)
+        trace_spill = _ScanSpill(os.path.join(spill_dir, "traces.arrow"))
+        ref_spill = _ScanSpill(os.path.join(spill_dir, "ref_logprobs.arrow")) if with_ref else None
+        plan = _plan(store, versions, options, shipped, trace_spill, ref_spill)
+        ship = plan.ship
+        _count_plan(result, plan, options)
+        if ship.is_empty():
+            shutil.rmtree(staging)
+            if made_out:
+                os.rmdir(out)
+            result.statistics = _statistics(plan, None, options)
+            return result
         n_ship = ship.height
-        ship_rows = ship["row"].to_numpy()
-        shard_N = ship["shard"].to_numpy()
-        dest_shard = np.full(plan.trace_rows, -1, dtype=np.int32)
-        dest_pos = np.zeros(plan.trace_rows, dtype=np.int64)
-        dest_shard[ship_rows] = shard_N
-        dest_pos[ship_rows] = np.arange(n_ship)
         expected = ship["sample_id"].to_arrow().cast(pa.string())
-        cols = [
-            "sample_id",
-            "prompt_token_ids",
-            "completion_token_ids",
-            "completion_logprobs",
-            "completion_mask",
-        ]
-        if plan.k is not None:
-            cols += ["topk_ids", "topk_logprobs"]
-        try:
-            trace_schema = _route(
-                store,
-                "traces",
-                versions["traces"],
-                cols,
-                dest_shard,
-                dest_pos,
-                expected,
-                trace_spill,  # type: ignore[arg-type]
-            )
-            ref_schema = None
-            if with_ref:
-                ref_rows = ship["ref_row"].to_numpy()
-                n_ref = plan.ref_scan_rows
-                rdest_shard = np.full(n_ref, -1, dtype=np.int32)
-                rdest_pos = np.zeros(n_ref, dtype=np.int64)
-                rdest_shard[ref_rows] = shard_N
-                rdest_pos[ref_rows] = np.arange(n_ship)
-                ref_schema = _route_prefix(
-                    store,
-                    versions["ref_logprobs"],
-                    options,
-                    rdest_shard,
-                    rdest_pos,
-                    expected,
-                    ref_spill,  # type: ignore[arg-type]
-                )
-        finally:
-            trace_spill.close()
-            ref_spill.close()
-        assert trace_schema is not None
-        num_shards = int(shard_N.max()) + 1
-
+        shard_N = ship["shard"].to_numpy()
+        bounds = np.searchsorted(shard_N, np.arange(int(shard_N[-1]) + 2))  # shards are runs of the final order
         kl_sum_N = kl_tokens_N = None
         d_sum, d_count = 0.0, 0
         if needs_global_kl:
-            kl_sum_N = np.zeros(n_ship)
-            kl_tokens_N = np.zeros(n_ship, dtype=np.int64)
-            for s in range(num_shards):
-                table = trace_spill.read(s, trace_schema)
-                refs = ref_spill.read(s, ref_schema)  # type: ignore[arg-type]
-                d_T, k_T, valid_T, off, _ = _kl_for(table, refs, options)
-                pos = table["_pos"].to_numpy()
-                kl_sum_N[pos] = klmod.segment_sum(k_T, off)
-                kl_tokens_N[pos] = klmod.segment_sum(valid_T, off).astype(np.int64)
-                d_sum += float(d_T.sum())
-                d_count += int(valid_T.sum())
+            assert ref_spill is not None
+            kl_sum_N, kl_tokens_N, d_sum, d_count = _kl_totals(trace_spill, ref_spill, plan, bounds, options)
         scores = _scores(ship, options, kl_sum_N, kl_tokens_N, d_sum, d_count)
 
-        shard_entries: list[dict[str, Any]] = []
-        kl_tok_sum, kl_tok_n = 0.0, 0
-
-        def write_one(shard: pa.Table, name: str, groups: int) -> dict[str, Any]:
-            path = os.path.join(staging, name)
-            _write_parquet(shard, path)
-            return {
-                "file": name,
-                "rows": shard.num_rows,
-                "groups": groups,
-                "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
-                "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
-                "bytes": os.path.getsize(path),
-                "sha256": sha256_file(path),
-            }
-
-        # Writing (zstd, fsync, sha256) releases the GIL: shard s is written while shard s + 1 is assembled.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending: Future | None = None
-            for s in range(num_shards):
-                table = trace_spill.read(s, trace_schema)
-                refs = ref_spill.read(s, ref_schema) if with_ref else None  # type: ignore[arg-type]
-                meta = ship[table["_pos"].to_numpy()]
-                shard = _assemble(table, refs, meta, scores, options, plan.k)
-                del table, refs
-                if with_ref:
-                    kl_vals = pc.list_flatten(shard["kl"]).drop_null()
-                    kl_tok_sum += float(pc.sum(kl_vals.cast(pa.float64())).as_py() or 0.0)
-                    kl_tok_n += len(kl_vals)
-                if pending is not None:
-                    shard_entries.append(pending.result())
-                pending = pool.submit(write_one, shard, f"part-{s:05d}.parquet", int(meta["group_id"].n_unique()))
-                del shard
-                os.remove(trace_spill.path(s))
-                if with_ref and os.path.exists(ref_spill.path(s)):
-                    os.remove(ref_spill.path(s))
-            if pending is not None:
-                shard_entries.append(pending.result())
+        shard_entries, kl_tok_sum, kl_tok_n = _write_shards(
+            staging, trace_spill, ref_spill, plan, bounds, scores, options
+        )
         shutil.rmtree(spill_dir, ignore_errors=True)
 
         samples_path = os.path.join(staging, SAMPLES_FILE)
@@ -1065,18 +1151,57 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
     return result
 
 
-def _route_prefix(store, version, options, rdest_shard, rdest_pos, expected, spill):
-    return _route(
-        store,
-        "ref_logprobs",
-        version,
-        ["sample_id", "ref_logprobs"],
-        rdest_shard,
-        rdest_pos,
-        expected,
-        spill,
-        flt=_ref_filter(options),
-    )
+def _write_shards(
+    staging: str,
+    trace_spill: _ScanSpill,
+    ref_spill: _ScanSpill | None,
+    plan: _Plan,
+    bounds: np.ndarray,
+    scores: _Scores,
+    options: ShardOptions,
+) -> tuple[list[dict[str, Any]], float, int]:
+    """Assemble and write every shard: ``(manifest entries, Σ per-token KL, KL token count)``, in shard order.
+
+    Shard ``s`` holds the shipped rows ``bounds[s]:bounds[s + 1]`` of the final order. Each shard is gathered
+    from the spill files, assembled and written (zstd, fsync, sha256) by one of :data:`WORKERS` threads; numpy
+    and Arrow release the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS`
+    shards are in memory at once. Each shard is computed on its own, so the bytes do not depend on the threads.
+    """
+    trace_columns = _trace_spill_columns(options)
+    rows_N = plan.ship["row"].to_numpy()
+    ref_rows_N = plan.ship["ref_row"].to_numpy() if ref_spill is not None else None
+
+    def one(s: int) -> tuple[dict[str, Any], float, int]:
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        table = trace_spill.gather(rows_N[lo:hi], trace_columns)
+        refs = None
+        if ref_spill is not None:
+            refs = ref_spill.gather(ref_rows_N[lo:hi], ["ref_logprobs"])  # type: ignore[index]
+        meta = plan.ship.slice(lo, hi - lo)
+        shard, kl_sum, kl_n = _assemble(table, refs, meta, slice(lo, hi), scores, options, plan.k)
+        del table, refs
+        name = f"part-{s:05d}.parquet"
+        path = os.path.join(staging, name)
+        _write_parquet(shard, path)
+        entry = {
+            "file": name,
+            "rows": shard.num_rows,
+            "groups": int(meta["group_id"].n_unique()),
+            "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
+            "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
+            "bytes": os.path.getsize(path),
+            "sha256": sha256_file(path),
+        }
+        return entry, kl_sum, kl_n
+
+    entries: list[dict[str, Any]] = []
+    kl_tok_sum, kl_tok_n = 0.0, 0
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        for entry, kl_sum, kl_n in pool.map(one, range(len(bounds) - 1)):
+            entries.append(entry)
+            kl_tok_sum += kl_sum
+            kl_tok_n += kl_n
+    return entries, kl_tok_sum, kl_tok_n
 
 
 def _heads_info(ship: pl.DataFrame, k: int | None) -> dict[str, Any]:

@@ -198,11 +198,15 @@ class Store:
         return {name: self.version(name) for name in TABLES}
 
     def dataset(self, name: str, version: int | None = None) -> ds.Dataset | None:
-        """A pyarrow dataset over the table's files at one version, for streaming scans."""
+        """A pyarrow dataset over the table's files at one version, for streaming scans.
+
+        Files are read through :attr:`fs` (pyarrow's own local or S3 filesystem, which reads without the GIL),
+        rooted at the table folder where the Delta log names them.
+        """
         table = self.open(name, version)
         if table is None:
             return None
-        return table.to_pyarrow_dataset()
+        return table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(self.table_path(name), self.fs))
 
     def scan(
         self,

@@ -112,3 +112,51 @@ def random_store(root: str, n_groups: int, group_size: int, seed: int = 0, with_
             if with_ref:
                 refs.append(ref(sid, (np.asarray(lps) + rng.normal(0, 0.3, len(comp))).astype(np.float32).tolist()))
     return make_store(root, traces, rewards, "ok", refs if with_ref else None)
+
+
+def varied_store(root: str, seed: int = 0, commits: int = 4, groups: int = 6) -> Store:
+    """A store built over several commits (so scans yield several files): groups of one to four samples with
+    random lengths, some loss masks, some null behaviour logprobs, heads of width 3 or 4, rewards, ``ok``
+    verdicts, and reference logprobs for all but a few samples (some with a null entry)."""
+    rng = np.random.default_rng(seed)
+    store = Store(root)
+    n = 0
+    for c in range(commits):
+        traces, rewards, refs = [], [], []
+        for g in range(groups):
+            prompt = rng.integers(2, 1000, int(rng.integers(1, 9))).tolist()
+            for _ in range(int(rng.integers(1, 5))):
+                sid = f"v{n}:0"
+                n += 1
+                length = int(rng.integers(1, 12))
+                lps: list[float | None] = (-rng.exponential(1.0, length)).astype(np.float32).tolist()
+                extra: dict[str, Any] = {}
+                if rng.random() < 0.3:
+                    extra["completion_mask"] = (rng.random(length) < 0.7).tolist()
+                if rng.random() < 0.2:
+                    lps[int(rng.integers(0, length))] = None
+                width = int(rng.integers(3, 5))
+                extra["topk_ids"] = [rng.choice(1000, width, replace=False).tolist() for _ in range(length)]
+                extra["topk_logprobs"] = [sorted((-rng.exponential(2.0, width)).tolist(), reverse=True)] * length
+                traces.append(
+                    trace(
+                        sid,
+                        f"g{c}-{g}",
+                        prompt,
+                        rng.integers(2, 1000, length).tolist(),
+                        completion_logprobs=lps,
+                        source_line=n,
+                        **extra,
+                    )
+                )
+                rewards.append(reward(sid, float(rng.integers(0, 3))))
+                if rng.random() < 0.9:
+                    ref_lps = [None if v is None else v + float(rng.normal(0, 0.3)) for v in lps]
+                    if rng.random() < 0.2:
+                        ref_lps[0] = None
+                    refs.append(ref(sid, ref_lps))
+        store.commit("traces", table(TRACES, traces).to_batches())
+        store.commit("rewards", table(REWARDS, rewards).to_batches())
+        store.commit("checks", table(CHECKS, [verdict(t["sample_id"]) for t in traces]).to_batches())
+        store.commit("ref_logprobs", table(REF_LOGPROBS, refs).to_batches())
+    return store

@@ -99,3 +99,38 @@ def test_matches_loop_reference(samples, estimator, beta):
     adv_T = kl.kl_into_token_advantages(np.zeros(len(lp)), d, valid, beta, mean_d)
     expected = [beta * (mean_d - (a - b)) if m else 0.0 for s in samples for a, b, m in s]
     np.testing.assert_allclose(adv_T, expected, rtol=1e-9, atol=1e-9)
+
+
+def k3_textbook(d: np.ndarray) -> np.ndarray:
+    """``eˣ − 1 − x`` with ``x = clamp(−d, −20, 20)``, capped at 10, written out the plain way."""
+    x = np.clip(-d, -20.0, 20.0)
+    return np.minimum(np.expm1(x) - x, 10.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(allow_nan=False), max_size=40))
+def test_k3_one_buffer_equals_textbook_bit_for_bit(values):
+    d = np.array(values, dtype=np.float64)
+    got = kl.kl_estimate(d, "k3")
+    assert got.tobytes() == k3_textbook(d).tobytes()
+
+
+def test_k3_extremes():
+    d = np.array([-np.inf, -1e300, -4.9e8, -20.5, -20.0, 20.0, 20.5, 1e300, np.inf, -0.0, 0.0])
+    np.testing.assert_array_equal(kl.kl_estimate(d, "k3"), k3_textbook(d))
+    assert kl.kl_estimate(d, "k3")[[0, 1, 2, 3, 7, 8]].tolist() == [10.0] * 6
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.floats(-50, 50), max_size=8), max_size=8), st.lists(st.floats(-50, 50), max_size=8))
+def test_segment_sum_depends_only_on_the_sample(samples, other):
+    def sums(rows):
+        values = np.array([v for r in rows for v in r], dtype=np.float64)
+        off = np.concatenate(([0], np.cumsum([len(r) for r in rows]))).astype(np.int64)
+        return kl.segment_sum(values, off)
+
+    alone = sums(samples)
+    with_neighbours = sums([other, *samples, other])[1:-1]
+    assert alone.tobytes() == with_neighbours.tobytes()
+    for got, row in zip(alone, samples, strict=True):
+        assert got == pytest.approx(math.fsum(row), abs=1e-9)

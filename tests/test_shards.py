@@ -13,12 +13,15 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from prl import shards
 from prl.errors import UsageError
 from prl.recipe_shards import ShardOptions
 from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, SHARD, TRACES
 from prl.shards import build_shards, parse_version
-from tests.shards_fixtures import make_store, random_store, ref, reward, table, trace, verdict
+from tests.shards_fixtures import make_store, random_store, ref, reward, table, trace, varied_store, verdict
 
 
 def read_set(result) -> pa.Table:
@@ -369,3 +372,56 @@ def test_options_round_trip_and_cli_strings():
     assert opts.rewards == {"score": 1.0} and opts.topk == 20 and opts.allow_warn and opts.kl_coef == 0.1
     assert ShardOptions.from_mapping(opts.to_dict()) == opts
     assert opts.digest() == ShardOptions.from_mapping(json.loads(json.dumps(opts.to_dict()))).digest()
+
+
+@pytest.mark.parametrize("kl", ["advantages", "reward"])
+def test_bytes_do_not_depend_on_batches_blocks_or_threads(tmp_path, monkeypatch, kl):
+    store = varied_store(str(tmp_path / "s"))
+    opts = ShardOptions(kl=kl, kl_coef=0.1, missing_ref="drop", topk="auto", target_tokens=120, seed=3)
+    first = build_shards(store, str(tmp_path / "a"), opts)
+    monkeypatch.setattr(shards, "SCAN_BATCH_ROWS", 2)  # many spilled batches per shard
+    monkeypatch.setattr(shards, "BLOCK_TOKENS", 5)  # many numeric blocks per shard
+    monkeypatch.setattr(shards, "WORKERS", 1)
+    second = build_shards(store, str(tmp_path / "b"), opts)
+    assert len(first.shards) >= 3
+    assert [s["sha256"] for s in first.shards] == [s["sha256"] for s in second.shards]
+    assert first.statistics == second.statistics
+
+
+def test_rows_gathered_from_spill_match_the_store(tmp_path, monkeypatch):
+    monkeypatch.setattr(shards, "SCAN_BATCH_ROWS", 3)
+    store = varied_store(str(tmp_path / "s"), seed=1)
+    res = build_shards(store, str(tmp_path / "out"), ShardOptions(kl="column", missing_ref="drop", target_tokens=90))
+    got = by_id(read_set(res))
+    traces = {r["sample_id"]: r for r in store.read("traces").to_pylist()}
+    refs = {r["sample_id"]: r for r in store.read("ref_logprobs").to_pylist()}
+    assert len(got) == res.rows == len(refs) and len(res.shards) >= 3
+    for sid, row in got.items():
+        t = traces[sid]
+        assert row["input_ids"] == t["prompt_token_ids"] + t["completion_token_ids"]
+        assert row["prompt_len"] == len(t["prompt_token_ids"])
+        assert row["behavior_logprobs"] == t["completion_logprobs"]
+        assert row["ref_logprobs"] == refs[sid]["ref_logprobs"]
+        assert row["loss_mask"] == (t["completion_mask"] or [True] * len(t["completion_token_ids"]))
+        expected_kl = [
+            None if (a is None or b is None or not m) else float(np.float32(k3(float(a) - float(b))))
+            for a, b, m in zip(t["completion_logprobs"], refs[sid]["ref_logprobs"], row["loss_mask"], strict=True)
+        ]
+        assert row["kl"] == expected_kl
+
+
+def k3(d: float) -> float:
+    x = min(max(-d, -20.0), 20.0)
+    return min(math.expm1(x) - x, 10.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 99), max_size=5), st.lists(st.integers(0, 99), max_size=5))))
+def test_concat_lists_matches_row_by_row(rows):
+    def flat(lists):
+        off = np.concatenate(([0], np.cumsum([len(x) for x in lists]))).astype(np.int64)
+        return np.array([v for x in lists for v in x], dtype=np.int32), off
+
+    values, off = shards._concat_lists(*flat([a for a, _ in rows]), *flat([b for _, b in rows]))
+    assert [values[off[i] : off[i + 1]].tolist() for i in range(len(rows))] == [a + b for a, b in rows]
+    assert values.dtype == np.int32

@@ -1,0 +1,73 @@
+"""The whole pipeline over sample_data/ finds exactly what sample_data/README.md says is planted there."""
+
+from __future__ import annotations
+
+import os
+
+import polars as pl
+import pytest
+
+from prl.checks import check_tokens
+from prl.ingestion import ingest
+from prl.side_tables import ingest_side_table
+from prl.store import Store
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(REPO, "sample_data")
+
+
+@pytest.fixture(scope="module")
+def checked_store(tmp_path_factory, tokenizer_dir) -> Store:
+    store = Store(str(tmp_path_factory.mktemp("sample") / "store"))
+    result = ingest(
+        [os.path.join(DATA, "traces"), os.path.join(DATA, "bad")], store, finish_reason="stop", max_quarantine_rate=None
+    )
+    # 111 samples from the 12 trace files; bad/ adds 2 records identical to ones already read (present) and
+    # 6 quarantined records, each with the reason the README plants
+    assert (result.samples, result.already_present) == (111, 2)
+    assert result.quarantined == {
+        "truncated_line": 1,
+        "nonfinite_logprob": 1,
+        "length_mismatch": 1,
+        "no_token_ids": 2,
+        "duplicate_sample_id": 1,
+    }
+    rewards = ingest_side_table(
+        [os.path.join(DATA, "rewards.jsonl"), os.path.join(DATA, "rewards.csv")], store, kind="rewards"
+    )
+    assert (rewards.rows, rewards.quarantined) == (159, {"nonfinite_reward": 2, "missing_value": 2})
+    check_tokens(store, tokenizer_dir, chat_template="deepseek_v4")
+    return store
+
+
+def _verdicts(store: Store) -> pl.DataFrame:
+    checks = pl.read_delta(store.table_uri("checks"))
+    traces = pl.read_delta(store.table_uri("traces")).select("sample_id", "session_id", "turn", "source_format")
+    return checks.join(traces, on="sample_id")
+
+
+def test_sessions_classified_as_planted(checked_store):
+    df = _verdicts(checked_store)
+    flagged = df.filter(pl.col("prefix_status").is_in(["REALIGN", "FORK"])).sort("session_id", "turn")
+    assert flagged.select("session_id", "turn", "prefix_status", "verdict").rows() == [
+        ("sess-thinking-d090d62f8916", 1, "FORK", "drift"),  # reasoning stripped from history
+        ("sess-thinking-d090d62f8916", 2, "FORK", "drift"),
+        ("sess-trailing-3406b735ee18", 1, "REALIGN", "warn"),  # trailing '\n\n' trimmed by the client
+    ]
+    # every other later turn (trivia, code, agent, the trailing session's last turn, the proxy session) is clean
+    assert df.filter(pl.col("prefix_status") == "CLEAN").height == 8
+
+
+def test_verdict_counts_and_the_floored_logprob(checked_store):
+    df = _verdicts(checked_store)
+    assert dict(df.group_by("verdict").len().rows()) == {"ok": 107, "warn": 1, "drift": 2, "invalid": 1}
+    invalid = df.filter(pl.col("verdict") == "invalid").row(0, named=True)
+    # vllm_completions.jsonl.gz holds one token at vLLM's -9999.0 floor: stored as null, flagged, never 0.0
+    assert invalid["source_format"] == "openai_completions"
+    assert invalid["first_divergence"] == 2
+    assert "logprob_missing" in invalid["reasons"]
+
+
+def test_keep_think_template_drifts_exactly_twice(checked_store, tokenizer_dir):
+    result = check_tokens(checked_store, tokenizer_dir, chat_template="deepseek_v4_keep_think", dry_run=True)
+    assert result.reasons.get("template_prompt") == 2

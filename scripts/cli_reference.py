@@ -1,41 +1,59 @@
-"""Write docs/cli.md from ``prl --help`` and each command's ``--help`` (``tests/test_cli_reference.py`` fails when
-the two drift: run ``python scripts/cli_reference.py`` after changing an option)."""
+"""Write docs/cli.md from the commands' own definitions (the text ``--help`` shows):
+``tests/test_cli_reference.py`` fails when the two drift; run ``python scripts/cli_reference.py`` after changing an
+option."""
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
-WIDTH = "100"
-COMMANDS = ["ingest", "check-tokens", "build-shards", "export", "run", "inspect", "verify"]
+import typer
+
 TARGET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "cli.md")
 
 
-def help_text(args: list[str]) -> str:
-    """The help screen of ``prl ARGS --help`` at a fixed width, trailing spaces removed."""
-    from typer.testing import CliRunner
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
 
-    from prl.cli import app
 
-    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": WIDTH, "TERM": "dumb", "NO_COLOR": "1"})
-    assert result.exit_code == 0, result.output
-    return "\n".join(line.rstrip() for line in result.output.strip("\n").splitlines())
+def _param_row(param: Any) -> str:
+    if param.param_type_name == "argument":
+        name = f"`{param.name.upper()}`" + (" …" if param.nargs == -1 else "")
+        help_text = getattr(param, "help", "") or ""
+    else:
+        name = ", ".join(f"`{opt}`" for opt in [*param.opts, *param.secondary_opts])
+        if not param.is_flag:
+            annotation = param.type_descriptor.annotation
+            name += f" `{getattr(annotation, '__name__', str(annotation)).upper()}`"
+        help_text = param.help or ""
+    default = param.default
+    shown = "" if default is None or param.required or default is False or default == () else f"`{default}`"
+    return f"| {name} | {'yes' if param.required else ''} | {shown} | {_cell(help_text)} |"
 
 
 def render() -> str:
-    parts = [
+    from prl.cli import app
+
+    group = typer.main.get_command(app)
+    context = type(group.make_context("prl", ["--help"], resilient_parsing=True))
+    ctx = context(group, info_name="prl")
+    lines = [
         "# Command-line reference",
         "",
-        "Generated from `--help` by `python scripts/cli_reference.py`; a test fails when this page and the",
-        "commands drift apart.",
+        "Generated from the commands' definitions (what `--help` shows) by `python scripts/cli_reference.py`; a",
+        "test fails when this page and the commands drift apart. Exit codes: see the README.",
         "",
-        "```",
-        help_text([]),
-        "```",
+        f"`prl [--verbose] COMMAND …` — {_cell(group.help or '')}",
     ]
-    for command in COMMANDS:
-        parts += ["", f"## prl {command}", "", "```", help_text([command]), "```"]
-    return "\n".join(parts) + "\n"
+    for name in group.list_commands(ctx):
+        command = group.get_command(ctx, name)
+        assert command is not None
+        usage = " ".join(command.collect_usage_pieces(context(command, info_name=name, parent=ctx)))
+        lines += ["", f"## prl {name}", "", f"`prl {name} {usage}`", "", _cell(command.help or ""), ""]
+        lines += ["| argument / option | required | default | meaning |", "|---|---|---|---|"]
+        lines += [_param_row(p) for p in command.params if p.name != "help"]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
 from prl.sources import LineReader, SourceFile, expand
 from prl.store import Store
 
-BATCH_TOKENS = 4_000_000
+BATCH_TOKENS = 2_000_000
 """Tokens (prompt + completion) per assembled batch: bounds memory to a few tens of MB per batch."""
 GROUP_BYTES = 512 * 1024 * 1024
 """Source bytes per commit group: many small files share one commit."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -290,6 +292,37 @@ class Store:
             pending.bytes += size
             writer, current, current_rows, current_bytes = None, None, 0, 0
 
+        def write_one(batch: pa.RecordBatch) -> None:
+            nonlocal writer, current, current_rows, current_bytes
+            if writer is None:
+                current = f"part-{uuid.uuid4().hex}.zstd.parquet"
+                # given a path, the writer owns its stream and closes it (an S3 upload completes on close)
+                writer = pq.ParquetWriter(f"{table_dir}/{current}", schema, filesystem=self.fs, compression="zstd")
+            writer.write_batch(batch)
+            current_rows += batch.num_rows
+            current_bytes += batch.nbytes
+            if current_bytes >= TARGET_FILE_BYTES:
+                close_current()
+
+        # Encoding and compression (C++, outside the GIL) run on a writer thread while the caller's generator
+        # produces the next batch; the queue holds at most two batches, so memory stays bounded.
+        handoff: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=2)
+        failure: list[BaseException] = []
+
+        def drain() -> None:
+            try:
+                while (batch := handoff.get()) is not None:
+                    if not failure:
+                        write_one(batch)
+                close_current()
+            except BaseException as exc:  # reported to the caller below
+                failure.append(exc)
+                while handoff.get() is not None:  # keep the producer unblocked
+                    pass
+
+        thread = threading.Thread(target=drain, name=f"prl-write-{name}", daemon=True)
+        if not dry_run:
+            thread.start()
         try:
             for batch in batches:
                 if batch.num_rows == 0:
@@ -299,23 +332,20 @@ class Store:
                         [batch.column(n).cast(schema.field(n).type) for n in schema.names], schema=schema
                     )
                 pending.rows += batch.num_rows
-                if dry_run:
+                if dry_run or failure:
                     continue
-                if writer is None:
-                    current = f"part-{uuid.uuid4().hex}.zstd.parquet"
-                    # given a path, the writer owns its stream and closes it (an S3 upload completes on close)
-                    writer = pq.ParquetWriter(f"{table_dir}/{current}", schema, filesystem=self.fs, compression="zstd")
-                writer.write_batch(batch)
-                current_rows += batch.num_rows
-                current_bytes += batch.nbytes
-                if current_bytes >= TARGET_FILE_BYTES:
-                    close_current()
-            close_current()
-        except OSError as exc:
-            raise RetryableIOError(f"writing {name} in {self.uri} failed: {exc}") from exc
+                handoff.put(batch)
         finally:
+            if not dry_run:
+                handoff.put(None)
+                thread.join()
             if writer is not None:  # an exception mid-file: the stray file is never added to the log
                 writer.close()
+        if failure:
+            exc = failure[0]
+            if isinstance(exc, OSError):
+                raise RetryableIOError(f"writing {name} in {self.uri} failed: {exc}") from exc
+            raise exc
         return pending
 
     def commit(

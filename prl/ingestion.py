@@ -50,7 +50,7 @@ class FileReport:
 
     uri: str
     format: str | None = None
-    status: str = "ingested"  # ingested | unchanged | failed
+    status: str = "ingested"  # ingested | unchanged | empty | failed
     records: int = 0
     samples: int = 0
     prompt_tokens: int = 0
@@ -167,9 +167,15 @@ class _GroupState:
     ledger: list[dict[str, Any]] = field(default_factory=list)
 
 
+class _EmptySource(Exception):
+    """A source with no record at all (empty, or blank lines only): nothing to detect, nothing lost."""
+
+
 def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterator[RawRecord]]:
     lines = iter(reader)
     head = list(itertools.islice(lines, HEAD_LINES))
+    if len(head) < HEAD_LINES and not any(line.strip() for _, line in head) and not reader.truncated:
+        raise _EmptySource(uri)
     fmt = registry.detect_file(uri, head) if fmt_name == "auto" else registry.by_name(fmt_name)
     return fmt, fmt.frame(itertools.chain(head, lines))
 
@@ -288,6 +294,10 @@ def _ingest_file(
     counts: Counter[str] = Counter()
     try:
         fmt, records = _framed(reader, format, src.uri)
+    except _EmptySource:  # consumed with no records; if it grows, its identity changes and it is read again
+        report.status = "empty"
+        state.ledger.append(_ledger_entry(src, reader, None, report))
+        return
     except FormatDetectionError as exc:
         if reader.truncated:  # nothing decodable before the damage: record the damage, not a format error
             _record_truncation(src, reader, report, state, now_ms, None)

@@ -177,8 +177,11 @@ def test_empty_and_blank_files(store, tmp_path):
     blank = tmp_path / "blank.jsonl"
     blank.write_bytes(b"\n\n  \n")
     result = ingest([str(empty), str(blank)], store)
-    assert result.exit_code == ExitCode.USAGE  # nothing to detect a format from: said, not hidden
-    assert all(f.status == "failed" for f in result.files)
+    assert result.exit_code == ExitCode.OK  # nothing to read is not an error (a logger may have just opened it)
+    assert [(f.status, f.records) for f in result.files] == [("empty", 0), ("empty", 0)]
+    assert ingest([str(empty), str(blank)], store).files[0].status == "unchanged"
+    blank.write_text(json.dumps(GOOD) + "\n")  # it grows: read again
+    assert ingest([str(blank)], store).samples == 1
 
 
 def test_missing_source_is_usage_error(store, tmp_path):

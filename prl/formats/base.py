@@ -134,18 +134,24 @@ def decode_json_line(line_no: int, raw: bytes) -> RawRecord:
 TOKEN_ID_PREFIX = "token_id:"
 
 
+def json_list(values: Any, what: str, reason: str, expected: str) -> pa.Array:
+    """A JSON list as one Arrow array, its type inferred in one C++ pass; anything that is not a list, or
+    mixes types Arrow cannot unify, is :class:`Quarantined` with ``reason``. Callers then check the type."""
+    if not isinstance(values, list):
+        raise Quarantined(reason, f"{what} is {type(values).__name__}, expected {expected}")
+    try:
+        return pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        raise Quarantined(reason, f"{what} is not {expected}: {exc}") from None
+
+
 def token_id_array(values: Any, what: str) -> pa.Array:
     """IDs as int64 from a JSON list of ints or of ``"token_id:N"`` strings (vLLM ``return_tokens_as_token_ids``).
 
     Raises :class:`Quarantined` (``bad_token_id``) for floats, booleans, nulls, other strings or mixed lists;
     Arrow would otherwise truncate ``1.5`` to ``1`` silently.
     """
-    if not isinstance(values, list):
-        raise Quarantined("bad_token_id", f"{what} is {type(values).__name__}, expected a list of token IDs")
-    try:
-        array = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-        raise Quarantined("bad_token_id", f"{what} is not a list of token IDs: {exc}") from None
+    array = json_list(values, what, "bad_token_id", "a list of token IDs")
     if pa.types.is_null(array.type) and len(array) == 0:
         return pa.array([], pa.int64())
     if array.null_count:
@@ -178,12 +184,7 @@ def parse_token_id_strings(strings: pa.Array, what: str) -> pa.Array:
 def logprob_array(values: Any, what: str) -> pa.Array:
     """Logprobs as float64 (nulls kept) from a JSON list of numbers and nulls. Booleans and strings are
     ``bad_logprob``; NaN, infinities and positive values pass through to validation."""
-    if not isinstance(values, list):
-        raise Quarantined("bad_logprob", f"{what} is {type(values).__name__}, expected a list of numbers")
-    try:
-        array = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-        raise Quarantined("bad_logprob", f"{what} is not a list of numbers: {exc}") from None
+    array = json_list(values, what, "bad_logprob", "a list of numbers")
     if pa.types.is_null(array.type):
         return pa.nulls(len(array), pa.float64())
     if pa.types.is_integer(array.type) or pa.types.is_floating(array.type):

@@ -39,6 +39,7 @@ from prl.formats.base import (
     Quarantined,
     Sample,
     first_present,
+    json_list,
     logprob_array,
     token_id_array,
 )
@@ -59,12 +60,7 @@ from prl.formats.fields import (
 
 def mask_array(values: Any, what: str) -> pa.Array:
     """A 0/1 (or boolean) JSON list as a boolean array; nulls and non-numbers are ``bad_mask``."""
-    if not isinstance(values, list):
-        raise Quarantined("bad_mask", f"{what} is {type(values).__name__}, expected a list of 0/1")
-    try:
-        array = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
-        raise Quarantined("bad_mask", f"{what} is not a list of 0/1: {exc}") from None
+    array = json_list(values, what, "bad_mask", "a list of 0/1")
     if pa.types.is_null(array.type) and len(array) == 0:
         return pa.array([], pa.bool_())
     if array.null_count:

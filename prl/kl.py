@@ -59,14 +59,6 @@ def kl_estimate(d_T: np.ndarray, estimator: str = "k3") -> np.ndarray:
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
 
 
-def valid_tokens(logprobs_T: np.ndarray, ref_logprobs_T: np.ndarray, mask_T: np.ndarray | None) -> np.ndarray:
-    """``valid_T``: tokens inside the loss mask whose behaviour and reference logprobs are both finite."""
-    valid_T = np.isfinite(logprobs_T) & np.isfinite(ref_logprobs_T)
-    if mask_T is not None:
-        valid_T &= np.asarray(mask_T, dtype=bool)
-    return valid_T
-
-
 def segment_sum(values_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
     """``Σ`` of ``values_T`` within each sample: ``sums_N`` float64 (0 for empty samples).
 

@@ -83,16 +83,6 @@ CHECK_FAMILIES = ("vocab", "logprobs", "roundtrip", "template", "prefix", "speci
 _ORDER = {code: i for i, code in enumerate(REASONS)}
 
 
-def verdict_of(reasons: Sequence[str]) -> str:
-    """The worst verdict among reason codes ("ok" for none)."""
-    worst = "ok"
-    for code in reasons:
-        v = REASONS[code][1]
-        if SEVERITY[v] > SEVERITY[worst]:
-            worst = v
-    return worst
-
-
 @dataclass
 class RowVerdict:
     """What the run summary keeps of one non-ok row."""

@@ -216,11 +216,6 @@ def require_map_entries(values: Any, reason: str, what: str) -> None:
         raise Quarantined(reason, f"{what} must be a list of JSON objects, one per position")
 
 
-def token_ids_from_mixed(values: pa.Array, what: str) -> pa.Array:
-    """IDs from a string array of ``"token_id:N"`` (as in ``logprobs.content[].token``)."""
-    return parse_token_id_strings(values, what)
-
-
 def sort_heads_descending(ids: pa.ListArray, logprobs: pa.ListArray) -> tuple[pa.ListArray, pa.ListArray]:
     """Order each position's head by logprob, highest first (for heads that arrive as dicts, whose order
     carries no meaning). ``ids``/``logprobs`` are ``[positions][k]`` lists with identical offsets."""

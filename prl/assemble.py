@@ -5,6 +5,7 @@ else that is wrong sends the sample to quarantine with one reason code:
 
 | reason | when |
 |---|---|
+| ``missing_group_field`` | ``--group-field`` names a field the record does not carry (set by ingest) |
 | ``missing_finish_reason`` | the record has no finish reason and none was given with ``--finish-reason`` |
 | ``no_prompt_ids`` / ``empty_completion`` | no prompt tokens / no completion tokens |
 | ``bad_token_id`` | an ID < 0 or ≥ 2³¹ |
@@ -125,7 +126,7 @@ def sample_id_of(sample: Sample) -> str:
     return f"{sample.request_id}#{sample.choice_index}"
 
 
-def _list_column(arrays: list[pa.Array | None], value_type: pa.DataType) -> pa.Array:
+def list_column(arrays: list[pa.Array | None], value_type: pa.DataType) -> pa.Array:
     """A list column from per-row arrays (None → null row), built by one concatenation."""
     lengths = np.fromiter((0 if a is None else len(a) for a in arrays), dtype=np.int64, count=len(arrays))
     offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
@@ -156,12 +157,12 @@ def assemble(rows: list[Located], digests: list[str], ingested_at_ms: int) -> pa
         "policy_version_spans": pa.array([s.policy_version_spans for s in samples], pa.list_(VERSION_SPAN)),
         "model": pa.array([s.model for s in samples], pa.string()),
         "created_at": pa.array([s.created_at_ms for s in samples], pa.int64()).cast(TIMESTAMP_MS),
-        "prompt_token_ids": _list_column([s.prompt_token_ids for s in samples], pa.int32()),
-        "completion_token_ids": _list_column([s.completion_token_ids for s in samples], pa.int32()),
-        "completion_logprobs": _list_column([s.completion_logprobs for s in samples], pa.float32()),
-        "completion_mask": _list_column([s.completion_mask for s in samples], pa.bool_()),
-        "topk_ids": _list_column([s.topk_ids for s in samples], topk_inner),
-        "topk_logprobs": _list_column([s.topk_logprobs for s in samples], topk_lp_inner),
+        "prompt_token_ids": list_column([s.prompt_token_ids for s in samples], pa.int32()),
+        "completion_token_ids": list_column([s.completion_token_ids for s in samples], pa.int32()),
+        "completion_logprobs": list_column([s.completion_logprobs for s in samples], pa.float32()),
+        "completion_mask": list_column([s.completion_mask for s in samples], pa.bool_()),
+        "topk_ids": list_column([s.topk_ids for s in samples], topk_inner),
+        "topk_logprobs": list_column([s.topk_logprobs for s in samples], topk_lp_inner),
         "finish_reason": pa.array([s.finish_reason for s in samples], pa.string()),
         "temperature": pa.array([s.temperature for s in samples], pa.float32()),
         "top_p": pa.array([s.top_p for s in samples], pa.float32()),
@@ -178,4 +179,4 @@ def assemble(rows: list[Located], digests: list[str], ingested_at_ms: int) -> pa
     return pa.RecordBatch.from_pydict(columns, schema=TRACES)
 
 
-__all__ = ["Located", "ParseOptions", "assemble", "record_digest", "sample_id_of", "validate"]
+__all__ = ["Located", "ParseOptions", "assemble", "list_column", "record_digest", "sample_id_of", "validate"]

@@ -343,10 +343,8 @@ def _ingest_file(
             if isinstance(item, Quarantined):
                 quarantine(record.line, record.raw, item)
                 continue
-            if item.finish_reason is None:
-                item.finish_reason = options.finish_reason
             try:
-                sample = validate(item)
+                sample = validate(_apply_options(item, options))
             except Quarantined as q:
                 q.choice_index = item.choice_index
                 quarantine(record.line, record.raw, q, sample_id_of(item))
@@ -366,6 +364,17 @@ def _ingest_file(
     if reader.truncated:
         _record_truncation(src, reader, report, state, now_ms, fmt.name)
     state.ledger.append(_ledger_entry(src, reader, fmt.name, report))
+
+
+def _apply_options(sample: Sample, options: ParseOptions) -> Sample:
+    """What the run's options say about a parsed sample: ``--finish-reason`` fills a missing finish reason;
+    a named ``--group-field`` the record lacks is ``missing_group_field`` (its group is unknown, and falling
+    back to the prompt digest would silently put it in the wrong group)."""
+    if sample.finish_reason is None:
+        sample.finish_reason = options.finish_reason
+    if options.group_field and sample.group_key is None:
+        raise Quarantined("missing_group_field", f"the record has no {options.group_field!r} field (--group-field)")
+    return sample
 
 
 def _record_truncation(

@@ -13,7 +13,7 @@ for the same (sample_id, name) supersedes an earlier one when shards are built. 
 
 Bad rows are quarantined (table ``rewards`` or ``ref_logprobs``) with a reason: ``missing_key``,
 ``missing_value``, ``bad_value``, ``nonfinite_reward``, ``bad_logprob``, ``nonfinite_logprob``,
-``positive_logprob``, ``malformed_json``. Files already consumed (same uri, size, mtime) are skipped; a grown file
+``positive_logprob``, ``bad_timestamp``, ``malformed_json``. Files already consumed (same uri, size, mtime) are skipped; a grown file
 adds only rows from lines not yet in the table.
 """
 
@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
+from prl.assemble import list_column
 from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
@@ -116,7 +117,12 @@ def _number(value: Any, name: str) -> float:
 def reward_events(row: dict[str, Any], now_ms: int) -> list[dict[str, Any]]:
     """Normalise one input row to reward events ``{sample_id, name, value, created_at}``."""
     sample_id = _key(row)
-    created = timestamp_ms(row.get("created_at", row.get("timestamp"))) or now_ms
+    stamp = row.get("created_at", row.get("timestamp"))
+    created = timestamp_ms(stamp)
+    if created is None:
+        if stamp is not None:  # a time that cannot be read must not silently become "now" and win
+            raise Quarantined("bad_timestamp", f"created_at {stamp!r} is not epoch seconds/ms or ISO-8601")
+        created = now_ms
     if "name" in row and "value" in row:
         pairs = [(str(row["name"]), row["value"])]
     elif isinstance(row.get("rewards"), dict) or isinstance(row.get("components"), dict):
@@ -268,17 +274,10 @@ def _batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
         columns = {
             "sample_id": pa.array([r["sample_id"] for r in rows], pa.string()),
             "ref_model": pa.array([r["ref_model"] for r in rows], pa.string()),
-            "ref_logprobs": _lists([r["ref_logprobs"] for r in rows]),
+            "ref_logprobs": list_column([r["ref_logprobs"] for r in rows], pa.float32()),
             "source_uri": pa.array([r["source_uri"] for r in rows], pa.string()),
             "source_line": pa.array([r["source_line"] for r in rows], pa.int64()),
             "ingested_at": pa.array([r["ingested_at"] for r in rows], schema.field("ingested_at").type),
         }
         return pa.RecordBatch.from_pydict(columns, schema=schema)
     return pa.RecordBatch.from_pylist(rows, schema=schema)
-
-
-def _lists(arrays: list[pa.Array]) -> pa.Array:
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.concat_arrays([a.cast(pa.float32()) for a in arrays]))

@@ -73,7 +73,15 @@ def test_group_field_and_policy_version_flag(store, write_trace):
         vllm_chat("a", [1], [([2], [-1.0])], metadata={"task": "math", "weight_version": "step-9"}),
         vllm_chat("b", [3], [([4], [-1.0])], metadata={"task": "math"}),
     ]
-    ingest([str(write_trace("m.jsonl", records))], store, group_field="task", policy_version="step-3")
+    records.append(vllm_chat("c", [5], [([6], [-1.0])]))  # no task: its group is unknown
+    result = ingest(
+        [str(write_trace("m.jsonl", records))],
+        store,
+        group_field="task",
+        policy_version="step-3",
+        max_quarantine_rate=None,
+    )
+    assert result.quarantined == {"missing_group_field": 1}
     df = traces(store)
     assert df["group_id"].to_list() == ["math", "math"]
     assert df["policy_version"].to_list() == ["step-9", "step-3"]

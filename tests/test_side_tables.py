@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC
 
 import polars as pl
 import pyarrow as pa
@@ -54,6 +55,8 @@ def test_reward_shapes_exact(store, write_trace):
         ({"sample_id": "s#0", "rewards": {"a": float("inf")}}, "nonfinite_reward"),
         ({"sample_id": "s#0"}, "missing_value"),
         ({"sample_id": "s#0", "rewards": {}}, "missing_value"),
+        ({"sample_id": "s#0", "reward": 1.0, "created_at": "yesterday"}, "bad_timestamp"),
+        ({"sample_id": "s#0", "reward": 1.0, "created_at": [2026]}, "bad_timestamp"),
     ],
 )
 def test_bad_reward_rows_quarantined(store, write_trace, row, reason):
@@ -75,6 +78,8 @@ def test_csv_and_parquet_rewards(store, tmp_path):
     assert (result.rows, result.quarantined) == (2, {"missing_value": 1})
     df = pl.read_delta(store.table_uri("rewards")).sort("sample_id")
     assert df.select("sample_id", "name", "value").rows() == [("x#0", "correct", 1.0), ("z#0", "reward", 0.5)]
+    # the CSV reader types created_at as a timestamp: it is kept, not replaced by the ingest time
+    assert df["created_at"][0].timestamp() == 1767225600.0
 
 
 def test_rerun_and_grown_file(store, write_trace):
@@ -119,3 +124,12 @@ def test_reward_value_parser_total(value):
         assert q.reason in {"missing_value", "bad_value", "nonfinite_reward"}
         return
     assert len(events) == 1 and math.isfinite(events[0]["value"])
+
+
+def test_typed_timestamps_are_read_not_replaced():
+    from datetime import datetime
+
+    from prl.formats.fields import timestamp_ms
+
+    assert timestamp_ms(datetime(2026, 1, 1)) == 1767225600000  # naive: UTC
+    assert timestamp_ms(datetime(2026, 1, 1, tzinfo=UTC)) == 1767225600000

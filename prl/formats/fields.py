@@ -176,11 +176,14 @@ _MS_LIMIT = 253402300800000
 
 
 def timestamp_ms(value: Any) -> int | None:
-    """Milliseconds since the epoch (UTC) from epoch seconds, epoch milliseconds or an ISO-8601 string
-    (naive strings are read as UTC). Unparseable values are None: a timestamp is metadata, not a reason to
+    """Milliseconds since the epoch (UTC) from epoch seconds, epoch milliseconds, an ISO-8601 string or a
+    ``datetime`` (naive ones are read as UTC). Unparseable values are None: a timestamp is metadata, not a reason to
     drop a sample."""
     if isinstance(value, bool):
         return None
+    if isinstance(value, datetime):  # CSV and Parquet readers hand over typed timestamps
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return round(moment.timestamp() * 1000.0)
     if isinstance(value, (int, float)):
         if not np.isfinite(value) or value < 0:
             return None

@@ -75,3 +75,16 @@ def heads(sample: Sample) -> tuple[Any, Any]:
     if sample.topk_ids is None:
         return None, None
     return sample.topk_ids.to_pylist(), sample.topk_logprobs.to_pylist()
+
+
+def json_paths(obj: Any, prefix: tuple = (), width: int = 4) -> list[tuple]:
+    """Paths (key / index tuples) to every value of a decoded JSON document, the first ``width`` items of
+    each list included: the places a fuzz test may mutate."""
+    out = [prefix]
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            out.extend(json_paths(value, (*prefix, key), width))
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj[:width]):
+            out.extend(json_paths(value, (*prefix, i), width))
+    return out

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prl.formats import registry
 from prl.formats.base import ParseOptions, Quarantined, Sample
 from prl.formats.sse import frame_decoded
-from tests.formats_helpers import FIXTURES
+from tests.formats_helpers import FIXTURES, json_paths
 
 FIXTURE_OF = {
     "vllm_generate": "vllm_generate/generate.jsonl",
@@ -66,17 +66,6 @@ def _records(name: str) -> list[Any]:
     return [r.obj for r in framed if r.error is None]
 
 
-def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            out.extend(_paths(value, (*prefix, key)))
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj[:4]):
-            out.extend(_paths(value, (*prefix, i)))
-    return out
-
-
 def _mutate(obj: Any, path: tuple, how: str, value: Any) -> Any:
     if not path:
         return value if how == "replace" else obj
@@ -107,7 +96,7 @@ def test_mutated_records_only_quarantine(name, data):
     records = _records(name)
     record = copy.deepcopy(data.draw(st.sampled_from(records)))
     for _ in range(data.draw(st.integers(1, 3))):
-        paths = _paths(record)
+        paths = json_paths(record)
         path = data.draw(st.sampled_from(paths))
         how = data.draw(st.sampled_from(["replace", "delete", "truncate"]))
         record = _mutate(record, path, how, data.draw(json_values))

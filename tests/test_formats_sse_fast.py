@@ -16,7 +16,7 @@ from prl.formats.base import ParseOptions, Quarantined, Sample
 from prl.formats.sse import Sse, frame_decoded, join_chunks, resolve
 from prl.formats.sse_fast import join_chat_chunks
 from prl.formats.vllm import VllmChat
-from tests.formats_helpers import FIXTURES, lines_of
+from tests.formats_helpers import FIXTURES, json_paths, lines_of
 from tests.sse_reference import fast_items, reference_frame, reference_items, sample_key
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -149,23 +149,12 @@ json_values = st.recursive(
 )
 
 
-def _paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            out.extend(_paths(value, (*prefix, key)))
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj[:3]):
-            out.extend(_paths(value, (*prefix, i)))
-    return out
-
-
 @PROPS
 @given(data=st.data())
 def test_mutated_chunks_are_joined_alike_or_left_to_the_per_chunk_join(data):
     chunks = data.draw(streams(data.draw(responses())))
     for _ in range(data.draw(st.integers(1, 3))):
-        path = data.draw(st.sampled_from(_paths(chunks)[1:]))
+        path = data.draw(st.sampled_from(json_paths(chunks, width=3)[1:]))
         parent = chunks
         for part in path[:-1]:
             parent = parent[part]

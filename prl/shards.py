@@ -497,11 +497,25 @@ class _Plan:
     constant_groups: int = 0
 
 
+def _shipped_ids(out: str, prior: list[dict[str, Any]]) -> pa.Array | None:
+    """The sample ids earlier sets in ``out`` shipped, as one Arrow string array (None when there are none):
+    read column-wise from each set's ``sample_ids`` file, never as Python strings."""
+    columns = [
+        pq.read_table(os.path.join(out, m["set_id"], m["samples"]["file"]), columns=["sample_id"])
+        .column("sample_id")
+        .combine_chunks()
+        .cast(pa.string())
+        for m in prior
+    ]
+    columns = [c for c in columns if len(c)]
+    return pa.concat_arrays(columns) if columns else None
+
+
 def _plan(
     store: Store,
     versions: dict[str, int | None],
     options: ShardOptions,
-    shipped: set[str],
+    shipped: pa.Array | None,
     trace_spill: _ScanSpill | None = None,
     ref_spill: _ScanSpill | None = None,
 ) -> _Plan:
@@ -509,7 +523,7 @@ def _plan(
     columns of every row not shipped before, for the shards to be assembled from."""
     with_ref = options.kl != "none"
     names = list(options.rewards)
-    exclude = pa.array(sorted(shipped), pa.string()) if shipped else None
+    exclude = shipped
     # the four reads are independent: run them side by side (decoding and polars release the GIL)
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
@@ -533,10 +547,8 @@ def _plan(
     traces = traces.with_columns((pl.lit(current, dtype=pl.Int64) - pl.col("_v")).alias("staleness"))
 
     already = 0
-    if shipped:
-        is_shipped = pl.Series(
-            pc.is_in(traces["sample_id"].to_arrow(), value_set=pa.array(sorted(shipped), pa.large_string()))
-        )
+    if shipped is not None:
+        is_shipped = pl.Series(pc.is_in(traces["sample_id"].to_arrow(), value_set=shipped.cast(pa.large_string())))
         already = int(is_shipped.sum())
         traces = traces.filter(~is_shipped)
 
@@ -997,11 +1009,7 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
         return result
 
     prior = [] if rebuild else existing_sets(out)
-    shipped: set[str] = set()
-    for manifest in prior:
-        shipped.update(
-            pq.read_table(os.path.join(out, manifest["set_id"], manifest["samples"]["file"]))["sample_id"].to_pylist()
-        )
+    shipped = _shipped_ids(out, prior)
     digest = hashlib.sha256(
         json.dumps(
             {

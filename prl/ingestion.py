@@ -208,6 +208,8 @@ def ingest(
     started = time.perf_counter()
     result = IngestResult(store=store.uri, dry_run=dry_run, max_quarantine_rate=max_quarantine_rate)
     files = expand(sources)
+    if max_quarantine_rate is not None and not 0.0 <= max_quarantine_rate <= 1.0:
+        raise UsageError(f"--max-quarantine-rate must be a fraction in [0, 1], not {max_quarantine_rate!r}")
     if finish_reason is not None and finish_reason not in FINISH_REASONS:
         raise UsageError(f"--finish-reason must be one of {', '.join(FINISH_REASONS)}, not {finish_reason!r}")
     options = ParseOptions(policy_version=policy_version, group_field=group_field, finish_reason=finish_reason)

@@ -251,3 +251,11 @@ def test_completions_heads_that_are_not_objects(store, write_trace):
     record["choices"][0]["logprobs"]["top_logprobs"] = [[None]]
     result = ingest([str(write_trace("h.jsonl", [record]))], store, max_quarantine_rate=None)
     assert result.quarantined == {"bad_logprob": 1}
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan")])
+def test_quarantine_rate_must_be_a_fraction(store, write_trace, rate):
+    path = write_trace("ok.jsonl", [GOOD])
+    with pytest.raises(UsageError, match="must be a fraction in"):
+        ingest([str(path)], store, max_quarantine_rate=rate)
+    assert store.version("traces") is None

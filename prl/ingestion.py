@@ -32,7 +32,7 @@ from prl.formats import registry
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.locks import holding
 from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
-from prl.sources import LineReader, SourceFile, expand
+from prl.sources import LineReader, SourceFile, expand, lines_of
 from prl.store import Store
 
 BATCH_TOKENS = 2_000_000
@@ -172,12 +172,19 @@ class _EmptySource(Exception):
 
 
 def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterator[RawRecord]]:
-    lines = iter(reader)
-    head = list(itertools.islice(lines, HEAD_LINES))
+    """The source's format (detected from its first :data:`HEAD_LINES` lines unless named) and its records."""
+    blocks = reader.blocks()
+    read: list[tuple[int, bytes]] = []  # the blocks holding the head, framed again with the rest
+    head: list[tuple[int, bytes]] = []
+    for block in blocks:
+        read.append(block)
+        head.extend(itertools.islice(lines_of([block]), HEAD_LINES - len(head)))
+        if len(head) >= HEAD_LINES:
+            break
     if len(head) < HEAD_LINES and not any(line.strip() for _, line in head) and not reader.truncated:
         raise _EmptySource(uri)
     fmt = registry.detect_file(uri, head) if fmt_name == "auto" else registry.by_name(fmt_name)
-    return fmt, fmt.frame(itertools.chain(head, lines))
+    return fmt, fmt.frame_blocks(itertools.chain(read, blocks))
 
 
 def ingest(

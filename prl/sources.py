@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 import zlib
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,21 +156,28 @@ class LineReader:
     _hasher: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
-        line_no = 0
-        pending = b""
+        return lines_of(self.blocks())
+
+    def blocks(self) -> Iterator[tuple[int, bytes]]:
+        """The source as ``(number of the block's first line, bytes)`` blocks of whole lines, each ending with
+        ``\\n`` except an unterminated last line (which also sets :attr:`unterminated_line`). A block is one
+        read chunk or more (a line longer than a chunk is never cut); line endings are left as they are."""
+        line_no = 1
+        parts: list[bytes] = []  # an incomplete line, as read so far
         for block in self._decompressed():
-            if pending:
-                block = pending + block
-            lines = block.split(b"\n")
-            pending = lines.pop()
-            if b"\r" in block:
-                lines = [line.rstrip(b"\r") for line in lines]
-            yield from zip(range(line_no + 1, line_no + 1 + len(lines)), lines)  # no Python code per line
-            line_no += len(lines)
-        if pending:
-            line_no += 1
+            cut = block.rfind(b"\n") + 1
+            if not cut:
+                parts.append(block)
+                continue
+            whole = block if cut == len(block) else block[:cut]
+            if parts:
+                whole = b"".join([*parts, whole])
+            parts = [] if cut == len(block) else [block[cut:]]
+            yield line_no, whole
+            line_no += whole.count(b"\n")
+        if parts:
             self.unterminated_line = line_no
-            yield line_no, pending.rstrip(b"\r")
+            yield line_no, b"".join(parts)
         self.sha256 = self._hasher.hexdigest()
 
     def _raw_chunks(self) -> Iterator[bytes]:
@@ -249,6 +256,18 @@ class LineReader:
                 self.truncated = f"{name} stream ends before its end marker (truncated file)"
         except error as exc:
             self.truncated = f"{name} stream is corrupt: {exc}"
+
+
+def lines_of(blocks: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    """``(line_number, line)`` pairs of blocks as :meth:`LineReader.blocks` yields them: lines without their
+    ``\\n`` and without trailing ``\\r``, blank lines included. No Python code runs per line."""
+    for first, block in blocks:
+        lines = block.split(b"\n")
+        if not lines[-1]:
+            lines.pop()  # the empty piece after the block's final newline
+        if b"\r" in block:
+            lines = [line.rstrip(b"\r") for line in lines]
+        yield from zip(range(first, first + len(lines)), lines)
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

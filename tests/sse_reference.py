@@ -119,3 +119,30 @@ def reference_items(lines: list[tuple[int, bytes]], options: ParseOptions | None
 def fast_items(lines: list[tuple[int, bytes]], options: ParseOptions | None = None) -> list[tuple[int, tuple]]:
     """What :class:`prl.formats.sse.Sse` makes of ``lines``, as ingest calls it."""
     return _items(Sse().frame(iter(lines)), options or ParseOptions())
+
+
+def as_blocks(
+    lines: list[tuple[int, bytes]], cuts: Iterable[int] = (), terminated: bool = True
+) -> list[tuple[int, bytes]]:
+    """``lines`` (numbered 1, 2, …) as :meth:`prl.sources.LineReader.blocks` would give them: whole lines,
+    a new block after each line position in ``cuts``; the last line without its newline unless
+    ``terminated``."""
+    blocks: list[tuple[int, bytes]] = []
+    current: list[bytes] = []
+    first = 1
+    cut_after = set(cuts)
+    for position, (_, line) in enumerate(lines, start=1):
+        current.append(line + b"\n")
+        if position in cut_after or position == len(lines):
+            blocks.append((first, b"".join(current)))
+            first, current = position + 1, []
+    if blocks and not terminated:
+        blocks[-1] = (blocks[-1][0], blocks[-1][1][:-1])
+    return blocks
+
+
+def block_items(
+    lines: list[tuple[int, bytes]], cuts: Iterable[int] = (), options: ParseOptions | None = None
+) -> list[tuple[int, tuple]]:
+    """What :meth:`prl.formats.sse.Sse.frame_blocks` (as ingest calls it) makes of ``lines`` cut into blocks."""
+    return _items(Sse().frame_blocks(as_blocks(lines, cuts)), options or ParseOptions())

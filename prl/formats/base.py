@@ -18,6 +18,8 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prl.sources import lines_of
+
 
 class Quarantined(Exception):
     """A record (or one choice of it) that must go to quarantine, with a reason code and a readable message."""
@@ -84,7 +86,8 @@ class ParseOptions:
 
 class Format:
     """Base class of a wire format. Subclasses set ``name``, implement :meth:`detect` and :meth:`parse`;
-    a format whose records span several lines (SSE streams) overrides :meth:`frame`."""
+    a format whose records span several lines (SSE streams) overrides :meth:`frame` (and may override
+    :meth:`frame_blocks`)."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -104,6 +107,11 @@ class Format:
             if not raw.strip():
                 continue
             yield decode_json_line(line_no, raw)
+
+    def frame_blocks(self, blocks: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
+        """The records of a whole source given as :meth:`prl.sources.LineReader.blocks` yields it: the same
+        records as :meth:`frame` of its lines. A format that can frame whole blocks faster overrides it."""
+        return self.frame(lines_of(blocks))
 
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
         """Samples (one per choice) or quarantine signals for one decoded record."""
@@ -136,7 +144,10 @@ TOKEN_ID_PREFIX = "token_id:"
 
 def json_list(values: Any, what: str, reason: str, expected: str) -> pa.Array:
     """A JSON list as one Arrow array, its type inferred in one C++ pass; anything that is not a list, or
-    mixes types Arrow cannot unify, is :class:`Quarantined` with ``reason``. Callers then check the type."""
+    mixes types Arrow cannot unify, is :class:`Quarantined` with ``reason``. Callers then check the type.
+    An Arrow array (a list already converted, as the bulk SSE join gives) is returned as it is."""
+    if isinstance(values, pa.Array):
+        return values
     if not isinstance(values, list):
         raise Quarantined(reason, f"{what} is {type(values).__name__}, expected {expected}")
     try:
@@ -192,9 +203,12 @@ def logprob_array(values: Any, what: str) -> pa.Array:
     raise Quarantined("bad_logprob", f"{what} holds {array.type} values, expected numbers")
 
 
-def typed_array(values: list[Any], type_: pa.DataType, reason: str, what: str) -> pa.Array:
+def typed_array(values: list[Any] | pa.Array, type_: pa.DataType, reason: str, what: str) -> pa.Array:
     """Convert nested JSON (lists of dicts) to a declared Arrow type in one C++ pass; missing keys become
-    nulls, extra keys are ignored, anything else is quarantined with ``reason``."""
+    nulls, extra keys are ignored, anything else is quarantined with ``reason``. An Arrow array of that
+    type is returned as it is."""
+    if isinstance(values, pa.Array) and values.type == type_:
+        return values
     if pa.types.is_map(type_):
         require_map_entries(values, reason, what)
     try:

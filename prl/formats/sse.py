@@ -11,6 +11,11 @@ response of the same request give the same sample.
 
 A stream holds one token per chunk, so the hot path avoids per-chunk Python:
 
+- :meth:`Sse.frame_blocks` (what ingest calls) frames whole blocks of the source: a stream laid out as
+  servers write it (``data:`` lines each followed by one blank line, up to ``data: [DONE]``) is cut out with
+  bytes searches, and the streams of a block are parsed together by Arrow's JSON reader and joined in bulk
+  (:mod:`prl.formats.sse_arrow`). A stream that is not laid out so, or that the bulk join does not accept,
+  goes the ways below, which give the same records and samples.
 - :meth:`Sse.frame` keeps a stream's lines as bytes and decodes only the lines that could start a new stream:
   the first of each stream, and any line that does not begin with that stream's own ``{"id":"..."`` (with no
   other ``"id"`` key in it). Errors of the other lines surface from :meth:`Sse.parse`, with the reason and
@@ -38,7 +43,9 @@ import orjson
 
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
 from prl.formats.fields import as_dict, as_list
+from prl.formats.sse_arrow import JoinedStream, join_streams, payloads
 from prl.formats.sse_fast import join_chat_chunks, join_chat_parts
+from prl.sources import lines_of
 
 STREAM_KEY = "sse_chunks"
 """A decoded stream is ``{"sse_chunks": [chunk, ...], "sse_done": bool}`` (an undecodable chunk is None)."""
@@ -47,6 +54,19 @@ LINES_KEY = "sse_lines"
 """A lazily framed stream is ``{"sse_lines": [line, ...], "sse_line_numbers": [int, ...], "sse_done": bool}``:
 its ``data:`` lines (stripped, without ``[DONE]``) and their 1-based line numbers."""
 LINE_NUMBERS_KEY = "sse_line_numbers"
+TEXT_KEY = "sse_text"
+"""A stream framed whole (:func:`_canonical_stream`) is ``{"sse_text": its lines joined by blank lines,
+"sse_first_line": int, "sse_line_count": int, "sse_first_chunk": the first chunk decoded}``, plus
+``"sse_rows"`` (its payloads as NDJSON) until the bulk join, which adds ``"sse_joined"``
+(:class:`prl.formats.sse_arrow.JoinedStream`) where it succeeds."""
+FIRST_LINE_KEY = "sse_first_line"
+LINE_COUNT_KEY = "sse_line_count"
+FIRST_KEY = "sse_first_chunk"
+ROWS_KEY = "sse_rows"
+JOINED_KEY = "sse_joined"
+CARRY_LIMIT = 32 * 1024 * 1024
+"""Bytes after the last ``[DONE]`` of the blocks read so far, kept to frame whole with the next block; beyond
+that (a longer stream, or no ``[DONE]`` at all) they go through the line framer instead."""
 
 _SKIPPED_FIELDS = (b"event:", b"id:", b"retry:")
 _ID_FIRST = re.compile(rb'data:[ \t]*\{[ \t]*"id"[ \t]*:[ \t]*"([^"\\]*)"')
@@ -121,30 +141,25 @@ def _chunk_id(chunk: Any) -> Any:
     return chunk.get("id") if type(chunk) is dict else None
 
 
-class Sse(Format):
-    """SSE stream captures of OpenAI-style chat or completions streams (vLLM, SGLang, proxies)."""
+class _LineFramer:
+    """:meth:`Sse.frame` as a state machine fed lines in pieces: a stream may span two calls of :meth:`feed`."""
 
-    name: ClassVar[str] = "sse"
-    description: ClassVar[str] = "SSE stream captures: data: {...chunk} lines ending in data: [DONE]"
+    def __init__(self) -> None:
+        self.stream: _Stream | None = None
 
-    def detect(self, obj: Any) -> bool:
-        return (
-            isinstance(obj, dict) and (isinstance(obj.get(STREAM_KEY), list) or isinstance(obj.get(LINES_KEY), list))
-        ) or is_chunk(obj)
+    @property
+    def open(self) -> bool:
+        """Whether a stream has begun and not yet ended."""
+        return self.stream is not None
 
-    def sniff(self, head: list[RawRecord]) -> bool:
-        for record in head:
-            r = resolve(record)
-            if r.error is None and isinstance(r.obj, dict) and any(is_chunk(c) for c in r.obj.get(STREAM_KEY, [])[:1]):
-                return True
-        return False
-
-    def frame(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
-        """One lazy record per stream (see the module docstring); the same streams as :func:`frame_decoded`."""
-        stream: _Stream | None = None
-        prefix = _NO_PREFIX  # the current stream's, once known
+    def feed(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
+        """The records that end within ``lines`` (numbered lines, without their newlines)."""
+        stream = self.stream
+        prefix = _NO_PREFIX if stream is None else stream.prefix  # the current stream's, once known
         after_prefix = len(prefix)
         add_line = add_number = list.append  # rebound to the current stream's lists
+        if stream is not None:
+            add_line, add_number = stream.lines.append, stream.numbers.append
         escapes = _ID_ESCAPES
         for line_no, raw in lines:
             if not raw:  # the blank line after every event
@@ -163,6 +178,7 @@ class Sse(Format):
             payload = _payload(line)
             if payload == b"[DONE]":
                 if stream is not None:
+                    self.stream = None
                     yield stream.record(line)
                     stream, prefix, after_prefix = None, _NO_PREFIX, len(_NO_PREFIX)
                 continue
@@ -174,21 +190,166 @@ class Sse(Format):
                 and stream.stream_id is not None
                 and chunk_id != stream.stream_id
             ):
+                self.stream = None
                 yield stream.record(None)
                 stream = None
             if stream is None:
-                stream = _Stream(line_no)
+                stream = self.stream = _Stream(line_no)
                 add_line, add_number = stream.lines.append, stream.numbers.append
             stream.add(line_no, line, chunk, error)
             prefix = stream.prefix
             after_prefix = len(prefix)
-        if stream is not None:
+
+    def finish(self) -> Iterator[RawRecord]:
+        """The stream still open at the end of the source (cut before its ``[DONE]``), if any."""
+        if self.stream is not None:
+            stream, self.stream = self.stream, None
             yield stream.record(None)
+
+
+_DONE_LINE = b"data: [DONE]\n"
+
+
+def _done_line_ends(text: bytes) -> Iterator[int]:
+    """The offsets just past each ``data: [DONE]`` line of ``text`` (whole lines) written exactly so."""
+    at = text.find(_DONE_LINE)
+    while at >= 0:
+        end = at + len(_DONE_LINE)
+        if at == 0 or text[at - 1] == 0x0A:  # the whole line, not the end of a longer one
+            yield end
+        at = text.find(_DONE_LINE, end)
+
+
+def _canonical_stream(segment: bytes, line_no: int, newlines: int) -> RawRecord | None:
+    """A stream written as servers write it, as a record to be judged in bulk (:func:`_joined_in_bulk`);
+    None when ``segment`` is laid out otherwise (the line framer then frames it).
+
+    ``segment`` holds whole lines numbered from ``line_no`` (``newlines`` of them) and ends with a
+    ``data: [DONE]`` line. The canonical layout is blank lines, then ``data:`` lines, each followed by one
+    blank line, the first a chunk whose ``id`` is a string. The record holds the lines as one text
+    (``sse_text``), the first chunk decoded, the NDJSON of the payloads, and as ``raw`` the stream's bytes as
+    they are (blank lines included)."""
+    body = segment.lstrip(b"\n")
+    blank_lines = len(segment) - len(body)
+    line_no += blank_lines
+    count, odd = divmod(newlines - blank_lines - 1, 2)  # data lines, if each has one blank line after it
+    stop = len(body) - len(_DONE_LINE) - 2
+    if odd or count < 1 or body[stop : stop + 2] != b"\n\n":
+        return None
+    text = body[:stop]
+    rows = payloads(text, count)
+    if rows is None:
+        return None
+    first = text.split(b"\n", 1)[0]
+    chunk, error = _decode(_payload(first), line_no)
+    if error is not None or type(_chunk_id(chunk)) is not str or first != first.strip():
+        return None
+    obj = {TEXT_KEY: text, FIRST_LINE_KEY: line_no, LINE_COUNT_KEY: count, FIRST_KEY: chunk, ROWS_KEY: rows}
+    return RawRecord(line_no, body[: len(body) - 1], obj)
+
+
+def _with_lines(obj: dict[str, Any]) -> dict[str, Any]:
+    """A canonical stream's record in the line framer's form: its (stripped) lines, their numbers, and its
+    ``[DONE]``."""
+    lines = list(map(bytes.strip, obj[TEXT_KEY].split(b"\n\n")))
+    first = obj[FIRST_LINE_KEY]
+    return {LINES_KEY: lines, LINE_NUMBERS_KEY: list(range(first, first + 2 * len(lines), 2)), DONE_KEY: True}
+
+
+def _joined_in_bulk(records: list[RawRecord]) -> Iterator[RawRecord]:
+    """``records`` with each canonical stream (:func:`_canonical_stream`) judged in bulk
+    (:func:`prl.formats.sse_arrow.join_streams`): joined, left to be joined chunk by chunk, or, when its
+    lines may not be one stream, replaced by the records the line framer makes of them."""
+    bulk = [r for r in records if type(r.obj) is dict and ROWS_KEY in r.obj]
+    if not bulk:
+        yield from records
+        return
+    verdicts = join_streams([r.obj.pop(ROWS_KEY) for r in bulk], [r.obj[LINE_COUNT_KEY] for r in bulk])
+    judged = dict(zip(map(id, bulk), verdicts))
+    for record in records:
+        if id(record) not in judged:
+            yield record
+            continue
+        verdict = judged[id(record)]
+        if verdict is None:
+            yield from Sse().frame(lines_of([(record.line, record.raw + b"\n")]))
+            continue
+        if isinstance(verdict, JoinedStream):
+            record.obj[JOINED_KEY] = verdict
+        yield record
+
+
+class Sse(Format):
+    """SSE stream captures of OpenAI-style chat or completions streams (vLLM, SGLang, proxies)."""
+
+    name: ClassVar[str] = "sse"
+    description: ClassVar[str] = "SSE stream captures: data: {...chunk} lines ending in data: [DONE]"
+
+    def detect(self, obj: Any) -> bool:
+        return (
+            isinstance(obj, dict)
+            and (isinstance(obj.get(STREAM_KEY), list) or isinstance(obj.get(LINES_KEY), list) or TEXT_KEY in obj)
+        ) or is_chunk(obj)
+
+    def sniff(self, head: list[RawRecord]) -> bool:
+        for record in head:
+            r = resolve(record)
+            if r.error is None and isinstance(r.obj, dict) and any(is_chunk(c) for c in r.obj.get(STREAM_KEY, [])[:1]):
+                return True
+        return False
+
+    def frame(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
+        """One lazy record per stream (see the module docstring); the same streams as :func:`frame_decoded`."""
+        framer = _LineFramer()
+        yield from framer.feed(lines)
+        yield from framer.finish()
+
+    def frame_blocks(self, blocks: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
+        """The records :meth:`frame` gives for the same lines, with streams in the canonical layout framed
+        whole (see :func:`_canonical_stream`) rather than line by line, and joined in bulk per block."""
+        framer = _LineFramer()
+        pending: list[tuple[int, bytes]] = []  # whole lines after the last [DONE] so far, with their line numbers
+        pending_bytes = 0
+        for first, block in blocks:
+            out: list[RawRecord] = []
+            if b"\r" in block:  # lines to strip: the line framer does it exactly
+                out.extend(framer.feed(lines_of([*pending, (first, block)])))
+                pending, pending_bytes = [], 0
+                yield from out
+                continue
+            start, line_no = 0, (pending[0][0] if pending else first)
+            for end in _done_line_ends(block):
+                segment = block[start:end]
+                if pending:
+                    segment = b"".join([*(part for _, part in pending), segment])
+                    pending, pending_bytes = [], 0
+                newlines = segment.count(b"\n")
+                record = None if framer.open else _canonical_stream(segment, line_no, newlines)
+                if record is not None:
+                    out.append(record)
+                else:
+                    out.extend(framer.feed(lines_of([(line_no, segment)])))
+                line_no += newlines
+                start = end
+            if start < len(block):
+                pending.append((first + block.count(b"\n", 0, start), block[start:]))
+                pending_bytes += len(block) - start
+                if framer.open or pending_bytes > CARRY_LIMIT:
+                    out.extend(framer.feed(lines_of(pending)))
+                    pending, pending_bytes = [], 0
+            yield from _joined_in_bulk(out)
+        yield from framer.feed(lines_of(pending))
+        yield from framer.finish()
 
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
         if is_chunk(obj):
             obj = {STREAM_KEY: [obj], DONE_KEY: False}
         obj = as_dict(obj, "stream")
+        if TEXT_KEY in obj:
+            joined = obj.get(JOINED_KEY)
+            if isinstance(joined, JoinedStream) and type(obj.get(FIRST_KEY)) is dict:
+                return read_joined(_bulk_record(obj[FIRST_KEY], joined), options)
+            obj = _with_lines(obj)
         if LINES_KEY in obj:
             return _parse_lines(obj, options)
         chunks = as_list(obj.get(STREAM_KEY), "stream chunks")
@@ -227,6 +388,30 @@ def _join_lines(obj: dict[str, Any], options: ParseOptions) -> list[Sample | Qua
     if not obj.get(DONE_KEY):
         raise Quarantined("truncated_stream", "the stream ended before 'data: [DONE]'")
     return parse_chunks(chunks, options)
+
+
+def _bulk_record(first: dict[str, Any], joined: JoinedStream) -> dict[str, Any]:
+    """The joined ``chat.completion`` record (as :func:`prl.formats.sse_fast.join_chat_parts` shapes it) of
+    a stream joined in bulk, its lists as Arrow arrays; ``first`` is its first chunk."""
+    record = {k: v for k, v in first.items() if k not in ("choices", "object", "usage")}
+    record["object"] = "chat.completion"
+    if joined.prompt_token_ids is not None:
+        record["prompt_token_ids"] = joined.prompt_token_ids
+    record["choices"], record["_truncated"], record["_bad"] = [], [], []
+    choice = joined.choice
+    if choice is not None:
+        out: dict[str, Any] = {"index": 0, "finish_reason": choice.finish_reason}
+        if choice.token_ids is not None:
+            out["token_ids"] = choice.token_ids
+        if choice.prompt_token_ids is not None:
+            out["prompt_token_ids"] = choice.prompt_token_ids
+        out["message"] = {"role": "assistant", "content": choice.text}
+        if choice.content is not None:
+            out["logprobs"] = {"content": choice.content}
+        record["choices"].append(out)
+        if choice.finish_reason is None:
+            record["_truncated"].append(0)
+    return record
 
 
 _CHOICES_KEY = b'"choices":'
@@ -284,6 +469,8 @@ def resolve(record: RawRecord) -> RawRecord:
     """The record :func:`frame_decoded` gives for the same lines: every chunk decoded (None where it is
     not JSON) and the stream's first decoding error as the record's error."""
     obj = record.obj
+    if isinstance(obj, dict) and TEXT_KEY in obj:
+        obj = _with_lines(obj)
     if not (isinstance(obj, dict) and LINES_KEY in obj):
         return record
     chunks: list[Any] = []

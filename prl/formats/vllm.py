@@ -74,6 +74,8 @@ def _heads_from_entries(entries: pa.ListArray) -> tuple[pa.ListArray | None, pa.
     if tokens.null_count or not pc.all(pc.starts_with(tokens, "token_id:")).as_py():
         return None, None
     offsets = entries.offsets
+    if len(offsets) and offsets[0].as_py():  # a slice of a longer array: offsets into its values
+        offsets = pc.subtract(offsets, offsets[0])
     ids = parse_token_id_strings(tokens, "top_logprobs token")
     return (
         pa.ListArray.from_arrays(offsets, ids),
@@ -160,9 +162,9 @@ class VllmChat(_OpenAIReader):
             if ids_raw is None:
                 raise Quarantined("no_token_ids", "choice has neither token_ids nor logprobs.content")
             raise Quarantined("no_logprobs", "choice has token_ids but no logprobs (request logprobs=true)")
-        entries = typed_array(
-            as_list(content, "logprobs.content"), CHAT_CONTENT_ENTRY, "bad_logprob", "logprobs.content"
-        )
+        if not isinstance(content, pa.Array):  # an SSE stream joined in bulk gives the entries converted
+            content = as_list(content, "logprobs.content")
+        entries = typed_array(content, CHAT_CONTENT_ENTRY, "bad_logprob", "logprobs.content")
         tokens = pc.struct_field(entries, "token")
         logprobs = pc.struct_field(entries, "logprob")
         if ids_raw is not None:

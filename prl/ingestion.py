@@ -41,6 +41,10 @@ GROUP_BYTES = 512 * 1024 * 1024
 """Source bytes per commit group: many small files share one commit."""
 GROUP_FILES = 256
 HEAD_LINES = 64
+RAW_KEEP = 4 * RAW_LIMIT + 4
+"""Bytes of a kept record's raw text held until its batch is written: enough for the ``RAW_LIMIT``
+characters (and the truncation flag) of a quarantine row, should the record turn out to be a duplicate;
+holding whole SSE streams would cost hundreds of MB per batch."""
 DEFAULT_MAX_QUARANTINE_RATE = 0.05
 
 
@@ -359,7 +363,7 @@ def _ingest_file(
                 quarantine(record.line, record.raw, q, sample_id_of(item))
                 continue
             rows.append(Located(sample, src.uri, record.line, fmt.name))
-            raws.append(record.raw)
+            raws.append(record.raw[:RAW_KEEP])
             tokens += len(sample.prompt_token_ids) + len(sample.completion_token_ids)
         if tokens >= batch_tokens:
             yield from flush()

@@ -169,9 +169,7 @@ class LineReader:
             if not cut:
                 parts.append(block)
                 continue
-            whole = block if cut == len(block) else block[:cut]
-            if parts:
-                whole = b"".join([*parts, whole])
+            whole = block if cut == len(block) and not parts else b"".join([*parts, memoryview(block)[:cut]])
             parts = [] if cut == len(block) else [block[cut:]]
             yield line_no, whole
             line_no += whole.count(b"\n")
@@ -181,10 +179,9 @@ class LineReader:
         self.sha256 = self._hasher.hexdigest()
 
     def _raw_chunks(self) -> Iterator[bytes]:
-        chunks = self._read_chunks()
-        if self.source.uri.startswith("s3://"):  # each read is a ranged GET: overlap its latency with parsing
-            return _read_ahead(chunks, READ_AHEAD_CHUNKS)
-        return chunks
+        # reads and hashing release the GIL: a background thread does them while the caller parses (for
+        # S3, each read is a ranged GET whose latency this hides too)
+        return _read_ahead(self._read_chunks(), READ_AHEAD_CHUNKS)
 
     def _read_chunks(self) -> Generator[bytes, None, None]:
         fs, path = filesystem_for(self.source.uri)

@@ -140,6 +140,9 @@ HOSTILE = {
     ],
     "not UTF-8": [HEAD + b'[{"index":0,"delta":{"content":"\xff"}}]}'],
     "two objects on a line": [HEAD + b"[]}" + HEAD[6:] + b"[]}"],
+    "two objects and an empty payload": [HEAD + b"[]}" + HEAD[6:] + b"[]}", b"data:"],
+    "two objects and a blank payload": [HEAD + b"[]}" + HEAD[6:] + b"[]}", b"data:   "],
+    "no space after data:": [b"data:" + HEAD[6:] + b"[]}"],
     "empty payload": [b"data:"],
     "comment": [b": keep-alive"],
     "event field": [b"event: message"],
@@ -212,16 +215,21 @@ def test_a_chunk_with_another_id_splits_the_stream_as_the_line_framer_does():
     assert block_items(lines) == reference_items(lines)
 
 
+def _stream_bytes(lines: list[bytes]) -> bytes:
+    """A stream's bytes from its first line through its [DONE] line, as :func:`payloads` takes them."""
+    return b"\n".join(lines[:-1]) + b"\n"
+
+
 def test_bulk_verdicts():
-    good = b"\n\n".join(_stream()[:-3:2])
-    assert payloads(good, 3) is not None
+    good = _stream_bytes(_stream())
     assert payloads(good, 4) is None  # a line that is not a data: field
     assert payloads(good.replace(b'"t5"', b'"\xff"'), 3) is None
     rows = payloads(good, 3)
     assert rows is not None
-    multi = payloads(b"\n\n".join(_stream(choices=2)[:-3:2]), 5)
+    assert bytes(rows).count(b"\n") == 2 and bytes(rows).startswith(b'{"id":"s"')
+    multi = payloads(_stream_bytes(_stream(choices=2)), 5)
     assert multi is not None
-    verdicts = join_streams([rows, multi, b"{nope\n"], [3, 5, 1])
+    verdicts = join_streams([rows, multi, memoryview(b"{nope")], [3, 5, 1])
     assert verdicts[1] is UNJOINED and verdicts[2] is None
     assert verdicts[0] is not None and verdicts[0].choice is not None
     assert verdicts[0].choice.text == "t5t6"
@@ -273,7 +281,7 @@ def test_fixture_captures_cut_into_blocks_read_alike():
 
 def test_payload_rows_match_the_lines():
     chunks = [{"id": "c", "object": "chat.completion.chunk", "choices": [], "n": i} for i in range(3)]
-    text = b"\n\n".join(_line(c, 0) for c in chunks)
-    rows = payloads(text, 3)
+    stream = b"".join(_line(c, 0) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    rows = payloads(stream, 3, trailing=1)
     assert rows is not None
-    assert [json.loads(r) for r in rows.splitlines()] == copy.deepcopy(chunks)
+    assert [json.loads(r) for r in bytes(rows).splitlines()] == copy.deepcopy(chunks)

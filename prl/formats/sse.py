@@ -35,6 +35,7 @@ from __future__ import annotations
 import gc
 import re
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, ClassVar
@@ -43,7 +44,7 @@ import orjson
 
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
 from prl.formats.fields import as_dict, as_list
-from prl.formats.sse_arrow import JoinedStream, join_streams, payloads
+from prl.formats.sse_arrow import UNJOINED, JoinedStream, join_streams, payloads
 from prl.formats.sse_fast import join_chat_chunks, join_chat_parts
 from prl.sources import lines_of
 
@@ -55,8 +56,8 @@ LINES_KEY = "sse_lines"
 its ``data:`` lines (stripped, without ``[DONE]``) and their 1-based line numbers."""
 LINE_NUMBERS_KEY = "sse_line_numbers"
 TEXT_KEY = "sse_text"
-"""A stream framed whole (:func:`_canonical_stream`) is ``{"sse_text": its lines joined by blank lines,
-"sse_first_line": int, "sse_line_count": int, "sse_first_chunk": the first chunk decoded}``, plus
+"""A stream framed whole (:func:`_canonical_stream`) is ``{"sse_text": its bytes from its first line to its
+[DONE], "sse_first_line": int, "sse_line_count": int, "sse_first_chunk": the first chunk decoded}``, plus
 ``"sse_rows"`` (its payloads as NDJSON) until the bulk join, which adds ``"sse_joined"``
 (:class:`prl.formats.sse_arrow.JoinedStream`) where it succeeds."""
 FIRST_LINE_KEY = "sse_first_line"
@@ -64,6 +65,9 @@ LINE_COUNT_KEY = "sse_line_count"
 FIRST_KEY = "sse_first_chunk"
 ROWS_KEY = "sse_rows"
 JOINED_KEY = "sse_joined"
+BULK_BYTES = 16 * 1024 * 1024
+"""Source bytes of canonical streams joined in one bulk parse: large enough that the parse's fixed costs
+and threads pay off, small enough to bound memory (a few times this)."""
 CARRY_LIMIT = 32 * 1024 * 1024
 """Bytes after the last ``[DONE]`` of the blocks read so far, kept to frame whole with the next block; beyond
 that (a longer stream, or no ``[DONE]`` at all) they go through the line framer instead."""
@@ -211,72 +215,81 @@ _DONE_LINE = b"data: [DONE]\n"
 
 
 def _done_line_ends(text: bytes) -> Iterator[int]:
-    """The offsets just past each ``data: [DONE]`` line of ``text`` (whole lines) written exactly so."""
+    """The offsets just past each ``data: [DONE]`` line of ``text`` (whole lines) written exactly so, and past
+    the blank line after it when there is one."""
     at = text.find(_DONE_LINE)
     while at >= 0:
         end = at + len(_DONE_LINE)
         if at == 0 or text[at - 1] == 0x0A:  # the whole line, not the end of a longer one
-            yield end
+            yield end + 1 if text[end : end + 1] == b"\n" else end
         at = text.find(_DONE_LINE, end)
 
 
+_STREAM_END = b"\n\n" + _DONE_LINE
+
+
 def _canonical_stream(segment: bytes, line_no: int, newlines: int) -> RawRecord | None:
-    """A stream written as servers write it, as a record to be judged in bulk (:func:`_joined_in_bulk`);
-    None when ``segment`` is laid out otherwise (the line framer then frames it).
+    """A stream written as servers write it, as a record to be judged in bulk (:class:`_BulkJoin`); None
+    when ``segment`` is laid out otherwise (the line framer then frames it).
 
     ``segment`` holds whole lines numbered from ``line_no`` (``newlines`` of them) and ends with a
-    ``data: [DONE]`` line. The canonical layout is blank lines, then ``data:`` lines, each followed by one
-    blank line, the first a chunk whose ``id`` is a string. The record holds the lines as one text
-    (``sse_text``), the first chunk decoded, the NDJSON of the payloads, and as ``raw`` the stream's bytes as
-    they are (blank lines included)."""
+    ``data: [DONE]`` line, or that line and a blank one. The canonical layout is blank lines, then ``data:``
+    lines, each followed by one blank line, the first a chunk whose ``id`` is a string, then the
+    ``[DONE]``. The record holds the first chunk decoded and the NDJSON of the payloads; its ``raw`` is the
+    stream's bytes as they are, blank lines included, from its first line."""
     body = segment.lstrip(b"\n")
     blank_lines = len(segment) - len(body)
     line_no += blank_lines
-    count, odd = divmod(newlines - blank_lines - 1, 2)  # data lines, if each has one blank line after it
-    stop = len(body) - len(_DONE_LINE) - 2
-    if odd or count < 1 or body[stop : stop + 2] != b"\n\n":
+    trailing = 1 if body.endswith(b"\n\n") else 0
+    count, odd = divmod(newlines - blank_lines - 1 - trailing, 2)  # data lines, each followed by a blank one
+    if odd or count < 1 or not body.endswith(_STREAM_END, 0, len(body) - trailing):
         return None
-    text = body[:stop]
-    rows = payloads(text, count)
+    rows = payloads(body, count, trailing)
     if rows is None:
         return None
-    first = text.split(b"\n", 1)[0]
+    first = body[: body.find(b"\n")]
     chunk, error = _decode(_payload(first), line_no)
     if error is not None or type(_chunk_id(chunk)) is not str or first != first.strip():
         return None
-    obj = {TEXT_KEY: text, FIRST_LINE_KEY: line_no, LINE_COUNT_KEY: count, FIRST_KEY: chunk, ROWS_KEY: rows}
-    return RawRecord(line_no, body[: len(body) - 1], obj)
+    obj = {TEXT_KEY: body, FIRST_LINE_KEY: line_no, LINE_COUNT_KEY: count, FIRST_KEY: chunk, ROWS_KEY: rows}
+    return RawRecord(line_no, body, obj)
 
 
 def _with_lines(obj: dict[str, Any]) -> dict[str, Any]:
     """A canonical stream's record in the line framer's form: its (stripped) lines, their numbers, and its
     ``[DONE]``."""
-    lines = list(map(bytes.strip, obj[TEXT_KEY].split(b"\n\n")))
+    text = obj[TEXT_KEY]
+    lines = list(map(bytes.strip, text[: text.rfind(_STREAM_END)].split(b"\n\n")))
     first = obj[FIRST_LINE_KEY]
     return {LINES_KEY: lines, LINE_NUMBERS_KEY: list(range(first, first + 2 * len(lines), 2)), DONE_KEY: True}
 
 
-def _joined_in_bulk(records: list[RawRecord]) -> Iterator[RawRecord]:
-    """``records`` with each canonical stream (:func:`_canonical_stream`) judged in bulk
-    (:func:`prl.formats.sse_arrow.join_streams`): joined, left to be joined chunk by chunk, or, when its
-    lines may not be one stream, replaced by the records the line framer makes of them."""
-    bulk = [r for r in records if type(r.obj) is dict and ROWS_KEY in r.obj]
-    if not bulk:
-        yield from records
-        return
-    verdicts = join_streams([r.obj.pop(ROWS_KEY) for r in bulk], [r.obj[LINE_COUNT_KEY] for r in bulk])
-    judged = dict(zip(map(id, bulk), verdicts))
-    for record in records:
-        if id(record) not in judged:
+class _BulkJoin:
+    """The bulk join of one batch of records (:func:`_canonical_stream` records among others), running on a
+    worker thread (Arrow's parse releases the GIL) while the next batch is framed."""
+
+    def __init__(self, records: list[RawRecord], pool: ThreadPoolExecutor) -> None:
+        self.records = records
+        self.bulk = [r for r in records if type(r.obj) is dict and ROWS_KEY in r.obj]
+        rows = [r.obj.pop(ROWS_KEY) for r in self.bulk]
+        counts = [r.obj[LINE_COUNT_KEY] for r in self.bulk]
+        self.verdicts = pool.submit(join_streams, rows, counts) if self.bulk else None
+
+    def result(self) -> Iterator[RawRecord]:
+        """The records, in order, with each canonical stream joined, left to be joined chunk by chunk, or,
+        when its lines may not be one stream, replaced by the records the line framer makes of them."""
+        if self.verdicts is None:
+            yield from self.records
+            return
+        judged = dict(zip(map(id, self.bulk), self.verdicts.result()))
+        for record in self.records:
+            verdict = judged.get(id(record), UNJOINED)
+            if verdict is None:
+                yield from Sse().frame(lines_of([(record.line, record.raw)]))
+                continue
+            if isinstance(verdict, JoinedStream):
+                record.obj[JOINED_KEY] = verdict
             yield record
-            continue
-        verdict = judged[id(record)]
-        if verdict is None:
-            yield from Sse().frame(lines_of([(record.line, record.raw + b"\n")]))
-            continue
-        if isinstance(verdict, JoinedStream):
-            record.obj[JOINED_KEY] = verdict
-        yield record
 
 
 class Sse(Format):
@@ -306,16 +319,29 @@ class Sse(Format):
 
     def frame_blocks(self, blocks: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
         """The records :meth:`frame` gives for the same lines, with streams in the canonical layout framed
-        whole (see :func:`_canonical_stream`) rather than line by line, and joined in bulk per block."""
+        whole (see :func:`_canonical_stream`) rather than line by line, and joined in bulk
+        (:class:`_BulkJoin`) about :data:`BULK_BYTES` at a time, each batch on a worker thread while the
+        next is framed."""
+        with ThreadPoolExecutor(1, thread_name_prefix="prl-sse-join") as pool:
+            joining: _BulkJoin | None = None  # the batch on the worker thread
+            for batch in self._batches(blocks):
+                if joining is not None:
+                    yield from joining.result()
+                joining = _BulkJoin(batch, pool)
+            if joining is not None:
+                yield from joining.result()
+
+    def _batches(self, blocks: Iterable[tuple[int, bytes]]) -> Iterator[list[RawRecord]]:
+        """Records in source order, in batches holding about :data:`BULK_BYTES` of canonical streams."""
         framer = _LineFramer()
         pending: list[tuple[int, bytes]] = []  # whole lines after the last [DONE] so far, with their line numbers
         pending_bytes = 0
+        out: list[RawRecord] = []
+        waiting = 0  # bytes of the canonical streams in out
         for first, block in blocks:
-            out: list[RawRecord] = []
             if b"\r" in block:  # lines to strip: the line framer does it exactly
                 out.extend(framer.feed(lines_of([*pending, (first, block)])))
                 pending, pending_bytes = [], 0
-                yield from out
                 continue
             start, line_no = 0, (pending[0][0] if pending else first)
             for end in _done_line_ends(block):
@@ -327,19 +353,23 @@ class Sse(Format):
                 record = None if framer.open else _canonical_stream(segment, line_no, newlines)
                 if record is not None:
                     out.append(record)
+                    waiting += len(segment)
                 else:
                     out.extend(framer.feed(lines_of([(line_no, segment)])))
                 line_no += newlines
                 start = end
             if start < len(block):
-                pending.append((first + block.count(b"\n", 0, start), block[start:]))
+                pending.append((line_no if start else first, block[start:]))
                 pending_bytes += len(block) - start
                 if framer.open or pending_bytes > CARRY_LIMIT:
                     out.extend(framer.feed(lines_of(pending)))
                     pending, pending_bytes = [], 0
-            yield from _joined_in_bulk(out)
-        yield from framer.feed(lines_of(pending))
-        yield from framer.finish()
+            if waiting >= BULK_BYTES:
+                yield out
+                out, waiting = [], 0
+        out.extend(framer.feed(lines_of(pending)))
+        out.extend(framer.finish())
+        yield out
 
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
         if is_chunk(obj):

@@ -11,9 +11,9 @@ It accepts a stream only where the result equals the per-chunk join's
 (:func:`prl.formats.sse_fast.join_chat_parts`), and returns None for it otherwise, so the exact reader
 judges it: payloads that are not UTF-8, hold ``NaN``/``Infinity``, non-finite or oversized logprobs, fail
 to parse, parse to another number of rows than lines, use an ``index`` other than 0, carry a null or
-missing ``delta`` or choice, or use keys whose absence and null differ to that reader (``delta.token_ids``,
-the completions-style ``logprobs`` lists, top-level ``error``). Arrow parses doubles exactly (correctly
-rounded, as orjson), refuses duplicate keys and mixed types, and both readers ignore other keys.
+missing ``delta`` or choice, or give a value to a key whose absence and null differ to that reader
+(``delta.token_ids``, the completions-style ``logprobs`` lists, top-level ``error``). Arrow parses doubles
+exactly (correctly rounded, as orjson), refuses duplicate keys, and both readers ignore other keys.
 """
 
 from __future__ import annotations
@@ -32,8 +32,18 @@ CHAT_CHUNK = "chat.completion.chunk"
 _CHOICE = pa.struct(
     [
         ("index", pa.int64()),
-        ("delta", pa.struct([("content", pa.string())])),
-        ("logprobs", pa.struct([("content", pa.list_(CHAT_CONTENT_ENTRY))])),
+        ("delta", pa.struct([("content", pa.string()), ("token_ids", pa.null())])),
+        (
+            "logprobs",
+            pa.struct(
+                [
+                    ("content", pa.list_(CHAT_CONTENT_ENTRY)),
+                    ("tokens", pa.null()),
+                    ("token_logprobs", pa.null()),
+                    ("top_logprobs", pa.null()),
+                ]
+            ),
+        ),
         ("finish_reason", pa.string()),
         ("token_ids", pa.list_(pa.int64())),
         ("prompt_token_ids", pa.list_(pa.int64())),
@@ -45,17 +55,18 @@ CHUNK_SCHEMA = pa.schema(
         ("object", pa.string()),
         ("choices", pa.list_(_CHOICE)),
         ("prompt_token_ids", pa.list_(pa.int64())),
+        ("error", pa.null()),
     ]
 )
-"""The fields the join reads; Arrow infers any others (and the join ignores them)."""
+"""The fields the join reads, and (typed null, so that any other value fails the parse) the keys the exact
+reader treats differently when absent and when null or refuses the stream for. Arrow infers all others
+(the join ignores them; their types say whether a ``NaN``/``Infinity`` literal may hide in them)."""
 _PARSE = pj.ParseOptions(explicit_schema=CHUNK_SCHEMA, unexpected_field_behavior="infer")
 _READ = pj.ReadOptions(use_threads=True, block_size=1 << 18)
 _NON_FINITE = re.compile(rb"[:,\[]\s*-?(?:NaN|Inf)")
 """A ``NaN``/``Inf``/``Infinity`` value (not JSON: the standard library takes some, Arrow all of them)."""
 _EXACT_LIMIT = 2.0**53
 """Logprobs of this magnitude may have been written as integers that the exact reader refuses."""
-_UNREAD_KEYS = {"delta": ("token_ids",), "logprobs": ("tokens", "token_logprobs", "top_logprobs")}
-"""Keys the exact reader treats differently when absent and when null: a stream using them is left to it."""
 
 
 @dataclass(slots=True)
@@ -91,31 +102,36 @@ UNJOINED = _Unjoined()
 it chunk by chunk."""
 
 
-def payloads(text: bytes, lines: int) -> bytes | None:
-    """NDJSON of a stream's payloads, from its ``lines`` lines joined by one blank line each; None when some
-    line is not a ``data:`` field or the text is not UTF-8."""
-    rows = text[5:].replace(b"\n\ndata:", b"\n")
-    if not text.startswith(b"data:") or len(text) - 5 - len(rows) != 6 * (lines - 1):
+_DONE_TAIL = b"\n\ndata: [DONE]\n"
+
+
+def payloads(stream: bytes, lines: int, trailing: int = 0) -> memoryview | None:
+    """The NDJSON rows (without a final newline) of a stream's payloads. ``stream`` is ``lines`` lines, each
+    followed by one blank line, then a ``data: [DONE]`` line and ``trailing`` blank lines. None unless every
+    line begins ``data: {`` (so that each holds at least one JSON object: a line of two objects then shows as
+    an extra row) or when the text is not UTF-8."""
+    rows = stream.replace(b"\n\ndata: {", b"\n{")
+    if not stream.startswith(b"data: {") or len(stream) - len(rows) != 7 * (lines - 1):
         return None
     if not rows.isascii():
         try:
             rows.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    return rows + b"\n"
+    return memoryview(rows)[6 : len(rows) - len(_DONE_TAIL) - trailing]
 
 
-def join_streams(rows: list[bytes], counts: list[int]) -> list[JoinedStream | _Unjoined | None]:
+def join_streams(rows: list[memoryview], counts: list[int]) -> list[JoinedStream | _Unjoined | None]:
     """Judge and join streams given as their NDJSON payloads (:func:`payloads`) and line counts, in one
     parse (each on its own if that fails). Per stream: its :class:`JoinedStream`; :data:`UNJOINED`; or None
     when its lines may not be one stream (a chunk with another ``id``, or one Arrow cannot parse): the line
     framer must frame them."""
-    table = _parse(b"".join(rows))
+    table = _parse(b"".join([part for row in rows for part in (row, b"\n")]))
     if table is not None and table.num_rows == sum(counts):
         return _join_table(table, counts, rows)
     out: list[JoinedStream | _Unjoined | None] = []
     for one, count in zip(rows, counts):
-        single = _parse(one)
+        single = _parse(bytes(one) + b"\n")
         ok = single is not None and single.num_rows == count
         out.extend(_join_table(single, [count], [one]) if ok else [None])
     return out
@@ -142,14 +158,16 @@ def _float_paths(type_: pa.DataType, path: str = "") -> list[str]:
 _DECLARED_FLOATS = frozenset(p for f in CHUNK_SCHEMA for p in _float_paths(f.type, f.name))
 
 
-def _non_json_numbers(table: pa.Table, rows: list[bytes]) -> np.ndarray:
-    """``[streams]`` whether a stream may hold a ``NaN``/``Infinity`` literal in a field the join does not
-    read (Arrow takes them, the exact reader not all of them). Only a floating-point field can hold one, so
-    the text is searched only when Arrow found undeclared ones; declared logprobs are checked by value."""
-    undeclared = {p for f in table.schema for p in _float_paths(f.type, f.name)} - _DECLARED_FLOATS
-    if not undeclared:
+def _non_json_numbers(table: pa.Table, rows: list[memoryview]) -> np.ndarray:
+    """``[streams]`` whether a stream may hold a ``NaN``/``Inf``/``Infinity`` literal in a field the join does
+    not read (Arrow takes them all, the exact reader not all of them). Only a floating-point field can hold
+    one, so the text is searched only when Arrow inferred such a field; declared logprobs are checked by
+    value."""
+    inferred = {p for f in table.schema for p in _float_paths(f.type, f.name)} - _DECLARED_FLOATS
+    if not inferred:
         return np.zeros(len(rows), dtype=bool)
-    return np.array([(b"NaN" in r or b"Inf" in r) and _NON_FINITE.search(r) is not None for r in rows])
+    texts = [bytes(r) for r in rows]
+    return np.array([(b"NaN" in t or b"Inf" in t) and _NON_FINITE.search(t) is not None for t in texts])
 
 
 def _ends(counts: list[int]) -> np.ndarray:
@@ -171,7 +189,7 @@ def _flags(array: pa.Array) -> np.ndarray:
     return pc.fill_null(array, False).to_numpy(zero_copy_only=False)
 
 
-def _join_table(table: pa.Table, counts: list[int], rows: list[bytes]) -> list[JoinedStream | _Unjoined | None]:
+def _join_table(table: pa.Table, counts: list[int], rows: list[memoryview]) -> list[JoinedStream | _Unjoined | None]:
     table = table.combine_chunks()
     row_bounds = _ends(counts)
     ids = table.column("id").chunk(0)
@@ -179,8 +197,6 @@ def _join_table(table: pa.Table, counts: list[int], rows: list[bytes]) -> list[J
     other_id = _flags(pc.not_equal(ids, stream_ids)) | _flags(pc.is_null(stream_ids))
     apart = _any_per_segment(other_id, row_bounds) | _non_json_numbers(table, rows)
     bad_rows = ~_flags(pc.equal(table.column("object").chunk(0), CHAT_CHUNK))
-    if "error" in table.column_names:
-        bad_rows |= _flags(pc.is_valid(table.column("error").chunk(0)))
     choice_lists = table.column("choices").chunk(0)
     per_row = pc.fill_null(pc.list_value_length(choice_lists), 0).to_numpy(zero_copy_only=False)
     bad_rows |= per_row > 1  # several choices: the exact join groups them by index
@@ -196,7 +212,7 @@ def _join_table(table: pa.Table, counts: list[int], rows: list[bytes]) -> list[J
     choice_prompts = _Lists(pc.struct_field(choices, "prompt_token_ids"), stream_choices)
     token_ids = _Lists(pc.struct_field(choices, "token_ids"), stream_choices)
     contents = _Lists(pc.struct_field(pc.struct_field(choices, "logprobs"), "content"), stream_choices)
-    contents.values = contents.values.cast(CHAT_CONTENT_ENTRY)  # drop the keys the reader does not read
+    contents.values = contents.values.cast(CHAT_CONTENT_ENTRY)  # without the keys the reader does not read
     finish = pc.struct_field(choices, "finish_reason")
     last_finish = _last_valid(_flags(pc.is_valid(finish)), stream_choices)
     finishes = pc.take(finish, np.maximum(last_finish, 0)).to_pylist() if len(finish) else []
@@ -275,11 +291,6 @@ def _choice_flags(choices: pa.StructArray) -> np.ndarray:
     bad = ~_flags(pc.equal(pc.struct_field(choices, "index"), 0)) | _flags(pc.is_null(delta))
     bad |= _flags(pc.is_null(choices))
     logprobs = pc.struct_field(choices, "logprobs")
-    for parent, array in (("delta", delta), ("logprobs", logprobs)):
-        present = {f.name for f in array.type}
-        for key in _UNREAD_KEYS[parent]:
-            if key in present:
-                bad |= _flags(pc.is_valid(pc.struct_field(array, key)))
     contents = pc.struct_field(logprobs, "content")
     entries = pc.list_flatten(contents)
     if len(entries):

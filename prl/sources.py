@@ -15,8 +15,9 @@ import threading
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import pyarrow.fs as pafs
 import zstandard
 
@@ -164,7 +165,9 @@ class LineReader:
         read chunk or more (a line longer than a chunk is never cut); line endings are left as they are."""
         line_no = 1
         parts: list[bytes] = []  # an incomplete line, as read so far
-        for block in self._decompressed():
+        # reading, hashing, decompressing and counting lines release the GIL: a background thread does
+        # them while the caller parses (for S3, each read is a ranged GET whose latency this hides too)
+        for block, newlines in _read_ahead(self._counted(), READ_AHEAD_CHUNKS):
             cut = block.rfind(b"\n") + 1
             if not cut:
                 parts.append(block)
@@ -172,16 +175,16 @@ class LineReader:
             whole = block if cut == len(block) and not parts else b"".join([*parts, memoryview(block)[:cut]])
             parts = [] if cut == len(block) else [block[cut:]]
             yield line_no, whole
-            line_no += whole.count(b"\n")
+            line_no += newlines  # the newlines of whole: those of block (parts hold none)
         if parts:
             self.unterminated_line = line_no
             yield line_no, b"".join(parts)
         self.sha256 = self._hasher.hexdigest()
 
-    def _raw_chunks(self) -> Iterator[bytes]:
-        # reads and hashing release the GIL: a background thread does them while the caller parses (for
-        # S3, each read is a ranged GET whose latency this hides too)
-        return _read_ahead(self._read_chunks(), READ_AHEAD_CHUNKS)
+    def _counted(self) -> Generator[tuple[bytes, int], None, None]:
+        """Decompressed chunks with the number of newlines in each (counted by numpy, outside the GIL)."""
+        for block in self._decompressed():
+            yield block, int(np.count_nonzero(np.frombuffer(block, dtype=np.uint8) == 0x0A))
 
     def _read_chunks(self) -> Generator[bytes, None, None]:
         fs, path = filesystem_for(self.source.uri)
@@ -200,7 +203,7 @@ class LineReader:
             raise RetryableIOError(f"reading {self.source.uri} failed: {exc}") from exc
 
     def _decompressed(self) -> Iterator[bytes]:
-        chunks = self._raw_chunks()
+        chunks = self._read_chunks()
         first = next(chunks, b"")
         if not first:
             return
@@ -273,9 +276,10 @@ def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
 
 
 _END = object()
+T = TypeVar("T")
 
 
-def _read_ahead(chunks: Generator[bytes, None, None], depth: int) -> Iterator[bytes]:
+def _read_ahead(chunks: Generator[T, None, None], depth: int) -> Iterator[T]:
     """Iterate ``chunks`` while a background thread produces up to ``depth`` chunks ahead (memory: ``depth`` + 1
     chunks). An error in the producer is raised in the consumer; a consumer that stops early stops the producer
     (after at most one more read) and closes ``chunks``."""

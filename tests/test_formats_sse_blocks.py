@@ -104,9 +104,12 @@ def test_logprobs_of_any_spelling_read_alike(logprobs):
     assert block_items(numbered) == reference_items(numbered)
 
 
+HEAD = b'data: {"id":"s","object":"chat.completion.chunk","choices":'
+
+
 def _stream(*extra: bytes, first: bytes | None = None, choices: int = 1) -> list[bytes]:
     """A small canonical stream of two tokens, with ``extra`` lines before its [DONE]."""
-    head = b'{"id":"s","object":"chat.completion.chunk","created":1,"model":"m","choices":'
+    head = HEAD[len(b"data: ") :]  # the head of every token line (and of the hostile lines that keep it)
     opening = first or head + b'[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[7,8]}'
     lines = [b"data: " + opening, b""]
     for token in (5, 6):
@@ -123,7 +126,6 @@ def _stream(*extra: bytes, first: bytes | None = None, choices: int = 1) -> list
     return [*lines, b"data: [DONE]", b""]
 
 
-HEAD = b'data: {"id":"s","object":"chat.completion.chunk","choices":'
 HOSTILE = {
     "plain": [],
     "usage chunk": [HEAD + b'[],"usage":{"prompt_tokens":2}}'],
@@ -150,6 +152,10 @@ HOSTILE = {
     "malformed": [HEAD + b"[{"],
     "duplicate key": [HEAD + b'[],"object":"x"}'],
     "null object after choices": [HEAD + b'[],"object":null}'],
+    "escaped object key after choices": [HEAD + b'[],"\\u006fbject":null}'],
+    "another head": [b'data: {"id":"s","object":"chat.completion.chunk","model":"x","choices":[]}'],
+    "head with an error": [b'data: {"id":"s","object":"chat.completion.chunk","error":null,"choices":[]}'],
+    "head of another object": [b'data: {"id":"s","object":"chat.completion","choices":[]}'],
     "error object": [HEAD + b'[],"error":{"message":"overloaded"}}'],
     "null error": [HEAD + b'[],"error":null}'],
     "delta token_ids": [HEAD + b'[{"index":0,"delta":{"content":"a","token_ids":[9]},"token_ids":null}]}'],
@@ -227,6 +233,10 @@ def test_bulk_verdicts():
     rows = payloads(good, 3)
     assert rows is not None
     assert bytes(rows).count(b"\n") == 2 and bytes(rows).startswith(b'{"id":"s"')
+    short = payloads(good, 3, stream_id="s")  # the repeated head shortened
+    assert short is not None
+    assert bytes(short).split(b"\n")[1].startswith(b'{"object":"chat.completion.chunk","choices":[{"index":0')
+    assert payloads(good, 3, stream_id="other") == rows  # a head of another stream is kept whole
     multi = payloads(_stream_bytes(_stream(choices=2)), 5)
     assert multi is not None
     verdicts = join_streams([rows, multi, memoryview(b"{nope")], [3, 5, 1])

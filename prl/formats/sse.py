@@ -244,12 +244,13 @@ def _canonical_stream(segment: bytes, line_no: int, newlines: int) -> RawRecord 
     count, odd = divmod(newlines - blank_lines - 1 - trailing, 2)  # data lines, each followed by a blank one
     if odd or count < 1 or not body.endswith(_STREAM_END, 0, len(body) - trailing):
         return None
-    rows = payloads(body, count, trailing)
-    if rows is None:
-        return None
     first = body[: body.find(b"\n")]
     chunk, error = _decode(_payload(first), line_no)
-    if error is not None or type(_chunk_id(chunk)) is not str or first != first.strip():
+    stream_id = _chunk_id(chunk)
+    if error is not None or type(stream_id) is not str or first != first.strip():
+        return None
+    rows = payloads(body, count, trailing, stream_id)
+    if rows is None:
         return None
     obj = {TEXT_KEY: body, FIRST_LINE_KEY: line_no, LINE_COUNT_KEY: count, FIRST_KEY: chunk, ROWS_KEY: rows}
     return RawRecord(line_no, body, obj)
@@ -323,11 +324,12 @@ class Sse(Format):
         (:class:`_BulkJoin`) about :data:`BULK_BYTES` at a time, each batch on a worker thread while the
         next is framed."""
         with ThreadPoolExecutor(1, thread_name_prefix="prl-sse-join") as pool:
-            joining: _BulkJoin | None = None  # the batch on the worker thread
+            joining: _BulkJoin | None = None  # the batch before, on (or queued for) the worker thread
             for batch in self._batches(blocks):
+                queued = _BulkJoin(batch, pool)  # joined while the batch before is read
                 if joining is not None:
                     yield from joining.result()
-                joining = _BulkJoin(batch, pool)
+                joining = queued
             if joining is not None:
                 yield from joining.result()
 

@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
@@ -103,22 +104,61 @@ it chunk by chunk."""
 
 
 _DONE_TAIL = b"\n\ndata: [DONE]\n"
+_LINE_START = b"\n\ndata: {"
+_CHOICES = b'"choices":'
+_SHORT_HEAD = b'\n{"object":"chat.completion.chunk","choices":'
+"""What a repeated head becomes: ``object`` stays, so that a second ``object`` key in a line is a duplicate
+key (which Arrow refuses) rather than a value that would silently stand for the head's."""
 
 
-def payloads(stream: bytes, lines: int, trailing: int = 0) -> memoryview | None:
+def payloads(stream: bytes, lines: int, trailing: int = 0, stream_id: str | None = None) -> memoryview | None:
     """The NDJSON rows (without a final newline) of a stream's payloads. ``stream`` is ``lines`` lines, each
     followed by one blank line, then a ``data: [DONE]`` line and ``trailing`` blank lines. None unless every
     line begins ``data: {`` (so that each holds at least one JSON object: a line of two objects then shows as
-    an extra row) or when the text is not UTF-8."""
-    rows = stream.replace(b"\n\ndata: {", b"\n{")
-    if not stream.startswith(b"data: {") or len(stream) - len(rows) != 7 * (lines - 1):
-        return None
+    an extra row) or when the text is not UTF-8.
+
+    When every line after the first begins with the same bytes up to its ``"choices":`` (a head: the id,
+    object, created and model servers repeat in each chunk) and that head is a chat chunk's with the stream's
+    ``stream_id``, no ``error`` and no ``prompt_token_ids``, those lines keep only ``object`` of it: Arrow then
+    parses a third less, and the rows mean what the whole lines mean to the join."""
+    rows = _short_rows(stream, lines, stream_id)
+    if rows is None:
+        rows = stream.replace(_LINE_START, b"\n{")
+        if not stream.startswith(b"data: {") or len(stream) - len(rows) != 7 * (lines - 1):
+            return None
     if not rows.isascii():
         try:
             rows.decode("utf-8")
         except UnicodeDecodeError:
             return None
     return memoryview(rows)[6 : len(rows) - len(_DONE_TAIL) - trailing]
+
+
+def _short_rows(stream: bytes, lines: int, stream_id: str | None) -> bytes | None:
+    """The stream with each line after the first starting at its shortened head, or None."""
+    second = stream.find(b"\n\n") + 2
+    choices = stream.find(_CHOICES, second)
+    if lines < 2 or stream_id is None or not stream.startswith(b"data: {") or choices < 0:
+        return None
+    head = stream[second : choices + len(_CHOICES)]
+    if b"\n" in head or not head.startswith(b"data: {"):
+        return None
+    try:
+        fields = orjson.loads(head[5:] + b"0}")
+    except orjson.JSONDecodeError:
+        return None
+    if (
+        type(fields) is not dict
+        or fields.get("object") != CHAT_CHUNK
+        or fields.get("id") != stream_id
+        or fields.get("error") is not None
+        or fields.get("prompt_token_ids") is not None
+    ):
+        return None
+    rows = stream.replace(b"\n\n" + head, _SHORT_HEAD)
+    if len(stream) - len(rows) != (len(head) + 2 - len(_SHORT_HEAD)) * (lines - 1):
+        return None  # some line does not begin with the head
+    return rows
 
 
 def join_streams(rows: list[memoryview], counts: list[int]) -> list[JoinedStream | _Unjoined | None]:

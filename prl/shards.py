@@ -179,11 +179,13 @@ def _summary(values: np.ndarray) -> dict[str, float | int | None]:
 
 
 def sha256_file(path: str) -> str:
-    """Hex sha256 of a file's bytes, read in 4 MiB chunks."""
+    """Hex sha256 of a file's bytes, read in 4 MiB chunks into one reused buffer."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
+    buffer = bytearray(1 << 22)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buffer):
+            digest.update(view[:n])
     return digest.hexdigest()
 
 
@@ -714,19 +716,18 @@ def _concat_lists(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise concatenation of two flat list columns: ``(values, offsets)``.
 
-    A boolean pattern marks where the first column's values go; each column then fills its own positions in
-    order (two masked copies: no index arrays, no per-row work).
-    """
+    One ``np.concatenate`` of the rows' slices, interleaved (a view per row, no per-value work)."""
     a_len = np.diff(a_off)
     b_len = np.diff(b_off)
     out_off = np.zeros(len(a_len) + 1, dtype=np.int64)
     np.cumsum(a_len + b_len, out=out_off[1:])
-    first_T = np.repeat(np.tile(np.array([True, False]), len(a_len)), np.column_stack((a_len, b_len)).ravel())
-    out = np.empty(int(out_off[-1]), dtype=np.result_type(a_T, b_T))
-    out[first_T] = a_T
-    np.logical_not(first_T, out=first_T)
-    out[first_T] = b_T
-    return out, out_off
+    if not len(a_len):
+        return np.empty(0, dtype=np.result_type(a_T, b_T)), out_off
+    a_rows = np.split(a_T[: a_off[-1]], a_off[1:-1])
+    b_rows = np.split(b_T[: b_off[-1]], b_off[1:-1])
+    pieces = [None] * (2 * len(a_rows))
+    pieces[::2], pieces[1::2] = a_rows, b_rows
+    return np.concatenate(pieces, dtype=np.result_type(a_T, b_T)), out_off
 
 
 def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, valid: np.ndarray | None = None):
@@ -944,7 +945,8 @@ def _assemble(
     return pa.Table.from_arrays(arrays, schema=SHARD), kl_tok_sum, kl_tok_n
 
 
-def _write_parquet(table: pa.Table, path: str) -> None:
+def _write_parquet(table: pa.Table, path: str) -> tuple[int, str]:
+    """Write a shard (fsynced, then renamed into place); returns its size in bytes and hex sha256."""
     tmp = f"{path}.tmp"
     pq.write_table(
         table,
@@ -956,6 +958,7 @@ def _write_parquet(table: pa.Table, path: str) -> None:
         row_group_size=max(1, table.num_rows),
     )
     _publish_file(tmp, path)
+    return os.path.getsize(path), sha256_file(path)
 
 
 def _count_plan(result: ShardResult, plan: _Plan, options: ShardOptions) -> None:
@@ -1190,15 +1193,15 @@ def _write_shards(
         del table, refs
         name = f"part-{s:05d}.parquet"
         path = os.path.join(staging, name)
-        _write_parquet(shard, path)
+        size, sha256 = _write_parquet(shard, path)
         entry = {
             "file": name,
             "rows": shard.num_rows,
             "groups": int(meta["group_id"].n_unique()),
             "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
             "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
-            "bytes": os.path.getsize(path),
-            "sha256": sha256_file(path),
+            "bytes": size,
+            "sha256": sha256,
         }
         return entry, kl_sum, kl_n
 

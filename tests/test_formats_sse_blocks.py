@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prl.formats import sse
+from prl.formats import sse, sse_arrow
 from prl.formats.base import ParseOptions, Quarantined
 from prl.formats.sse import JOINED_KEY, TEXT_KEY, Sse
 from prl.formats.sse_arrow import UNJOINED, join_streams, payloads
@@ -250,6 +250,18 @@ def test_a_stream_cut_anywhere_reads_alike(cuts):
     lines = _numbered([*_stream(), *_stream()])
     assert block_items(lines, cuts) == reference_items(lines)
     assert len(_records(lines, cuts)) == 2
+
+
+def test_a_failing_bulk_join_leaves_every_stream_to_the_exact_reader(monkeypatch):
+    def fail(*args: Any) -> None:
+        raise IndexError("unforeseen")
+
+    monkeypatch.setattr(sse_arrow, "_join_table", fail)
+    lines = _numbered([*_stream(), *_stream(HOSTILE["usage chunk"][0])])
+    records = _records(lines)
+    assert [JOINED_KEY in r.obj or TEXT_KEY in r.obj for r in records] == [False, False]
+    assert block_items(lines) == reference_items(lines)
+    assert len(block_items(lines)) == 2
 
 
 def test_a_stream_longer_than_the_carry_limit_goes_line_by_line(monkeypatch):

@@ -168,19 +168,32 @@ def join_streams(rows: list[memoryview], counts: list[int]) -> list[JoinedStream
     framer must frame them."""
     table = _parse(b"".join([part for row in rows for part in (row, b"\n")]))
     if table is not None and table.num_rows == sum(counts):
-        return _join_table(table, counts, rows)
+        joined = _join_or_none(table, counts, rows)
+        if joined is not None:
+            return joined
     out: list[JoinedStream | _Unjoined | None] = []
     for one, count in zip(rows, counts):
         single = _parse(bytes(one) + b"\n")
-        ok = single is not None and single.num_rows == count
-        out.extend(_join_table(single, [count], [one]) if ok else [None])
+        joined = _join_or_none(single, [count], [one]) if single is not None and single.num_rows == count else None
+        out.extend(joined or [None])
     return out
+
+
+def _join_or_none(
+    table: pa.Table, counts: list[int], rows: list[memoryview]
+) -> list[JoinedStream | _Unjoined | None] | None:
+    """:func:`_join_table`, or None if it fails on columns of a shape it did not foresee: the streams then go
+    to the exact reader, which explains what is wrong with them (a bulk join is never a reason to lose one)."""
+    try:
+        return _join_table(table, counts, rows)
+    except Exception:  # any failure here only means "not in the bulk shape"
+        return None
 
 
 def _parse(rows: bytes) -> pa.Table | None:
     try:
         return pj.read_json(pa.BufferReader(rows), read_options=_READ, parse_options=_PARSE)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+    except (pa.ArrowException, ValueError):
         return None
 
 

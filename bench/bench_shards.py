@@ -5,7 +5,10 @@ groups of ``--group``, rewards, ``ok`` verdicts, reference logprobs), then, each
 its own:
 
 1. ``build_shards`` with KL into the token advantages (k3), zstd Parquet with byte-stream-split floats, published
-   atomically: tokens/s from checked store to published shards (target ≥ 20 M tokens/s on 2 cores);
+   atomically: tokens/s from checked store to published shards (target ≥ 20 M tokens/s on 2 cores), cold (the
+   first build in a fresh process) and warm (the same build again); and the floor any builder of these files
+   pays, measured in the same process: reading the store's token columns plus writing, fsyncing and hashing
+   the same shards again, as many at a time as there are cores;
 2. the advantage + KL step alone (``compute_advantages``, ``masked_kl``, ``kl_into_token_advantages``) against a
    plain numpy pass over the same flat arrays (one subtraction, exp, mean and broadcast): target ratio ≤ 2.
 
@@ -146,6 +149,25 @@ build_shards(Store({store!r}), {out!r}, options)
 warm = time.perf_counter() - t
 out = {{"seconds": seconds, "warm_seconds": warm, "tokens": res.tokens, "rows": res.rows, "shards": len(res.shards),
         "bytes": sum(s["bytes"] for s in res.shards)}}
+
+# the floor any builder of these files pays, in this process and run: read the token columns of the store
+# (traces and reference logprobs, Parquet), then write the shards just built again with the same writer
+# settings, fsync and sha256, two at a time (as many threads as cores here)
+import glob, os
+from concurrent.futures import ThreadPoolExecutor
+import pyarrow.parquet as pq
+from prl.shards import _write_parquet
+store = Store({store!r})
+t = time.perf_counter()
+store.dataset("traces").to_table(columns=["prompt_token_ids", "completion_token_ids", "completion_logprobs"])
+store.dataset("ref_logprobs").to_table(columns=["ref_logprobs"])
+read_s = time.perf_counter() - t
+tables = [pq.read_table(p) for p in sorted(glob.glob(os.path.join({out!r}, "*", "part-*.parquet")))]
+t = time.perf_counter()
+with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    list(pool.map(lambda it: _write_parquet(it[1], os.path.join({out!r}, f"floor-{{it[0]}}.parquet")), enumerate(tables)))
+write_s = time.perf_counter() - t
+out["floor"] = {{"read_store_s": read_s, "write_hash_s": write_s, "seconds": read_s + write_s}}
 """
 
 NUMERICS = """
@@ -206,6 +228,8 @@ def main() -> None:
             "build": build,
             "build_tokens_per_s": build["tokens"] / build["seconds"],
             "build_tokens_per_s_warm": build["tokens"] / build["warm_seconds"],
+            "floor_tokens_per_s": build["tokens"] / build["floor"]["seconds"],
+            "ratio_warm_to_floor": build["floor"]["seconds"] / build["warm_seconds"],
             "numerics": numerics,
             "cpus": os.cpu_count(),
         }

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import re
 import shutil
@@ -673,9 +674,9 @@ class _ScanSpill:
     def gather(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
         """``columns`` of the rows with scan row numbers ``rows_N``, in that order (spill column types).
 
-        Rows are copied out of each spilled batch that holds some of them, then put in the requested order
-        (polars gathers list columns a row at a time; Arrow's ``take`` indexes every value). The file is
-        memory-mapped only while rows are copied out, so memory stays bounded by the rows gathered.
+        Rows are copied out of each spilled batch that holds some of them, then put in the requested order.
+        The file is memory-mapped only while rows are copied out, and only their pages are read, so memory
+        stays bounded by the rows gathered.
         """
         assert self.schema is not None, "gather from an empty spill"
         schema = pa.schema([self.schema.field(c) for c in columns])
@@ -688,14 +689,19 @@ class _ScanSpill:
         by_batch = np.argsort(batch_N, kind="stable")
         bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
         pieces = []
-        with pa.memory_map(self.path) as source:
-            reader = pa.ipc.open_file(source)
+        with open(self.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
+                mapped.madvise(mmap.MADV_RANDOM)  # map only the pages read, not their neighbours too
+            reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
             for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
                 sel = by_batch[lo:hi]
                 b = int(batch_N[sel[0]])
-                pieces.append(pl.from_arrow(reader.get_batch(b).select(columns))[spill_N[sel] - self.starts_B1[b]])
-        frame = pieces[0] if len(pieces) == 1 else pl.concat(pieces)[np.argsort(by_batch)]
-        return frame.to_arrow().cast(schema)
+                # take touches only the chosen rows' values (and every offset): pages of the other rows of
+                # the mapped file are never read, so memory stays bounded by the rows gathered
+                pieces.append(reader.get_batch(b).select(columns).take(pa.array(spill_N[sel] - self.starts_B1[b])))
+            del reader  # the last view of the mapping: it can close
+        table = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
+        return table if len(pieces) == 1 else table.take(pa.array(np.argsort(by_batch)))
 
 
 # --- assembly ------------------------------------------------------------------------------------------------

@@ -689,16 +689,15 @@ class _ScanSpill:
         by_batch = np.argsort(batch_N, kind="stable")
         bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
         pieces = []
+        drop = getattr(mmap, "MADV_DONTNEED", None)
         with open(self.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            if hasattr(mapped, "madvise") and hasattr(mmap, "MADV_RANDOM"):
-                mapped.madvise(mmap.MADV_RANDOM)  # map only the pages read, not their neighbours too
             reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
             for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
                 sel = by_batch[lo:hi]
                 b = int(batch_N[sel[0]])
-                # take touches only the chosen rows' values (and every offset): pages of the other rows of
-                # the mapped file are never read, so memory stays bounded by the rows gathered
                 pieces.append(reader.get_batch(b).select(columns).take(pa.array(spill_N[sel] - self.starts_B1[b])))
+                if drop is not None:  # the rows are copied: unmap the pages read (the kernel maps their
+                    mapped.madvise(drop)  # neighbours too), so that memory stays bounded by one batch
             del reader  # the last view of the mapping: it can close
         table = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
         return table if len(pieces) == 1 else table.take(pa.array(np.argsort(by_batch)))

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prl.formats import sse, sse_arrow
+from prl.formats import sse_arrow, sse_blocks
 from prl.formats.base import ParseOptions, Quarantined
 from prl.formats.sse import JOINED_KEY, TEXT_KEY, Sse
 from prl.formats.sse_arrow import UNJOINED, join_streams, payloads
@@ -265,7 +265,7 @@ def test_a_failing_bulk_join_leaves_every_stream_to_the_exact_reader(monkeypatch
 
 
 def test_a_stream_longer_than_the_carry_limit_goes_line_by_line(monkeypatch):
-    monkeypatch.setattr(sse, "CARRY_LIMIT", 10)
+    monkeypatch.setattr(sse_blocks, "CARRY_LIMIT", 10)
     lines = _numbered([*_stream(), *_stream()])
     cuts = (2, 4, 6, 12, 14)
     assert block_items(lines, cuts) == reference_items(lines)

@@ -16,9 +16,9 @@ from prl.formats import sse_arrow, sse_blocks
 from prl.formats.base import ParseOptions, Quarantined
 from prl.formats.sse import JOINED_KEY, TEXT_KEY, Sse
 from prl.formats.sse_arrow import UNJOINED, join_streams, payloads
-from tests.formats_helpers import FIXTURES, json_paths, lines_of
+from tests.formats_helpers import FIXTURES, lines_of
 from tests.sse_reference import as_blocks, block_items, reference_items
-from tests.test_formats_sse_fast import PROPS, _line, capture_lines, json_values, responses, streams
+from tests.test_formats_sse_fast import PROPS, _line, capture_lines, mutate, responses, streams
 
 
 def _canonical(chunks: list[dict[str, Any]], done: bool = True) -> list[bytes]:
@@ -71,15 +71,7 @@ def test_mutated_single_choice_streams_read_alike(data):
     response = data.draw(responses())
     response["choices"] = response["choices"][:1]
     chunks = data.draw(streams(response))
-    for _ in range(data.draw(st.integers(1, 3))):
-        path = data.draw(st.sampled_from(json_paths(chunks, width=3)[1:]))
-        parent = chunks
-        for part in path[:-1]:
-            parent = parent[part]
-        if data.draw(st.booleans()) and isinstance(parent, dict):
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = data.draw(json_values)
+    mutate(data, chunks)
     numbered = _numbered(_canonical(chunks))
     assert block_items(numbered) == reference_items(numbered)
 

@@ -149,19 +149,24 @@ json_values = st.recursive(
 )
 
 
-@PROPS
-@given(data=st.data())
-def test_mutated_chunks_are_joined_alike_or_left_to_the_per_chunk_join(data):
-    chunks = data.draw(streams(data.draw(responses())))
+def mutate(data: Any, chunks: list[dict[str, Any]]) -> None:
+    """Delete or replace (with any JSON value) one to three values somewhere in ``chunks``, in place."""
     for _ in range(data.draw(st.integers(1, 3))):
         path = data.draw(st.sampled_from(json_paths(chunks, width=3)[1:]))
-        parent = chunks
+        parent: Any = chunks
         for part in path[:-1]:
             parent = parent[part]
         if data.draw(st.booleans()) and isinstance(parent, dict):
             del parent[path[-1]]
         else:
             parent[path[-1]] = data.draw(json_values)
+
+
+@PROPS
+@given(data=st.data())
+def test_mutated_chunks_are_joined_alike_or_left_to_the_per_chunk_join(data):
+    chunks = data.draw(streams(data.draw(responses())))
+    mutate(data, chunks)
     slow = _slow(chunks)
     fast = join_chat_chunks(copy.deepcopy(chunks))
     if isinstance(slow, Quarantined) or slow["_bad"]:

@@ -690,7 +690,10 @@ class _ScanSpill:
         bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
         pieces = []
         drop = getattr(mmap, "MADV_DONTNEED", None)
-        with open(self.path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with open(self.path, "rb") as fh:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        reader = None
+        try:
             reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
             for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
                 sel = by_batch[lo:hi]
@@ -698,7 +701,12 @@ class _ScanSpill:
                 pieces.append(reader.get_batch(b).select(columns).take(pa.array(spill_N[sel] - self.starts_B1[b])))
                 if drop is not None:  # the rows are copied: unmap the pages read (the kernel maps their
                     mapped.madvise(drop)  # neighbours too), so that memory stays bounded by one batch
-            del reader  # the last view of the mapping: it can close
+        finally:
+            del reader  # the last view of the mapping (the pieces are copies): it can close
+            try:
+                mapped.close()
+            except BufferError:  # a view still lives (an error on the way): the mapping closes when it goes
+                pass
         table = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
         return table if len(pieces) == 1 else table.take(pa.array(np.argsort(by_batch)))
 

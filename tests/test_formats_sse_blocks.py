@@ -256,6 +256,17 @@ def test_a_failing_bulk_join_leaves_every_stream_to_the_exact_reader(monkeypatch
     assert len(block_items(lines)) == 2
 
 
+@pytest.mark.parametrize("ending", [b"", b"\r"])
+def test_batches_are_bounded_by_source_bytes_whatever_frames_them(monkeypatch, ending):
+    monkeypatch.setattr(sse_blocks, "BULK_BYTES", 200)
+    lines = _numbered([line + ending for _ in range(6) for line in _stream()])  # CRLF: line framer only
+    blocks = as_blocks(lines, cuts=range(8, len(lines), 8))  # a block a stream
+    batches = list(sse_blocks._batches(blocks))
+    assert len(batches) >= 5
+    assert [r.line for batch in batches for r in batch] == [1, 9, 17, 25, 33, 41]
+    assert block_items(lines, range(8, len(lines), 8)) == reference_items(lines)
+
+
 def test_a_stream_longer_than_the_carry_limit_goes_line_by_line(monkeypatch):
     monkeypatch.setattr(sse_blocks, "CARRY_LIMIT", 10)
     lines = _numbered([*_stream(), *_stream()])

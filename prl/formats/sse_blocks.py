@@ -38,8 +38,8 @@ FIRST_KEY = "sse_first_chunk"
 ROWS_KEY = "sse_rows"
 JOINED_KEY = "sse_joined"
 BULK_BYTES = 16 * 1024 * 1024
-"""Source bytes of canonical streams joined in one bulk parse: large enough that the parse's fixed costs
-and threads pay off, small enough to bound memory (a few times this)."""
+"""Source bytes framed into one batch, whose canonical streams are joined in one bulk parse: large enough
+that the parse's fixed costs and threads pay off, small enough to bound memory (a few times this)."""
 CARRY_LIMIT = 32 * 1024 * 1024
 """Bytes after the last ``[DONE]`` of the blocks read so far, kept to frame whole with the next block; beyond
 that (a longer stream, or no ``[DONE]`` at all) they go through the line framer instead."""
@@ -146,41 +146,44 @@ def frame_blocks(blocks: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
 
 
 def _batches(blocks: Iterable[tuple[int, bytes]]) -> Iterator[list[RawRecord]]:
-    """Records in source order, in batches holding about :data:`BULK_BYTES` of canonical streams."""
+    """Records in source order, in batches framed from about :data:`BULK_BYTES` of the source each (whatever
+    framed them, so that memory stays bounded by a batch)."""
     framer = LineFramer()
     pending: list[tuple[int, bytes]] = []  # whole lines after the last [DONE] so far, with their line numbers
     pending_bytes = 0
     out: list[RawRecord] = []
-    waiting = 0  # bytes of the canonical streams in out
+    held = 0  # source bytes framed into out
     for first, block in blocks:
         if b"\r" in block:  # lines to strip: the line framer does it exactly
             out.extend(framer.feed(lines_of([*pending, (first, block)])))
+            held += pending_bytes + len(block)
             pending, pending_bytes = [], 0
-            continue
-        start, line_no = 0, (pending[0][0] if pending else first)
-        for end in _done_line_ends(block):
-            segment = block[start:end]
-            if pending:
-                segment = b"".join([*(part for _, part in pending), segment])
-                pending, pending_bytes = [], 0
-            newlines = segment.count(b"\n")
-            record = None if framer.open else _canonical_stream(segment, line_no, newlines)
-            if record is not None:
-                out.append(record)
-                waiting += len(segment)
-            else:
-                out.extend(framer.feed(lines_of([(line_no, segment)])))
-            line_no += newlines
-            start = end
-        if start < len(block):
-            pending.append((line_no if start else first, block[start:]))
-            pending_bytes += len(block) - start
-            if framer.open or pending_bytes > CARRY_LIMIT:
-                out.extend(framer.feed(lines_of(pending)))
-                pending, pending_bytes = [], 0
-        if waiting >= BULK_BYTES:
+        else:
+            start, line_no = 0, (pending[0][0] if pending else first)
+            for end in _done_line_ends(block):
+                segment = block[start:end]
+                if pending:
+                    segment = b"".join([*(part for _, part in pending), segment])
+                    pending, pending_bytes = [], 0
+                newlines = segment.count(b"\n")
+                record = None if framer.open else _canonical_stream(segment, line_no, newlines)
+                if record is not None:
+                    out.append(record)
+                else:
+                    out.extend(framer.feed(lines_of([(line_no, segment)])))
+                held += len(segment)
+                line_no += newlines
+                start = end
+            if start < len(block):
+                pending.append((line_no if start else first, block[start:]))
+                pending_bytes += len(block) - start
+                if framer.open or pending_bytes > CARRY_LIMIT:
+                    out.extend(framer.feed(lines_of(pending)))
+                    held += pending_bytes
+                    pending, pending_bytes = [], 0
+        if held >= BULK_BYTES:
             yield out
-            out, waiting = [], 0
+            out, held = [], 0
     out.extend(framer.feed(lines_of(pending)))
     out.extend(framer.finish())
     yield out

@@ -32,7 +32,7 @@ from prl.formats import registry
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.locks import holding
 from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
-from prl.sources import LineReader, SourceFile, expand, lines_of
+from prl.sources import LineReader, SourceFile, expand, first_lines, lines_of
 from prl.store import Store
 
 BATCH_TOKENS = 2_000_000
@@ -182,7 +182,7 @@ def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterat
     head: list[tuple[int, bytes]] = []
     for block in blocks:
         read.append(block)
-        head.extend(itertools.islice(lines_of([block]), HEAD_LINES - len(head)))
+        head.extend(lines_of([first_lines(block, HEAD_LINES - len(head))]))
         if len(head) >= HEAD_LINES:
             break
     if len(head) < HEAD_LINES and not any(line.strip() for _, line in head) and not reader.truncated:

@@ -205,6 +205,11 @@ class LineReader:
     def _decompressed(self) -> Iterator[bytes]:
         chunks = self._read_chunks()
         first = next(chunks, b"")
+        while 0 < len(first) < len(ZSTD_MAGIC):  # the magic bytes may straddle small reads
+            more = next(chunks, b"")
+            if not more:
+                break
+            first += more
         if not first:
             return
         uri = self.source.uri.lower()
@@ -268,6 +273,18 @@ def lines_of(blocks: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]
         if b"\r" in block:
             lines = [line.rstrip(b"\r") for line in lines]
         yield from zip(range(first, first + len(lines)), lines)
+
+
+def first_lines(block: tuple[int, bytes], count: int) -> tuple[int, bytes]:
+    """The first ``count`` lines of a block (as :meth:`LineReader.blocks` yields it), as a block: cut with
+    ``count`` searches, so that the head of a large block is not split whole."""
+    first, data = block
+    end = 0
+    for _ in range(count):
+        end = data.find(b"\n", end) + 1
+        if not end:
+            return block
+    return first, data[:end]
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

@@ -223,8 +223,8 @@ def _non_json_numbers(table: pa.Table, rows: list[memoryview]) -> np.ndarray:
     return np.array([(b"NaN" in t or b"Inf" in t) and _NON_FINITE.search(t) is not None for t in texts])
 
 
-def _ends(counts: list[int]) -> np.ndarray:
-    """``[streams + 1]`` start offsets of consecutive segments of the given lengths."""
+def _ends(counts: list[int] | np.ndarray) -> np.ndarray:
+    """``[segments + 1]`` start offsets (int64) of consecutive segments of the given lengths, and the total."""
     ends = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=ends[1:])
     return ends
@@ -253,8 +253,7 @@ def _join_table(table: pa.Table, counts: list[int], rows: list[memoryview]) -> l
     choice_lists = table.column("choices").chunk(0)
     per_row = pc.fill_null(pc.list_value_length(choice_lists), 0).to_numpy(zero_copy_only=False)
     bad_rows |= per_row > 1  # several choices: the exact join groups them by index
-    choice_bounds = np.zeros(len(per_row) + 1, dtype=np.int64)
-    np.cumsum(per_row, out=choice_bounds[1:])
+    choice_bounds = _ends(per_row)
     choices = pc.list_flatten(choice_lists)
     bad_choices = _choice_flags(choices)
     bad = _any_per_segment(bad_rows, row_bounds)
@@ -299,9 +298,7 @@ class _Lists:
 
     def __init__(self, lists: pa.ListArray, bounds: np.ndarray) -> None:
         valid = _flags(pc.is_valid(lists))
-        lengths = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
-        self.offsets = np.zeros(len(lists) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=self.offsets[1:])
+        self.offsets = _ends(pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False))
         self.values = pc.list_flatten(lists)  # null lists hold no values
         self.bounds = bounds
         self.present = _any_per_segment(valid, bounds)

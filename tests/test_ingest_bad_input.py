@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prl.errors import ExitCode, UsageError
-from prl.ingestion import ingest
+from prl.ingestion import RAW_KEEP, ingest
+from prl.schema import RAW_LIMIT
 from tests.records import sglang_generate, vllm_chat
 
 GOOD = vllm_chat("good", [1, 2], [([3, 1], [-0.5, -0.25])])
@@ -132,6 +133,21 @@ def test_duplicate_request_id_with_other_content(store, write_trace):
     result = ingest([str(write_trace("dup.jsonl", [same, same, other]))], store, max_quarantine_rate=None)
     assert (result.samples, result.already_present, result.quarantined) == (1, 1, {"duplicate_sample_id": 1})
     assert reasons(store) == [(3, "duplicate_sample_id")]
+
+
+def test_a_long_duplicate_shows_the_start_of_its_raw_text(store, write_trace):
+    """Kept records hold only the first RAW_KEEP bytes of their raw text until their batch is written: a
+    duplicate found then still shows its first RAW_LIMIT characters, marked truncated."""
+    tokens = list(range(3, 6003))  # a record of about 60 KB
+    same = vllm_chat("long", [1], [(tokens, [-1.0] * len(tokens))])
+    other = vllm_chat("long", [1], [(tokens, [-2.0] * len(tokens))])
+    path = write_trace("long.jsonl", [same, other])
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    assert (result.samples, result.quarantined) == (1, {"duplicate_sample_id": 1})
+    q = pl.read_delta(store.table_uri("quarantine")).row(0, named=True)
+    second_line = path.read_bytes().split(b"\n")[1].decode()
+    assert len(second_line) > RAW_KEEP
+    assert (q["source_line"], q["raw_truncated"], q["raw"]) == (2, True, second_line[:RAW_LIMIT])
 
 
 def test_truncated_gzip_keeps_decoded_records(store, tmp_path):

@@ -11,7 +11,7 @@ table's token data):
    earlier set in ``OUT`` are skipped (unless ``rebuild``). The four reads run side by side in threads.
 3. **Spill** (during the plan scans, so token columns are decoded once per build): the token columns of every
    row not shipped before (and its ``ref_logprobs``) are appended, in scan order, to an Arrow IPC file in the
-   staging folder (:class:`_ScanSpill`); a dry run spills nothing.
+   staging folder (:class:`ScanSpill`); a dry run spills nothing.
 4. **Pack**: groups (by ``group_id``) are sorted, shuffled with ``options.seed`` and laid out back to back; a
    group belongs to the shard in whose ``target_tokens`` window its first token falls, so groups stay whole and
    shards hold about ``target_tokens`` tokens. Within a group, samples follow ``sample_id``. Each shard is a run
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import re
 import shutil
@@ -57,6 +56,7 @@ from prl.errors import ExitCode, UsageError
 from prl.locks import holding, pid_alive, step_name
 from prl.recipe_shards import ShardOptions
 from prl.schema import SCHEMA_VERSION, SHARD
+from prl.spill import FlatList, ScanSpill
 from prl.store import Store
 
 DROP_REASONS = (
@@ -100,6 +100,8 @@ FLOAT_LEAVES = (
 """Parquet leaf columns written with byte-stream-split encoding."""
 SCAN_BATCH_ROWS = 1024
 WORKERS = 2
+IO_THREADS = 4
+"""Threads that hash, fsync and rename written files while the workers go on (they mostly wait on the disk)."""
 BLOCK_TOKENS = 1 << 16
 """Per-token numerics run over blocks of whole samples of about this many tokens: their float64 temporaries
 (512 KiB each) are reused from block to block and stay in cache instead of faulting in fresh pages."""
@@ -262,7 +264,7 @@ def _write_index(out: str) -> None:
 
 # --- plan ----------------------------------------------------------------------------------------------------
 def _spill_rows(
-    spill: _ScanSpill, batch: pa.RecordBatch, columns: list[str], first_row: int, exclude: pa.Array | None
+    spill: ScanSpill, batch: pa.RecordBatch, columns: list[str], first_row: int, exclude: pa.Array | None
 ) -> None:
     """Spill ``columns`` of the rows of ``batch`` (scan rows from ``first_row``) whose sample is not excluded."""
     rows = np.arange(first_row, first_row + batch.num_rows, dtype=np.int64)
@@ -275,16 +277,19 @@ def _spill_rows(
     spill.write(part, rows)
 
 
+HEAD_COLUMNS = ("topk_ids", "topk_logprobs")
+
+
 def _trace_spill_columns(options: ShardOptions) -> list[str]:
     cols = ["prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
-    return cols + (["topk_ids", "topk_logprobs"] if options.topk is not None else [])
+    return cols + (list(HEAD_COLUMNS) if options.topk is not None else [])
 
 
 def _scan_plan_traces(
     store: Store,
     version: int,
     options: ShardOptions,
-    spill: _ScanSpill | None = None,
+    spill: ScanSpill | None = None,
     exclude: pa.Array | None = None,
 ) -> pl.DataFrame:
     """Per-sample scalars of every trace row, with its scan row number (``row``). With ``spill``, the token
@@ -393,7 +398,7 @@ def _scan_plan_refs(
     store: Store,
     version: int,
     options: ShardOptions,
-    spill: _ScanSpill | None = None,
+    spill: ScanSpill | None = None,
     exclude: pa.Array | None = None,
 ) -> pl.DataFrame:
     """The winning reference row per sample (latest ingest) with its scan row number (``ref_row``) and length.
@@ -519,8 +524,8 @@ def _plan(
     versions: dict[str, int | None],
     options: ShardOptions,
     shipped: pa.Array | None,
-    trace_spill: _ScanSpill | None = None,
-    ref_spill: _ScanSpill | None = None,
+    trace_spill: ScanSpill | None = None,
+    ref_spill: ScanSpill | None = None,
 ) -> _Plan:
     """Scan, join, filter and pack (see the module docstring). With spills, the scans also keep the token
     columns of every row not shipped before, for the shards to be assembled from."""
@@ -629,120 +634,7 @@ def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
     return keep.with_columns(pl.Series("shard", shard.astype(np.int32)))
 
 
-# --- spill ---------------------------------------------------------------------------------------------------
-class _ScanSpill:
-    """Rows of one table in scan order, in one Arrow IPC file of the staging folder, written while the plan scan
-    decodes them (so token columns are decoded once per build) and gathered shard by shard afterwards.
-
-    Only the rows given to :meth:`write` are kept; :meth:`gather` finds them by their scan row numbers.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.sink: pa.OSFile | None = None
-        self.writer: pa.ipc.RecordBatchFileWriter | None = None
-        self.schema: pa.Schema | None = None
-        self._rows: list[np.ndarray] = []
-        self.rows_S = np.zeros(0, dtype=np.int64)
-        """Scan row number of every spilled row (ascending)."""
-        self.starts_B1 = np.zeros(1, dtype=np.int64)
-        """Spill row where each written batch starts, and the total."""
-
-    def write(self, batch: pa.RecordBatch, rows: np.ndarray) -> None:
-        """Append ``batch`` whose rows have scan row numbers ``rows`` (ascending, after earlier writes)."""
-        if batch.num_rows == 0:
-            return
-        if self.writer is None:
-            self.schema = batch.schema
-            self.sink = pa.OSFile(self.path, "wb")
-            self.writer = pa.ipc.new_file(self.sink, batch.schema)
-        self.writer.write_batch(batch)
-        self._rows.append(np.asarray(rows, dtype=np.int64))
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-        if self.sink is not None:
-            self.sink.close()
-            self.sink = None
-        if self._rows:
-            self.rows_S = np.concatenate(self._rows)
-            self.starts_B1 = np.concatenate(([0], np.cumsum([len(r) for r in self._rows])))
-            self._rows = []
-
-    def gather(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
-        """``columns`` of the rows with scan row numbers ``rows_N``, in that order (spill column types).
-
-        Rows are copied out of each spilled batch that holds some of them, then put in the requested order.
-        The file is memory-mapped only while rows are copied out, and only their pages are read, so memory
-        stays bounded by the rows gathered.
-        """
-        assert self.schema is not None, "gather from an empty spill"
-        schema = pa.schema([self.schema.field(c) for c in columns])
-        spill_N = np.searchsorted(self.rows_S, rows_N)
-        if len(rows_N) and not np.array_equal(self.rows_S[np.minimum(spill_N, len(self.rows_S) - 1)], rows_N):
-            raise RuntimeError(f"rows missing from spill file {self.path}")
-        if len(rows_N) == 0:
-            return schema.empty_table()
-        batch_N = np.searchsorted(self.starts_B1, spill_N, side="right") - 1
-        by_batch = np.argsort(batch_N, kind="stable")
-        bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
-        pieces = []
-        drop = getattr(mmap, "MADV_DONTNEED", None)
-        with open(self.path, "rb") as fh:
-            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        reader = None
-        try:
-            reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(mapped)))
-            for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
-                sel = by_batch[lo:hi]
-                b = int(batch_N[sel[0]])
-                pieces.append(reader.get_batch(b).select(columns).take(pa.array(spill_N[sel] - self.starts_B1[b])))
-                if drop is not None:  # the rows are copied: unmap the pages read (the kernel maps their
-                    mapped.madvise(drop)  # neighbours too), so that memory stays bounded by one batch
-        finally:
-            del reader  # the last view of the mapping (the pieces are copies): it can close
-            try:
-                mapped.close()
-            except BufferError:  # a view still lives (an error on the way): the mapping closes when it goes
-                pass
-        table = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
-        return table if len(pieces) == 1 else table.take(pa.array(np.argsort(by_batch)))
-
-
 # --- assembly ------------------------------------------------------------------------------------------------
-def _flat_values(column: pa.ChunkedArray | pa.Array, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(values_T, offsets_N1)`` of a list column (nulls inside become NaN for floats)."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks else pa.array([], column.type)
-    offsets = column.offsets.to_numpy().astype(np.int64)
-    values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    out = values.to_numpy(zero_copy_only=False)
-    if np.dtype(dtype).kind == "f" and values.null_count:
-        out = np.where(values.is_valid().to_numpy(zero_copy_only=False), out, np.nan)
-    return np.asarray(out, dtype=dtype), offsets - offsets[0]
-
-
-def _concat_lists(
-    a_T: np.ndarray, a_off: np.ndarray, b_T: np.ndarray, b_off: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Row-wise concatenation of two flat list columns: ``(values, offsets)``.
-
-    One ``np.concatenate`` of the rows' slices, interleaved (a view per row, no per-value work)."""
-    a_len = np.diff(a_off)
-    b_len = np.diff(b_off)
-    out_off = np.zeros(len(a_len) + 1, dtype=np.int64)
-    np.cumsum(a_len + b_len, out=out_off[1:])
-    if not len(a_len):
-        return np.empty(0, dtype=np.result_type(a_T, b_T)), out_off
-    a_rows = np.split(a_T[: a_off[-1]], a_off[1:-1])
-    b_rows = np.split(b_T[: b_off[-1]], b_off[1:-1])
-    pieces = [None] * (2 * len(a_rows))
-    pieces[::2], pieces[1::2] = a_rows, b_rows
-    return np.concatenate(pieces, dtype=np.result_type(a_T, b_T)), out_off
-
-
 def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, valid: np.ndarray | None = None):
     arr = pa.array(values, type=value_type, mask=None if valid is None else ~valid)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), arr)
@@ -762,12 +654,10 @@ class _Scores:
     singletons_without_baseline: int
 
 
-def _kl_inputs(table: pa.Table, ref_logprobs: pa.ChunkedArray | pa.Array):
-    """``(lp_T, ref_T, mask_T, offsets_N1)`` of rows that line up one to one (float32 as stored, NaN for nulls;
-    :func:`prl.kl.log_ratio` widens them to float64 as it subtracts)."""
-    lp_T, off = _flat_values(table["completion_logprobs"], np.float32)
-    ref_T, _ = _flat_values(ref_logprobs, np.float32)
-    return lp_T, ref_T, _mask_T(table, off), off
+def _kl_inputs(lp: FlatList, ref: FlatList, mask: FlatList) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(lp_T, ref_T, mask_T, offsets_N1)`` of gathered rows that line up one to one (float32 as stored, NaN for
+    nulls; :func:`prl.kl.log_ratio` widens them to float64 as it subtracts)."""
+    return lp.filled(), ref.filled(), _mask_T(mask, lp.offsets_N1), lp.offsets_N1
 
 
 def _token_counts(valid_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
@@ -794,7 +684,7 @@ def _blocks(offsets_N1: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _kl_totals(
-    trace_spill: _ScanSpill, ref_spill: _ScanSpill, plan: _Plan, bounds: np.ndarray, options: ShardOptions
+    trace_spill: ScanSpill, ref_spill: ScanSpill, plan: _Plan, bounds: np.ndarray, options: ShardOptions
 ) -> tuple[np.ndarray | None, np.ndarray, float, int]:
     """First pass over the spilled rows, shard by shard (:data:`WORKERS` threads): ``(kl_sum_N, kl_tokens_N,
     Σd, count)`` over valid tokens, per shipped sample in final order.
@@ -808,10 +698,12 @@ def _kl_totals(
 
     def one(s: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
         lo, hi = int(bounds[s]), int(bounds[s + 1])
-        table = trace_spill.gather(rows_N[lo:hi], ["completion_logprobs", "completion_mask"])
-        refs = ref_spill.gather(ref_rows_N[lo:hi], ["ref_logprobs"])
-        lp_T, ref_T, mask_T, off = _kl_inputs(table, refs["ref_logprobs"])
-        del table, refs
+        traces = trace_spill.flat(rows_N[lo:hi], ["completion_logprobs", "completion_mask"])
+        refs = ref_spill.flat(ref_rows_N[lo:hi], ["ref_logprobs"])
+        lp_T, ref_T, mask_T, off = _kl_inputs(
+            traces["completion_logprobs"], refs["ref_logprobs"], traces["completion_mask"]
+        )
+        del traces, refs
         kl_sum = np.zeros(hi - lo) if with_k else None
         d_sum = np.zeros(hi - lo)
         count = np.zeros(hi - lo, dtype=np.int64)
@@ -835,19 +727,18 @@ def _kl_totals(
     return kl_sum_N, kl_tokens_N, float(d_sum_N.sum()), int(kl_tokens_N.sum())
 
 
-def _mask_T(table: pa.Table, off: np.ndarray) -> np.ndarray:
-    """``mask_T`` (bool, completion-aligned): the row's ``completion_mask``, all True for rows without one."""
-    masks = table["completion_mask"]
-    if masks.null_count == len(masks):
+def _mask_T(masks: FlatList, off: np.ndarray) -> np.ndarray:
+    """``mask_T`` (bool, aligned to the completions bounded by ``off``): each row's ``completion_mask``, all True
+    for rows without one; a null inside a mask is False."""
+    if masks.row_valid_N is not None and not masks.row_valid_N.any():
         return np.ones(int(off[-1]), dtype=bool)
-    masks = masks.combine_chunks() if isinstance(masks, pa.ChunkedArray) else masks
-    # rows with a mask: lengths equal completion lengths (checked in the plan), so their values fill exactly
-    # those rows' positions, in order
-    vals = pc.fill_null(pc.list_flatten(masks), False).to_numpy(zero_copy_only=False)
-    if masks.null_count == 0:
+    vals = masks.values_T if masks.valid_T is None else masks.values_T & masks.valid_T
+    if masks.row_valid_N is None:
         return vals
+    # rows with a mask: lengths equal completion lengths (checked in the plan), so their values fill exactly
+    # those rows' positions, in order (a null row is empty in the gathered values)
     out = np.ones(int(off[-1]), dtype=bool)
-    out[np.repeat(masks.is_valid().to_numpy(zero_copy_only=False), np.diff(off))] = vals
+    out[np.repeat(masks.row_valid_N, np.diff(off))] = vals
     return out
 
 
@@ -875,9 +766,14 @@ def _scores(ship: pl.DataFrame, options: ShardOptions, kl_sum_N, kl_tokens_N, d_
     )
 
 
+INPUT_IDS = ("prompt_token_ids", "completion_token_ids")
+"""The trace columns gathered as one row-wise concatenation: a shard's ``input_ids``."""
+
+
 def _assemble(
-    table: pa.Table,
-    refs: pa.Table | None,
+    traces: dict[object, FlatList],
+    nested: pa.Table | None,
+    ref: FlatList | None,
     meta: pl.DataFrame,
     pos: slice,
     scores: _Scores,
@@ -885,19 +781,21 @@ def _assemble(
     k: int | None,
 ) -> tuple[pa.Table, float, int]:
     """One shard's Arrow table in ``SHARD`` schema, with the sum (float64) and count of its per-token KL values
-    (0.0, 0 without KL); ``table``/``refs``/``meta`` rows are the shipped rows ``pos`` of the final order."""
-    p_T, p_off = _flat_values(table["prompt_token_ids"], np.int32)
-    c_T, c_off = _flat_values(table["completion_token_ids"], np.int32)
-    ids, ids_off = _concat_lists(p_T, p_off, c_T, c_off)
-    del p_T, c_T
-    mask_T = _mask_T(table, c_off)
+    (0.0, 0 without KL). ``traces`` holds :data:`INPUT_IDS`, ``completion_logprobs`` and ``completion_mask`` of the
+    shipped rows ``pos`` of the final order, ``nested`` their top-k heads (when ``k`` is set), ``ref`` their
+    reference logprobs (with KL); ``meta`` is their rows of the plan."""
+    ids = traces[INPUT_IDS]
+    p_len, c_len = ids.part_lengths
+    c_off = np.zeros(len(c_len) + 1, dtype=np.int64)
+    np.cumsum(c_len, out=c_off[1:])
+    mask_T = _mask_T(traces["completion_mask"], c_off)  # type: ignore[arg-type]
     masked = not mask_T.all()
-    with_kl = refs is not None
+    with_kl = ref is not None
     into_adv = options.kl == "advantages"
     advantage_N = scores.advantage_N[pos]
     adv32_T = np.empty(len(mask_T), dtype=np.float32)
     if with_kl:
-        lp_T, ref_T, _, _ = _kl_inputs(table, refs["ref_logprobs"])  # type: ignore[index]
+        lp_T, ref_T = traces["completion_logprobs"].filled(), ref.filled()  # type: ignore[union-attr]
         kl32_T = np.empty(len(mask_T), dtype=np.float32)
         valid_T = np.empty(len(mask_T), dtype=bool)
     for r0, r1 in _blocks(c_off):
@@ -915,31 +813,33 @@ def _assemble(
                     adv_B, d_B, valid_T[t0:t1], options.kl_coef, scores.mean_d, out=d_B
                 )
         adv32_T[t0:t1] = adv_B
-    ref_col = kl_col = pa.nulls(table.num_rows, SHARD.field("kl").type)
+    rows = meta.height
+    ref_col = kl_col = pa.nulls(rows, SHARD.field("kl").type)
     kl_tok_sum, kl_tok_n = 0.0, 0
     if with_kl:
         del lp_T, ref_T
-        ref_col = refs["ref_logprobs"]  # type: ignore[index]
+        ref_col = ref.to_arrow(pa.float32())  # type: ignore[union-attr]
         kl_col = _list_array(kl32_T, c_off, pa.float32(), valid_T)
         kl_vals = pa.array(kl32_T[valid_T] if not valid_T.all() else kl32_T)
         kl_tok_sum = float(pc.sum(kl_vals).as_py() or 0.0)  # float32 values summed in float64
         kl_tok_n = len(kl_vals)
         del kl32_T, kl_vals
     if k is not None:
-        topk_ids = heads.fixed_k(table["topk_ids"], k, heads.PAD_ID)
-        topk_lps = heads.fixed_k(table["topk_logprobs"], k, heads.PAD_LOGPROB)
+        assert nested is not None
+        topk_ids = heads.fixed_k(nested["topk_ids"], k, heads.PAD_ID)
+        topk_lps = heads.fixed_k(nested["topk_logprobs"], k, heads.PAD_LOGPROB)
     else:
-        topk_ids = pa.nulls(table.num_rows, SHARD.field("topk_ids").type)
-        topk_lps = pa.nulls(table.num_rows, SHARD.field("topk_logprobs").type)
+        topk_ids = pa.nulls(rows, SHARD.field("topk_ids").type)
+        topk_lps = pa.nulls(rows, SHARD.field("topk_logprobs").type)
     columns = {
         "sample_id": meta["sample_id"].to_arrow(),
         "group_id": meta["group_id"].to_arrow(),
         "policy_version": meta["policy_version"].to_arrow(),
         "staleness": meta["staleness"].to_arrow(),
-        "input_ids": _list_array(ids, ids_off, pa.int32()),
-        "prompt_len": pa.array(np.diff(p_off).astype(np.int32)),
+        "input_ids": ids.to_arrow(pa.int32()),
+        "prompt_len": pa.array(p_len.astype(np.int32)),
         "loss_mask": _list_array(mask_T, c_off, pa.bool_()),
-        "behavior_logprobs": table["completion_logprobs"],
+        "behavior_logprobs": traces["completion_logprobs"].to_arrow(pa.float32()),
         "ref_logprobs": ref_col,
         "kl": kl_col,
         "token_advantages": _list_array(adv32_T, c_off, pa.float32()),
@@ -958,9 +858,8 @@ def _assemble(
     return pa.Table.from_arrays(arrays, schema=SHARD), kl_tok_sum, kl_tok_n
 
 
-def _write_parquet(table: pa.Table, path: str) -> tuple[int, str]:
-    """Write a shard (fsynced, then renamed into place); returns its size in bytes and hex sha256."""
-    tmp = f"{path}.tmp"
+def _write_parquet_unsealed(table: pa.Table, tmp: str) -> None:
+    """Write a shard's bytes to ``tmp`` (not yet fsynced): zstd, byte-stream-split floats, one row group."""
     pq.write_table(
         table,
         tmp,
@@ -970,8 +869,28 @@ def _write_parquet(table: pa.Table, path: str) -> tuple[int, str]:
         write_statistics=["staleness", "prompt_len", "reward", "advantage", "group_size"],
         row_group_size=max(1, table.num_rows),
     )
+
+
+def _seal(tmp: str, path: str) -> tuple[int, str]:
+    """Hash ``tmp``, fsync it and rename it to ``path``; returns its size in bytes and hex sha256."""
+    sha256 = sha256_file(tmp)
     _publish_file(tmp, path)
-    return os.path.getsize(path), sha256_file(path)
+    return os.path.getsize(path), sha256
+
+
+def _write_samples(path: str, sample_ids: pa.Array) -> tuple[int, str]:
+    """Write the set's sorted sample ids (fsynced, renamed into place); returns size and hex sha256."""
+    pq.write_table(
+        pa.table({"sample_id": sample_ids.take(pc.sort_indices(sample_ids))}), f"{path}.tmp", compression="zstd"
+    )
+    return _seal(f"{path}.tmp", path)
+
+
+def _write_parquet(table: pa.Table, path: str) -> tuple[int, str]:
+    """Write a shard (fsynced, then renamed into place); returns its size in bytes and hex sha256."""
+    tmp = f"{path}.tmp"
+    _write_parquet_unsealed(table, tmp)
+    return _seal(tmp, path)
 
 
 def _count_plan(result: ShardResult, plan: _Plan, options: ShardOptions) -> None:
@@ -1060,8 +979,8 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
     try:
         spill_dir = os.path.join(staging, "_spill")
         os.makedirs(spill_dir)
-        trace_spill = _ScanSpill(os.path.join(spill_dir, "traces.arrow"))
-        ref_spill = _ScanSpill(os.path.join(spill_dir, "ref_logprobs.arrow")) if with_ref else None
+        trace_spill = ScanSpill(os.path.join(spill_dir, "traces.arrow"))
+        ref_spill = ScanSpill(os.path.join(spill_dir, "ref_logprobs.arrow")) if with_ref else None
         plan = _plan(store, versions, options, shipped, trace_spill, ref_spill)
         ship = plan.ship
         _count_plan(result, plan, options)
@@ -1082,18 +1001,13 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
             kl_sum_N, kl_tokens_N, d_sum, d_count = _kl_totals(trace_spill, ref_spill, plan, bounds, options)
         scores = _scores(ship, options, kl_sum_N, kl_tokens_N, d_sum, d_count)
 
-        shard_entries, kl_tok_sum, kl_tok_n = _write_shards(
-            staging, trace_spill, ref_spill, plan, bounds, scores, options
-        )
+        with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
+            samples = io.submit(_write_samples, os.path.join(staging, SAMPLES_FILE), expected)
+            shard_entries, kl_tok_sum, kl_tok_n = _write_shards(
+                staging, trace_spill, ref_spill, plan, bounds, scores, options, io
+            )
+            samples_size, samples_sha256 = samples.result()
         shutil.rmtree(spill_dir, ignore_errors=True)
-
-        samples_path = os.path.join(staging, SAMPLES_FILE)
-        pq.write_table(
-            pa.table({"sample_id": expected.take(pc.sort_indices(expected))}),
-            f"{samples_path}.tmp",
-            compression="zstd",
-        )
-        _publish_file(f"{samples_path}.tmp", samples_path)
 
         statistics = _statistics(plan, scores, options)
         if with_ref:
@@ -1116,12 +1030,7 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
             "excluded_sets": sorted(m["set_id"] for m in prior),
             "shuffle": {"seed": options.seed, "unit": "group", "target_tokens": options.target_tokens},
             "shards": shard_entries,
-            "samples": {
-                "file": SAMPLES_FILE,
-                "rows": n_ship,
-                "bytes": os.path.getsize(samples_path),
-                "sha256": sha256_file(samples_path),
-            },
+            "samples": {"file": SAMPLES_FILE, "rows": n_ship, "bytes": samples_size, "sha256": samples_sha256},
             "totals": {
                 "rows": n_ship,
                 "groups": int(ship["group_id"].n_unique()),
@@ -1177,54 +1086,58 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
 
 def _write_shards(
     staging: str,
-    trace_spill: _ScanSpill,
-    ref_spill: _ScanSpill | None,
+    trace_spill: ScanSpill,
+    ref_spill: ScanSpill | None,
     plan: _Plan,
     bounds: np.ndarray,
     scores: _Scores,
     options: ShardOptions,
+    io: ThreadPoolExecutor,
 ) -> tuple[list[dict[str, Any]], float, int]:
     """Assemble and write every shard: ``(manifest entries, Σ per-token KL, KL token count)``, in shard order.
 
     Shard ``s`` holds the shipped rows ``bounds[s]:bounds[s + 1]`` of the final order. Each shard is gathered
-    from the spill files, assembled and written (zstd, fsync, sha256) by one of :data:`WORKERS` threads; numpy
-    and Arrow release the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS`
-    shards are in memory at once. Each shard is computed on its own, so the bytes do not depend on the threads.
+    from the spill files, assembled and written (zstd) by one of :data:`WORKERS` threads; numpy and Arrow release
+    the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS` shards are in memory
+    at once. Each written file is then hashed, fsynced and renamed into place on ``io``, so that waiting for the
+    disk overlaps the next shard's work. Each shard is computed on its own, so the bytes do not depend on the
+    threads.
     """
-    trace_columns = _trace_spill_columns(options)
     rows_N = plan.ship["row"].to_numpy()
     ref_rows_N = plan.ship["ref_row"].to_numpy() if ref_spill is not None else None
 
     def one(s: int) -> tuple[dict[str, Any], float, int]:
         lo, hi = int(bounds[s]), int(bounds[s + 1])
-        table = trace_spill.gather(rows_N[lo:hi], trace_columns)
-        refs = None
+        traces = trace_spill.flat(rows_N[lo:hi], [INPUT_IDS, "completion_logprobs", "completion_mask"])
+        nested = trace_spill.gather(rows_N[lo:hi], list(HEAD_COLUMNS)) if plan.k is not None else None
+        ref = None
         if ref_spill is not None:
-            refs = ref_spill.gather(ref_rows_N[lo:hi], ["ref_logprobs"])  # type: ignore[index]
+            ref = ref_spill.flat(ref_rows_N[lo:hi], ["ref_logprobs"])["ref_logprobs"]  # type: ignore[index]
         meta = plan.ship.slice(lo, hi - lo)
-        shard, kl_sum, kl_n = _assemble(table, refs, meta, slice(lo, hi), scores, options, plan.k)
-        del table, refs
+        shard, kl_sum, kl_n = _assemble(traces, nested, ref, meta, slice(lo, hi), scores, options, plan.k)
+        del traces, nested, ref
         name = f"part-{s:05d}.parquet"
         path = os.path.join(staging, name)
-        size, sha256 = _write_parquet(shard, path)
+        _write_parquet_unsealed(shard, f"{path}.tmp")
+        sealed = io.submit(_seal, f"{path}.tmp", path)
         entry = {
             "file": name,
             "rows": shard.num_rows,
             "groups": int(meta["group_id"].n_unique()),
             "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
             "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
-            "bytes": size,
-            "sha256": sha256,
         }
-        return entry, kl_sum, kl_n
+        return entry, sealed, kl_sum, kl_n
 
     entries: list[dict[str, Any]] = []
     kl_tok_sum, kl_tok_n = 0.0, 0
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        for entry, kl_sum, kl_n in pool.map(one, range(len(bounds) - 1)):
-            entries.append(entry)
-            kl_tok_sum += kl_sum
-            kl_tok_n += kl_n
+        written = list(pool.map(one, range(len(bounds) - 1)))
+    for entry, sealed, kl_sum, kl_n in written:
+        entry["bytes"], entry["sha256"] = sealed.result()
+        entries.append(entry)
+        kl_tok_sum += kl_sum
+        kl_tok_n += kl_n
     return entries, kl_tok_sum, kl_tok_n
 
 

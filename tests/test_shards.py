@@ -13,8 +13,6 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from prl import shards
 from prl.errors import UsageError
@@ -413,15 +411,3 @@ def test_rows_gathered_from_spill_match_the_store(tmp_path, monkeypatch):
 def k3(d: float) -> float:
     x = min(max(-d, -20.0), 20.0)
     return min(math.expm1(x) - x, 10.0)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.integers(0, 99), max_size=5), st.lists(st.integers(0, 99), max_size=5))))
-def test_concat_lists_matches_row_by_row(rows):
-    def flat(lists):
-        off = np.concatenate(([0], np.cumsum([len(x) for x in lists]))).astype(np.int64)
-        return np.array([v for x in lists for v in x], dtype=np.int32), off
-
-    values, off = shards._concat_lists(*flat([a for a, _ in rows]), *flat([b for _, b in rows]))
-    assert [values[off[i] : off[i + 1]].tolist() for i in range(len(rows))] == [a + b for a, b in rows]
-    assert values.dtype == np.int32

@@ -1,0 +1,259 @@
+"""Token columns of a scan, spilled in scan order to an Arrow IPC file and gathered back shard by shard.
+
+``prl build-shards`` decodes the store's token columns once, during its plan scan, and appends them here
+(:meth:`ScanSpill.write`). Once the final order is known, each shard gathers its rows back (:meth:`ScanSpill.flat`
+for lists of fixed-width values, :meth:`ScanSpill.gather` for anything else). The file is memory-mapped only while
+a shard's rows are copied out, and only their pages are read, so memory stays bounded by the rows gathered.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+_DROP = getattr(mmap, "MADV_DONTNEED", None)
+
+
+@dataclass
+class FlatList:
+    """One list column of gathered rows, flattened.
+
+    ``values_T`` holds every row's values back to back (nulls inside a list hold an unspecified value; see
+    ``valid_T``); ``offsets_N1`` (int64, from 0) bounds row ``i`` at ``values_T[offsets_N1[i]:offsets_N1[i + 1]]``;
+    ``valid_T`` (bool) is None when no value is null; ``row_valid_N`` (bool) is None when no row is null (a null
+    row is empty). For a row-wise concatenation of columns, ``part_lengths`` holds each part's lengths (int64)
+    and a null row of a part counts as empty (``row_valid_N`` is None).
+    """
+
+    values_T: np.ndarray
+    offsets_N1: np.ndarray
+    valid_T: np.ndarray | None = None
+    row_valid_N: np.ndarray | None = None
+    part_lengths: tuple[np.ndarray, ...] = ()
+
+    def filled(self, dtype: type = np.float32) -> np.ndarray:
+        """``values_T`` as ``dtype`` with NaN where a value is null (floats)."""
+        values = self.values_T.astype(dtype, copy=False)
+        return values if self.valid_T is None else np.where(self.valid_T, values, np.nan).astype(dtype)
+
+    def to_arrow(self, value_type: pa.DataType) -> pa.ListArray:
+        """The column as an Arrow list array of ``value_type`` (int32 offsets), nulls kept."""
+        values = pa.array(self.values_T, type=value_type, mask=None if self.valid_T is None else ~self.valid_T)
+        offsets = pa.array(self.offsets_N1.astype(np.int32))
+        if self.row_valid_N is None:
+            return pa.ListArray.from_arrays(offsets, values)
+        return pa.ListArray.from_arrays(offsets, values, mask=pa.array(~self.row_valid_N))
+
+
+def _bits(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray:
+    """``length`` bits of an Arrow bitmap from bit ``offset``, as bool (LSB first)."""
+    raw = np.frombuffer(buffer, dtype=np.uint8, count=(offset + length + 7) // 8)
+    return np.unpackbits(raw, bitorder="little")[offset : offset + length].view(bool)
+
+
+@dataclass
+class _BatchColumn:
+    """Where one list column of one spilled batch lies: its offsets, row validity, and its values (a byte position
+    in the file for fixed-width values, or unpacked bools), with their validity."""
+
+    offsets_R1: np.ndarray
+    row_valid_R: np.ndarray | None
+    byte_start: int
+    bools_V: np.ndarray | None
+    valid_V: np.ndarray | None
+
+
+def _batch_column(array: pa.ListArray, base_address: int) -> _BatchColumn:
+    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset)
+    row_valid = None
+    if array.null_count:
+        row_valid = _bits(array.buffers()[0], array.offset, len(array))
+    values = array.values
+    size = values.type.bit_width
+    valid = None
+    if values.null_count:
+        valid = _bits(values.buffers()[0], values.offset, len(values))
+    if size == 1:
+        return _BatchColumn(offsets, row_valid, 0, _bits(values.buffers()[1], values.offset, len(values)), valid)
+    data = values.buffers()[1]
+    return _BatchColumn(offsets, row_valid, data.address - base_address + values.offset * size // 8, None, valid)
+
+
+class ScanSpill:
+    """Rows of one table in scan order, in one Arrow IPC file, found again by their scan row numbers.
+
+    Only the rows given to :meth:`write` are kept. Write every batch, :meth:`close`, then gather.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.sink: pa.OSFile | None = None
+        self.writer: pa.ipc.RecordBatchFileWriter | None = None
+        self.schema: pa.Schema | None = None
+        self._rows: list[np.ndarray] = []
+        self.rows_S = np.zeros(0, dtype=np.int64)
+        """Scan row number of every spilled row (ascending)."""
+        self.starts_B1 = np.zeros(1, dtype=np.int64)
+        """Spill row where each written batch starts, and the total."""
+
+    def write(self, batch: pa.RecordBatch, rows: np.ndarray) -> None:
+        """Append ``batch`` whose rows have scan row numbers ``rows`` (ascending, after earlier writes)."""
+        if batch.num_rows == 0:
+            return
+        if self.writer is None:
+            self.schema = batch.schema
+            self.sink = pa.OSFile(self.path, "wb")
+            self.writer = pa.ipc.new_file(self.sink, batch.schema)
+        self.writer.write_batch(batch)
+        self._rows.append(np.asarray(rows, dtype=np.int64))
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.sink is not None:
+            self.sink.close()
+            self.sink = None
+        if self._rows:
+            self.rows_S = np.concatenate(self._rows)
+            self.starts_B1 = np.concatenate(([0], np.cumsum([len(r) for r in self._rows])))
+            self._rows = []
+
+    def _locate(self, rows_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(batch_N, index_N)``: the spilled batch holding each scan row and its index there."""
+        assert self.schema is not None, "gather from an empty spill"
+        spill_N = np.searchsorted(self.rows_S, rows_N)
+        if len(rows_N) and not np.array_equal(self.rows_S[np.minimum(spill_N, len(self.rows_S) - 1)], rows_N):
+            raise RuntimeError(f"rows missing from spill file {self.path}")
+        batch_N = np.searchsorted(self.starts_B1, spill_N, side="right") - 1
+        return batch_N, spill_N - self.starts_B1[batch_N]
+
+    @contextmanager
+    def _mapped(self) -> Iterator[tuple[pa.Buffer, pa.ipc.RecordBatchFileReader]]:
+        """The file, memory-mapped read-only, as a buffer with a reader over it. On the way out the pages read are
+        dropped, and the mapping is closed unless the caller still holds a view of it (it closes when that goes)."""
+        with open(self.path, "rb") as fh:
+            mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        buffer = reader = None
+        try:
+            buffer = pa.py_buffer(mapped)
+            reader = pa.ipc.open_file(pa.BufferReader(buffer))
+            yield buffer, reader
+        finally:
+            del reader, buffer
+            if _DROP is not None:
+                mapped.madvise(_DROP)  # the rows are copied out: give their pages back now
+            try:
+                mapped.close()
+            except BufferError:  # a view still lives (an error on the way): the mapping closes when it goes
+                pass
+
+    def flat(self, rows_N: np.ndarray, columns: Sequence[str | tuple[str, ...]]) -> dict[object, FlatList]:
+        """Each of ``columns`` (lists of fixed-width values or bools) for the rows with scan row numbers ``rows_N``,
+        in that order, keyed by the column; a tuple of columns of one value type is gathered as their row-wise
+        concatenation (``part_lengths`` in order).
+
+        Rows are copied straight from the mapped file in one pass per column (one ``np.concatenate`` of the rows'
+        byte ranges), never through per-value indices.
+        """
+        batch_N, index_N = self._locate(rows_N)
+        touched = np.unique(batch_N).tolist()
+        out: dict[object, FlatList] = {}
+        with self._mapped() as (buffer, reader):
+            whole = np.frombuffer(buffer, dtype=np.uint8)
+            batches = {b: reader.get_batch(b) for b in touched}
+            for spec in columns:
+                names = (spec,) if isinstance(spec, str) else tuple(spec)
+                out[spec] = self._flat_one(names, batches, batch_N, index_N, whole, buffer.address)
+            del whole, batches, buffer, reader  # every view of the mapping (the values are copies)
+        return out
+
+    def _flat_one(
+        self,
+        names: tuple[str, ...],
+        batches: dict[int, pa.RecordBatch],
+        batch_N: np.ndarray,
+        index_N: np.ndarray,
+        whole: np.ndarray,
+        base: int,
+    ) -> FlatList:
+        n = len(batch_N)
+        assert self.schema is not None
+        dtype = np.dtype(self.schema.field(names[0]).type.value_type.to_pandas_dtype())
+        starts = np.zeros((n, len(names)), dtype=np.int64)  # value positions within each row's batch
+        ends = np.zeros((n, len(names)), dtype=np.int64)
+        byte_base = np.zeros((n, len(names)), dtype=np.int64)
+        row_valid = np.ones(n, dtype=bool)
+        columns: dict[tuple[int, int], _BatchColumn] = {}
+        for b, batch in batches.items():
+            sel = np.flatnonzero(batch_N == b)
+            j = index_N[sel]
+            for p, name in enumerate(names):
+                col = _batch_column(batch.column(name), base)
+                columns[(b, p)] = col
+                starts[sel, p] = col.offsets_R1[j]
+                ends[sel, p] = col.offsets_R1[j + 1]
+                if col.row_valid_R is not None:
+                    ok = col.row_valid_R[j]
+                    ends[sel[~ok], p] = starts[sel[~ok], p]  # a null row is empty
+                    if len(names) == 1:
+                        row_valid[sel] = ok
+                byte_base[sel, p] = col.byte_start
+        lengths = ends - starts
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths.sum(axis=1), out=offsets[1:])
+        row_keys = [(b, p) for b in batch_N.tolist() for p in range(len(names))]
+        flat_starts, flat_ends = starts.ravel().tolist(), ends.ravel().tolist()
+        if dtype == np.dtype(np.bool_):
+            values = self._concat([columns[k].bools_V for k in row_keys], flat_starts, flat_ends, bool)
+        else:
+            size = dtype.itemsize
+            lo = (byte_base + starts * size).ravel().tolist()
+            hi = (byte_base + ends * size).ravel().tolist()
+            values = np.concatenate([whole[a:z] for a, z in zip(lo, hi, strict=True)]) if lo else np.empty(0, np.uint8)
+            values = values.view(dtype)
+        valid = None
+        if any(c.valid_V is not None for c in columns.values()):
+            arrays = {
+                k: c.valid_V if c.valid_V is not None else np.ones(int(c.offsets_R1[-1]), dtype=bool)
+                for k, c in columns.items()
+            }
+            valid = self._concat([arrays[k] for k in row_keys], flat_starts, flat_ends, bool)
+        return FlatList(
+            values,
+            offsets,
+            valid,
+            None if row_valid.all() else row_valid,
+            tuple(lengths[:, p] for p in range(len(names))) if len(names) > 1 else (),
+        )
+
+    @staticmethod
+    def _concat(arrays: list, starts: list[int], ends: list[int], dtype: type) -> np.ndarray:
+        if not arrays:
+            return np.empty(0, dtype=dtype)
+        return np.concatenate([a[s:e] for a, s, e in zip(arrays, starts, ends, strict=True)]).astype(dtype, copy=False)
+
+    def gather(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
+        """``columns`` of the rows with scan row numbers ``rows_N``, in that order (spill column types), through
+        Arrow's ``take``: for columns :meth:`flat` does not cover (lists of lists)."""
+        assert self.schema is not None, "gather from an empty spill"
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        if len(rows_N) == 0:
+            return schema.empty_table()
+        batch_N, index_N = self._locate(rows_N)
+        by_batch = np.argsort(batch_N, kind="stable")
+        bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
+        pieces = []
+        with self._mapped() as (buffer, reader):
+            for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
+                sel = by_batch[lo:hi]
+                b = int(batch_N[sel[0]])
+                pieces.append(reader.get_batch(b).select(columns).take(pa.array(index_N[sel])))
+            del buffer, reader  # every view of the mapping (the pieces are copies)
+        table = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
+        return table if len(pieces) == 1 else table.take(pa.array(np.argsort(by_batch)))

@@ -1,0 +1,119 @@
+"""ScanSpill: rows written in scan order come back, in any order, exactly as written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prl.spill import FlatList, ScanSpill
+
+SCHEMA = pa.schema(
+    [
+        pa.field("ids", pa.list_(pa.int32())),
+        pa.field("more", pa.list_(pa.int32())),
+        pa.field("lp", pa.list_(pa.float32())),
+        pa.field("mask", pa.list_(pa.bool_())),
+        pa.field("heads", pa.list_(pa.list_(pa.int32()))),
+    ]
+)
+
+ints = st.lists(st.integers(-(2**31), 2**31 - 1), max_size=6)
+floats = st.lists(st.one_of(st.none(), st.floats(width=32, allow_nan=False)), max_size=6)
+masks = st.one_of(st.none(), st.lists(st.one_of(st.none(), st.booleans()), max_size=6))
+heads = st.one_of(st.none(), st.lists(st.lists(st.integers(0, 9), max_size=3), max_size=3))
+row = st.fixed_dictionaries({"ids": ints, "more": ints, "lp": floats, "mask": masks, "heads": heads})
+
+
+def as_list(flat: FlatList, i: int) -> list | None:
+    if flat.row_valid_N is not None and not flat.row_valid_N[i]:
+        return None
+    lo, hi = int(flat.offsets_N1[i]), int(flat.offsets_N1[i + 1])
+    values = flat.values_T[lo:hi].tolist()
+    if flat.valid_T is not None:
+        values = [v if ok else None for v, ok in zip(values, flat.valid_T[lo:hi].tolist(), strict=True)]
+    return values
+
+
+def spill_of(tmp_path, rows: list[dict], cuts: list[int], kept: list[bool]) -> tuple[ScanSpill, list[int]]:
+    """Spill ``rows`` cut into batches at ``cuts``, keeping only the rows marked in ``kept``; returns the spill
+    and the scan row numbers kept."""
+    spill = ScanSpill(str(tmp_path / "spill.arrow"))
+    bounds = sorted({0, len(rows), *[c % (len(rows) + 1) for c in cuts]})
+    kept_rows = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        batch = pa.RecordBatch.from_pylist(rows[lo:hi], schema=SCHEMA)
+        keep = np.array(kept[lo:hi])
+        numbers = np.arange(lo, hi)[keep]
+        spill.write(batch.filter(pa.array(keep)), numbers)
+        kept_rows += numbers.tolist()
+    spill.close()
+    return spill, kept_rows
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.lists(row, min_size=1, max_size=25),
+    cuts=st.lists(st.integers(0, 30), max_size=4),
+    data=st.data(),
+)
+def test_flat_and_gather_return_the_rows_written(tmp_path_factory, rows, cuts, data):
+    kept = data.draw(st.lists(st.booleans(), min_size=len(rows), max_size=len(rows)).filter(any))
+    spill, kept_rows = spill_of(tmp_path_factory.mktemp("spill"), rows, cuts, kept)
+    wanted = data.draw(st.lists(st.sampled_from(kept_rows), max_size=30))
+    rows_N = np.array(wanted, dtype=np.int64)
+
+    flat = spill.flat(rows_N, [("ids", "more"), "ids", "lp", "mask"])
+    for i, r in enumerate(wanted):
+        assert as_list(flat[("ids", "more")], i) == rows[r]["ids"] + rows[r]["more"]
+        assert as_list(flat["ids"], i) == rows[r]["ids"]
+        assert as_list(flat["lp"], i) == rows[r]["lp"]
+        assert as_list(flat["mask"], i) == rows[r]["mask"]
+    pair = flat[("ids", "more")]
+    assert [p.tolist() for p in pair.part_lengths] == [
+        [len(rows[r]["ids"]) for r in wanted],
+        [len(rows[r]["more"]) for r in wanted],
+    ]
+    assert pair.values_T.dtype == np.int32 and flat["lp"].values_T.dtype == np.float32
+    assert flat["mask"].values_T.dtype == np.bool_
+    assert flat["lp"].to_arrow(pa.float32()).to_pylist() == [rows[r]["lp"] for r in wanted]
+    assert flat["mask"].to_arrow(pa.bool_()).to_pylist() == [rows[r]["mask"] for r in wanted]
+    assert spill.gather(rows_N, ["heads", "ids"]).to_pylist() == [
+        {"heads": rows[r]["heads"], "ids": rows[r]["ids"]} for r in wanted
+    ]
+
+
+def test_flat_fills_nulls_with_nan_and_reports_validity(tmp_path):
+    rows = [
+        {"ids": [1], "more": [], "lp": [-0.5, None, -2.0], "mask": None, "heads": None},
+        {"ids": [2, 3], "more": [4], "lp": [], "mask": [True, None], "heads": [[1]]},
+    ]
+    spill, _ = spill_of(tmp_path, rows, [1], [True, True])
+    flat = spill.flat(np.array([1, 0]), ["lp", "mask", ("ids", "more")])
+    assert flat["lp"].offsets_N1.tolist() == [0, 0, 3]
+    np.testing.assert_array_equal(flat["lp"].filled(), np.array([-0.5, np.nan, -2.0], dtype=np.float32))
+    assert flat["lp"].valid_T.tolist() == [True, False, True]
+    assert flat["mask"].row_valid_N.tolist() == [True, False]
+    assert flat["mask"].values_T.tolist() == [True, False] and flat["mask"].valid_T.tolist() == [True, False]
+    assert flat[("ids", "more")].values_T.tolist() == [2, 3, 4, 1]
+    assert flat[("ids", "more")].offsets_N1.tolist() == [0, 3, 4]
+
+
+def test_flat_of_no_rows_is_empty(tmp_path):
+    rows = [{"ids": [1], "more": [2], "lp": [-1.0], "mask": None, "heads": None}]
+    spill, _ = spill_of(tmp_path, rows, [], [True])
+    flat = spill.flat(np.zeros(0, dtype=np.int64), [("ids", "more"), "lp"])
+    assert flat["lp"].values_T.tolist() == [] and flat["lp"].offsets_N1.tolist() == [0]
+    assert flat[("ids", "more")].values_T.dtype == np.int32
+    assert spill.gather(np.zeros(0, dtype=np.int64), ["heads"]).num_rows == 0
+
+
+def test_a_row_never_spilled_is_an_error(tmp_path):
+    rows = [{"ids": [1], "more": [], "lp": [], "mask": None, "heads": None}] * 3
+    spill, _ = spill_of(tmp_path, rows, [], [True, False, True])
+    with pytest.raises(RuntimeError, match="rows missing from spill file"):
+        spill.flat(np.array([1]), ["ids"])
+    with pytest.raises(RuntimeError, match="rows missing from spill file"):
+        spill.gather(np.array([0, 1]), ["heads"])

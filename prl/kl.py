@@ -77,6 +77,21 @@ def segment_sum(values_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
     return sums_N
 
 
+def log_ratio_sums(
+    logprobs_T: np.ndarray, ref_logprobs_T: np.ndarray, valid_T: np.ndarray, offsets_N1: np.ndarray
+) -> np.ndarray:
+    """``Σ_t d_t`` per sample over its valid tokens (float64), as ``Σ log q − Σ log p_ref``: each side summed on
+    its own (:func:`segment_sum`), so that a side can be summed where it is read, without the other.
+
+    A sample whose tokens are all valid gets exactly ``segment_sum(logprobs) − segment_sum(ref_logprobs)``,
+    however its tokens were gathered.
+    """
+    valid_T = np.asarray(valid_T, dtype=bool)
+    lp_T = np.where(valid_T, logprobs_T, 0.0)
+    ref_T = np.where(valid_T, ref_logprobs_T, 0.0)
+    return segment_sum(lp_T, offsets_N1) - segment_sum(ref_T, offsets_N1)
+
+
 def broadcast(values_N: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
     """Repeat each sample's value over its tokens: ``values_T``."""
     return np.repeat(np.asarray(values_N), np.diff(np.asarray(offsets_N1, dtype=np.int64)))

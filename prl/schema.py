@@ -151,3 +151,22 @@ TABLES = {
     "ref_logprobs": REF_LOGPROBS,
     "checks": CHECKS,
 }
+
+
+def leaf_paths(schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
+    """Every Parquet leaf column of ``schema`` as ``(dotted path, Arrow type)``, in order (lists as
+    ``name.list.element``, structs as ``name.child``): the names Parquet writer options take."""
+
+    def walk(path: str, typ: pa.DataType) -> list[tuple[str, pa.DataType]]:
+        if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+            return walk(f"{path}.list.element", typ.value_type)
+        if pa.types.is_struct(typ):
+            return [leaf for child in typ for leaf in walk(f"{path}.{child.name}", child.type)]
+        return [(path, typ)]
+
+    return [leaf for f in schema for leaf in walk(f.name, f.type)]
+
+
+def float_leaves(schema: pa.Schema) -> list[str]:
+    """The floating-point leaf columns of ``schema`` (dotted paths): written with byte-stream-split encoding."""
+    return [path for path, typ in leaf_paths(schema) if pa.types.is_floating(typ)]

@@ -11,17 +11,20 @@ table's token data):
    earlier set in ``OUT`` are skipped (unless ``rebuild``). The four reads run side by side in threads.
 3. **Spill** (during the plan scans, so token columns are decoded once per build): the token columns of every
    row not shipped before (and its ``ref_logprobs``) are appended, in scan order, to an Arrow IPC file in the
-   staging folder (:class:`ScanSpill`); a dry run spills nothing.
+   staging folder (:class:`prl.spill.ScanSpill`); a dry run spills nothing. With KL into the advantages, the
+   scans also sum each side's logprobs per row (the batch mean log ratio needs nothing more for rows whose
+   tokens all count).
 4. **Pack**: groups (by ``group_id``) are sorted, shuffled with ``options.seed`` and laid out back to back; a
    group belongs to the shard in whose ``target_tokens`` window its first token falls, so groups stay whole and
    shards hold about ``target_tokens`` tokens. Within a group, samples follow ``sample_id``. Each shard is a run
    of the final order.
 5. **Numerics and assembly**: each shard gathers its rows from the spill files, in final order. With KL into the
-   reward or the advantages, a first pass computes per-sample KL sums and the batch mean log ratio; advantages are
+   reward, a first pass computes per-sample KL sums; with KL into the advantages, only the rows the scans could
+   not sum (a loss mask, a missing or non-finite logprob) are read for the batch mean log ratio. Advantages are
    then computed over exactly the rows that ship (:mod:`prl.advantages`), and each shard is assembled
    (:mod:`prl.kl` over cache-sized blocks of samples, :mod:`prl.heads`) and written. Shards are gathered,
-   assembled and written by :data:`WORKERS` threads; every value is computed per shard or per sample, so the
-   bytes do not depend on the threads.
+   assembled and written by :data:`WORKERS` threads while :data:`IO_THREADS` hash, fsync and rename the files
+   written; every value is computed per shard or per sample, so the bytes do not depend on the threads.
 6. **Publish**: parts are written as ``*.tmp``, fsynced and renamed; ``manifest.json`` is written last (temp file,
    fsync, rename); then the whole staging folder is renamed to ``OUT/<set-id>/`` and ``OUT/_index.json`` is
    rewritten from the manifests present. A reader that sees a set folder sees its manifest and every shard it names.
@@ -55,7 +58,7 @@ from prl import kl as klmod
 from prl.errors import ExitCode, UsageError
 from prl.locks import holding, pid_alive, step_name
 from prl.recipe_shards import ShardOptions
-from prl.schema import SCHEMA_VERSION, SHARD
+from prl.schema import SCHEMA_VERSION, SHARD, float_leaves
 from prl.spill import FlatList, ScanSpill
 from prl.store import Store
 
@@ -88,15 +91,7 @@ DROP_REASONS = (
 MANIFEST = "manifest.json"
 SAMPLES_FILE = "sample_ids.parquet"
 INDEX = "_index.json"
-FLOAT_LEAVES = (
-    "behavior_logprobs.list.element",
-    "ref_logprobs.list.element",
-    "kl.list.element",
-    "token_advantages.list.element",
-    "topk_logprobs.list.element.list.element",
-    "reward",
-    "advantage",
-)
+FLOAT_LEAVES = tuple(float_leaves(SHARD))
 """Parquet leaf columns written with byte-stream-split encoding."""
 SCAN_BATCH_ROWS = 1024
 WORKERS = 2
@@ -162,6 +157,33 @@ class ShardResult:
 # --- helpers -------------------------------------------------------------------------------------------------
 def _lengths(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64())
+
+
+def _rows_all(flags_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
+    """Per row of a flat bool array: are all its flags True (an empty row: True)."""
+    lengths_N = np.diff(offsets_N1)
+    out_N = np.ones(len(lengths_N), dtype=bool)
+    nonempty_N = lengths_N > 0
+    if nonempty_N.any():
+        out_N[nonempty_N] = np.logical_and.reduceat(flags_T[: offsets_N1[-1]], offsets_N1[:-1][nonempty_N])
+    return out_N
+
+
+def _side_sums(lists: pa.ListArray, masks: pa.ListArray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(sums_N, simple_N)`` of a batch's logprob lists: each row's float64 sum (:func:`prl.kl.segment_sum`) and
+    whether every value of the row counts in a log ratio on its side alone: finite, not null, and inside the
+    row's ``masks`` (a null mask covers the whole row)."""
+    offsets_N1 = lists.offsets.to_numpy().astype(np.int64)
+    values_T = lists.values.slice(int(offsets_N1[0]), int(offsets_N1[-1] - offsets_N1[0]))
+    offsets_N1 -= offsets_N1[0]
+    values_T = values_T.to_numpy(zero_copy_only=False)  # nulls → NaN
+    simple_N = _rows_all(np.isfinite(values_T), offsets_N1)
+    if masks is not None and masks.null_count < len(masks):
+        mask_off = masks.offsets.to_numpy().astype(np.int64)
+        mask_vals = masks.values.slice(int(mask_off[0]), int(mask_off[-1] - mask_off[0]))
+        mask_T = pc.fill_null(mask_vals, False).to_numpy(zero_copy_only=False)
+        simple_N &= _rows_all(mask_T, mask_off - mask_off[0]) | ~masks.is_valid().to_numpy(zero_copy_only=False)
+    return klmod.segment_sum(values_T, offsets_N1), simple_N
 
 
 def _summary(values: np.ndarray) -> dict[str, float | int | None]:
@@ -312,6 +334,8 @@ def _scan_plan_traces(
         columns.append(baseline)
     if options.topk is not None:
         columns.append("topk_ids")
+    if options.kl == "advantages":
+        columns.append("completion_logprobs")
     spill_columns = _trace_spill_columns(options)
     if spill is not None:
         columns += [c for c in spill_columns if c not in columns]
@@ -334,6 +358,7 @@ def _scan_plan_traces(
             "logprobs_mode": batch["logprobs_mode"],
             "prompt_len": _lengths(batch["prompt_token_ids"]),
             "completion_len": _lengths(batch["completion_token_ids"]),
+            "has_mask": pc.is_valid(batch["completion_mask"]),
             "mask_len": pc.if_else(
                 pc.is_null(batch["completion_mask"]),
                 _lengths(batch["completion_token_ids"]),
@@ -344,6 +369,9 @@ def _scan_plan_traces(
             cols["baseline_key"] = batch[baseline].cast(pa.string())
         if options.topk is not None:
             cols["head_width"] = pa.array(heads.min_head_width(batch["topk_ids"]))
+        if options.kl == "advantages":
+            lp_sum, lp_simple = _side_sums(batch["completion_logprobs"], batch["completion_mask"])
+            cols["lp_sum"], cols["lp_simple"] = pa.array(lp_sum), pa.array(lp_simple)
         frames.append(pl.from_arrow(pa.table(cols)))
         row += n
     if not frames:
@@ -416,29 +444,28 @@ def _scan_plan_refs(
         n = batch.num_rows
         if spill is not None:
             _spill_rows(spill, batch, ["ref_logprobs"], row, exclude)
-        frames.append(
-            pl.from_arrow(
-                pa.table(
-                    {
-                        "ref_row": pa.array(np.arange(row, row + n, dtype=np.int64)),
-                        "sample_id": batch["sample_id"],
-                        "ingested_at": batch["ingested_at"],
-                        "source_uri": batch["source_uri"],
-                        "source_line": batch["source_line"],
-                        "ref_len": _lengths(batch["ref_logprobs"]),
-                    }
-                )
-            )
-        )
+        cols = {
+            "ref_row": pa.array(np.arange(row, row + n, dtype=np.int64)),
+            "sample_id": batch["sample_id"],
+            "ingested_at": batch["ingested_at"],
+            "source_uri": batch["source_uri"],
+            "source_line": batch["source_line"],
+            "ref_len": _lengths(batch["ref_logprobs"]),
+        }
+        if options.kl == "advantages":
+            ref_sum, ref_simple = _side_sums(batch["ref_logprobs"])
+            cols["ref_sum"], cols["ref_simple"] = pa.array(ref_sum), pa.array(ref_simple)
+        frames.append(pl.from_arrow(pa.table(cols)))
         row += n
+    keep = ["sample_id", "ref_row", "ref_len"] + (["ref_sum", "ref_simple"] if options.kl == "advantages" else [])
     if not frames:
-        empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64}
-        return pl.DataFrame(schema=empty)
+        empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64, "ref_sum": pl.Float64}
+        return pl.DataFrame(schema={c: empty.get(c, pl.Boolean) for c in keep})
     return (
         pl.concat(frames)
         .sort(["sample_id", "ingested_at", "source_uri", "source_line", "ref_row"])
         .unique(subset=["sample_id"], keep="last", maintain_order=True)
-        .select("sample_id", "ref_row", "ref_len")
+        .select(keep)
     )
 
 
@@ -494,8 +521,10 @@ class _Plan:
     """The shipped samples in final order, with their shard numbers, and what was dropped."""
 
     ship: pl.DataFrame
-    """Columns: row, sample_id, group_id, policy_version, staleness, prompt_len, completion_len, score, shard,
-    (ref_row), (baseline_key), temperature, top_p, top_k, logprobs_mode, head_width."""
+    """Columns: row, sample_id, group_id, policy_version, staleness, prompt_len, completion_len, has_mask, score,
+    shard, (ref_row), (baseline_key), temperature, top_p, top_k, logprobs_mode, head_width, and with
+    ``kl = "advantages"`` each side's logprob sum and whether it covers every token (lp_sum, lp_simple, ref_sum,
+    ref_simple; :func:`_side_sums`)."""
     considered: int
     already_shipped: int
     drops: dict[str, int]
@@ -654,7 +683,9 @@ class _Scores:
     singletons_without_baseline: int
 
 
-def _kl_inputs(lp: FlatList, ref: FlatList, mask: FlatList) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _kl_inputs(
+    lp: FlatList, ref: FlatList, mask: FlatList | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(lp_T, ref_T, mask_T, offsets_N1)`` of gathered rows that line up one to one (float32 as stored, NaN for
     nulls; :func:`prl.kl.log_ratio` widens them to float64 as it subtracts)."""
     return lp.filled(), ref.filled(), _mask_T(mask, lp.offsets_N1), lp.offsets_N1
@@ -684,53 +715,90 @@ def _blocks(offsets_N1: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _kl_totals(
-    trace_spill: ScanSpill, ref_spill: ScanSpill, plan: _Plan, bounds: np.ndarray, options: ShardOptions
-) -> tuple[np.ndarray | None, np.ndarray, float, int]:
-    """First pass over the spilled rows, shard by shard (:data:`WORKERS` threads): ``(kl_sum_N, kl_tokens_N,
-    Σd, count)`` over valid tokens, per shipped sample in final order.
-
-    ``kl_sum_N`` (float64) only with ``kl = "reward"``. Every per-sample sum covers one sample alone, and the
-    batch total adds them in final order, so nothing depends on the threads or the blocks.
+    trace_spill: ScanSpill,
+    ref_spill: ScanSpill,
+    plan: _Plan,
+    bounds: np.ndarray,
+    options: ShardOptions,
+    todo_N: np.ndarray | None = None,
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """A pass over the spilled rows, shard by shard (:data:`WORKERS` threads): ``(kl_sum_N, d_sum_N, count_N)``
+    per shipped sample in final order: ``Σ_t k(d_t)`` (float64, only with ``kl = "reward"``), ``Σ_t d_t``
+    (:func:`prl.kl.log_ratio_sums`) and the number of valid tokens. Only the samples marked in ``todo_N`` (all
+    when None) are read; the others are left at 0. Every sum covers one sample alone, so nothing depends on the
+    threads, the blocks or which other samples were read.
     """
     with_k = options.kl == "reward"
+    n = plan.ship.height
     rows_N = plan.ship["row"].to_numpy()
     ref_rows_N = plan.ship["ref_row"].to_numpy()
+    has_mask_N = plan.ship["has_mask"].to_numpy()
+    kl_sum_N = np.zeros(n) if with_k else None
+    d_sum_N = np.zeros(n)
+    count_N = np.zeros(n, dtype=np.int64)
 
-    def one(s: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-        lo, hi = int(bounds[s]), int(bounds[s + 1])
-        traces = trace_spill.flat(rows_N[lo:hi], ["completion_logprobs", "completion_mask"])
-        refs = ref_spill.flat(ref_rows_N[lo:hi], ["ref_logprobs"])
+    def one(s: int) -> None:
+        pick = np.arange(int(bounds[s]), int(bounds[s + 1]))
+        if todo_N is not None:
+            pick = pick[todo_N[pick]]
+        if not len(pick):
+            return
+        traces = trace_spill.flat(rows_N[pick], ["completion_logprobs", *_mask_column(has_mask_N[pick])])
+        refs = ref_spill.flat(ref_rows_N[pick], ["ref_logprobs"])
         lp_T, ref_T, mask_T, off = _kl_inputs(
-            traces["completion_logprobs"], refs["ref_logprobs"], traces["completion_mask"]
+            traces["completion_logprobs"], refs["ref_logprobs"], traces.get("completion_mask")
         )
         del traces, refs
-        kl_sum = np.zeros(hi - lo) if with_k else None
-        d_sum = np.zeros(hi - lo)
-        count = np.zeros(hi - lo, dtype=np.int64)
         for r0, r1 in _blocks(off):
             t0, t1 = int(off[r0]), int(off[r1])
             off_b = off[r0 : r1 + 1] - t0
+            rows = pick[r0:r1]
             if with_k:
-                d_B, k_B, valid_B = klmod.masked_kl(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1], options.kl_estimator)
-                kl_sum[r0:r1] = klmod.segment_sum(k_B, off_b)  # type: ignore[index]
+                _, k_B, valid_B = klmod.masked_kl(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1], options.kl_estimator)
+                kl_sum_N[rows] = klmod.segment_sum(k_B, off_b)  # type: ignore[index]
             else:
-                d_B, valid_B = klmod.masked_log_ratio(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1])
-            d_sum[r0:r1] = klmod.segment_sum(d_B, off_b)
-            count[r0:r1] = _token_counts(valid_B, off_b)
-        return kl_sum, d_sum, count
+                _, valid_B = klmod.masked_log_ratio(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1])
+            d_sum_N[rows] = klmod.log_ratio_sums(lp_T[t0:t1], ref_T[t0:t1], valid_B, off_b)
+            count_N[rows] = _token_counts(valid_B, off_b)
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        parts = list(pool.map(one, range(len(bounds) - 1)))
-    kl_sum_N = np.concatenate([p[0] for p in parts]) if with_k else None  # type: ignore[misc]
-    d_sum_N = np.concatenate([p[1] for p in parts])
-    kl_tokens_N = np.concatenate([p[2] for p in parts])
-    return kl_sum_N, kl_tokens_N, float(d_sum_N.sum()), int(kl_tokens_N.sum())
+        list(pool.map(one, range(len(bounds) - 1)))
+    return kl_sum_N, d_sum_N, count_N
 
 
-def _mask_T(masks: FlatList, off: np.ndarray) -> np.ndarray:
+def _log_ratio_totals(
+    trace_spill: ScanSpill, ref_spill: ScanSpill, plan: _Plan, bounds: np.ndarray, options: ShardOptions
+) -> tuple[np.ndarray | None, np.ndarray, float, int]:
+    """``(kl_sum_N, kl_tokens_N, Σd, count)`` over the valid tokens of the shipped samples (final order).
+
+    With ``kl = "advantages"`` only the batch mean of ``d`` is needed, and the plan scans already summed each
+    side of every sample whose tokens are all valid (``lp_sum``/``ref_sum``): only the other samples (a mask, a
+    missing or non-finite logprob) are read again. Otherwise every sample is read again (:func:`_kl_totals`).
+    The totals add the per-sample sums in final order.
+    """
+    todo_N = None
+    if options.kl == "advantages":
+        ship = plan.ship
+        simple_N = (ship["lp_simple"] & ship["ref_simple"]).fill_null(False).to_numpy()
+        todo_N = ~simple_N
+    kl_sum_N, d_sum_N, count_N = _kl_totals(
+        trace_spill, ref_spill, plan, bounds, options, None if todo_N is None or todo_N.all() else todo_N
+    )
+    if todo_N is not None:
+        d_sum_N = np.where(simple_N, (ship["lp_sum"] - ship["ref_sum"]).to_numpy(), d_sum_N)
+        count_N = np.where(simple_N, ship["completion_len"].to_numpy(), count_N)
+    return kl_sum_N, count_N, float(d_sum_N.sum()), int(count_N.sum())
+
+
+def _mask_column(has_mask_N: np.ndarray) -> list[str]:
+    """``["completion_mask"]`` when one of the rows has a mask, else nothing to gather."""
+    return ["completion_mask"] if has_mask_N.any() else []
+
+
+def _mask_T(masks: FlatList | None, off: np.ndarray) -> np.ndarray:
     """``mask_T`` (bool, aligned to the completions bounded by ``off``): each row's ``completion_mask``, all True
-    for rows without one; a null inside a mask is False."""
-    if masks.row_valid_N is not None and not masks.row_valid_N.any():
+    for rows without one (and for every row when ``masks`` is None); a null inside a mask is False."""
+    if masks is None or (masks.row_valid_N is not None and not masks.row_valid_N.any()):
         return np.ones(int(off[-1]), dtype=bool)
     vals = masks.values_T if masks.valid_T is None else masks.values_T & masks.valid_T
     if masks.row_valid_N is None:
@@ -788,7 +856,7 @@ def _assemble(
     p_len, c_len = ids.part_lengths
     c_off = np.zeros(len(c_len) + 1, dtype=np.int64)
     np.cumsum(c_len, out=c_off[1:])
-    mask_T = _mask_T(traces["completion_mask"], c_off)  # type: ignore[arg-type]
+    mask_T = _mask_T(traces.get("completion_mask"), c_off)
     masked = not mask_T.all()
     with_kl = ref is not None
     into_adv = options.kl == "advantages"
@@ -819,7 +887,7 @@ def _assemble(
     if with_kl:
         del lp_T, ref_T
         ref_col = ref.to_arrow(pa.float32())  # type: ignore[union-attr]
-        kl_col = _list_array(kl32_T, c_off, pa.float32(), valid_T)
+        kl_col = _list_array(kl32_T, c_off, pa.float32(), None if valid_T.all() else valid_T)
         kl_vals = pa.array(kl32_T[valid_T] if not valid_T.all() else kl32_T)
         kl_tok_sum = float(pc.sum(kl_vals).as_py() or 0.0)  # float32 values summed in float64
         kl_tok_n = len(kl_vals)
@@ -998,7 +1066,7 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
         d_sum, d_count = 0.0, 0
         if needs_global_kl:
             assert ref_spill is not None
-            kl_sum_N, kl_tokens_N, d_sum, d_count = _kl_totals(trace_spill, ref_spill, plan, bounds, options)
+            kl_sum_N, kl_tokens_N, d_sum, d_count = _log_ratio_totals(trace_spill, ref_spill, plan, bounds, options)
         scores = _scores(ship, options, kl_sum_N, kl_tokens_N, d_sum, d_count)
 
         with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
@@ -1105,10 +1173,12 @@ def _write_shards(
     """
     rows_N = plan.ship["row"].to_numpy()
     ref_rows_N = plan.ship["ref_row"].to_numpy() if ref_spill is not None else None
+    has_mask_N = plan.ship["has_mask"].to_numpy()
 
     def one(s: int) -> tuple[dict[str, Any], float, int]:
         lo, hi = int(bounds[s]), int(bounds[s + 1])
-        traces = trace_spill.flat(rows_N[lo:hi], [INPUT_IDS, "completion_logprobs", "completion_mask"])
+        columns = [INPUT_IDS, "completion_logprobs", *_mask_column(has_mask_N[lo:hi])]
+        traces = trace_spill.flat(rows_N[lo:hi], columns)
         nested = trace_spill.gather(rows_N[lo:hi], list(HEAD_COLUMNS)) if plan.k is not None else None
         ref = None
         if ref_spill is not None:

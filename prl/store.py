@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +29,22 @@ from deltalake.exceptions import TableNotFoundError
 from deltalake.transaction import AddAction
 
 from prl.errors import RetryableIOError
-from prl.schema import TABLES
+from prl.schema import TABLES, float_leaves, leaf_paths
 
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 """Uncompressed Arrow bytes after which a data file is closed and a new one begun."""
+
+
+def parquet_options(schema: pa.Schema) -> dict[str, Any]:
+    """Writer settings of a table's data files: zstd; floating-point columns (logprobs) byte-stream-split and
+    without a dictionary (a dictionary of sampled logprobs only grows until Parquet gives up on it; split bytes
+    compress and decode faster); every other column with a dictionary where it pays (Parquet's default)."""
+    floats = float_leaves(schema)
+    return {
+        "compression": "zstd",
+        "use_dictionary": [path for path, _ in leaf_paths(schema) if path not in floats],
+        "use_byte_stream_split": floats,
+    }
 
 
 def aws_endpoint() -> str | None:
@@ -158,6 +171,9 @@ class Store:
 
     uri: str
     _options: dict[str, str] = field(default_factory=dict, repr=False)
+    _pinned: dict[str, tuple[int, DeltaTable]] = field(default_factory=dict, repr=False, compare=False)
+    """The table last opened by :meth:`version` per name, with its version: scans of that version reuse it."""
+    _pinned_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.uri = self.uri.rstrip("/")
@@ -192,12 +208,21 @@ class Store:
             raise RetryableIOError(f"cannot open table {name!r} in {self.uri}: {describe_error(exc)}") from exc
 
     def version(self, name: str) -> int | None:
+        """The table's current version (None when it does not exist yet); the table opened at it is kept for
+        :meth:`dataset` to reuse, so that reading a pinned version does not replay the log again."""
         table = self.open(name)
-        return None if table is None else table.version()
+        if table is None:
+            return None
+        version = table.version()
+        with self._pinned_lock:
+            self._pinned[name] = (version, table)
+        return version
 
     def versions(self) -> dict[str, int | None]:
-        """Current version of every table (None where a table does not exist yet)."""
-        return {name: self.version(name) for name in TABLES}
+        """Current version of every table (None where a table does not exist yet); the tables are opened side by
+        side (opening mostly waits on reading the Delta log)."""
+        with ThreadPoolExecutor(max_workers=len(TABLES)) as pool:
+            return dict(zip(TABLES, pool.map(self.version, TABLES), strict=True))
 
     def dataset(self, name: str, version: int | None = None) -> ds.Dataset | None:
         """A pyarrow dataset over the table's files at one version, for streaming scans.
@@ -205,10 +230,16 @@ class Store:
         Files are read through :attr:`fs` (pyarrow's own local or S3 filesystem, which reads without the GIL),
         rooted at the table folder where the Delta log names them.
         """
-        table = self.open(name, version)
-        if table is None:
-            return None
-        return table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(self.table_path(name), self.fs))
+        with self._pinned_lock:
+            pinned = self._pinned.get(name)
+        if version is not None and pinned is not None and pinned[0] == version:
+            table = pinned[1]
+        else:
+            table = self.open(name, version)
+            if table is None:
+                return None
+        with self._pinned_lock:  # a DeltaTable object is used by one thread at a time
+            return table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(self.table_path(name), self.fs))
 
     def scan(
         self,
@@ -297,7 +328,9 @@ class Store:
             if writer is None:
                 current = f"part-{uuid.uuid4().hex}.zstd.parquet"
                 # given a path, the writer owns its stream and closes it (an S3 upload completes on close)
-                writer = pq.ParquetWriter(f"{table_dir}/{current}", schema, filesystem=self.fs, compression="zstd")
+                writer = pq.ParquetWriter(
+                    f"{table_dir}/{current}", schema, filesystem=self.fs, **parquet_options(schema)
+                )
             writer.write_batch(batch)
             current_rows += batch.num_rows
             current_bytes += batch.nbytes

@@ -134,3 +134,24 @@ def test_segment_sum_depends_only_on_the_sample(samples, other):
     assert alone.tobytes() == with_neighbours.tobytes()
     for got, row in zip(alone, samples, strict=True):
         assert got == pytest.approx(math.fsum(row), abs=1e-9)
+
+
+finite_or_nan = st.one_of(st.floats(-30, 0, width=32), st.just(float("nan")))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.tuples(finite_or_nan, finite_or_nan, st.booleans()), max_size=8), max_size=8))
+def test_log_ratio_sums_add_each_side_over_valid_tokens(samples):
+    lp = np.array([a for s in samples for a, _, _ in s], dtype=np.float32)
+    ref = np.array([b for s in samples for _, b, _ in s], dtype=np.float32)
+    mask = np.array([m for s in samples for _, _, m in s], dtype=bool)
+    off = np.concatenate(([0], np.cumsum([len(s) for s in samples]))).astype(np.int64)
+    _, valid = kl.masked_log_ratio(lp, ref, mask)
+    got = kl.log_ratio_sums(lp, ref, valid, off)
+    for i, s in enumerate(samples):
+        kept = [(float(np.float32(a)), float(np.float32(b))) for a, b, m in s if m and a == a and b == b]
+        assert got[i] == pytest.approx(math.fsum(a - b for a, b in kept), abs=1e-9)
+        # a sample whose tokens all count gets the difference of its two sides' sums, whatever its neighbours
+        if len(kept) == len(s):
+            side = lambda v: kl.segment_sum(np.asarray(v, dtype=np.float32), np.array([0, len(v)]))[0]  # noqa: E731
+            assert got[i] == side([a for a, _ in kept]) - side([b for _, b in kept])

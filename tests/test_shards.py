@@ -13,6 +13,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prl import shards
 from prl.errors import UsageError
@@ -406,6 +408,58 @@ def test_rows_gathered_from_spill_match_the_store(tmp_path, monkeypatch):
             for a, b, m in zip(t["completion_logprobs"], refs[sid]["ref_logprobs"], row["loss_mask"], strict=True)
         ]
         assert row["kl"] == expected_kl
+
+
+def test_mean_log_ratio_over_mixed_samples_matches_numpy(tmp_path):
+    """Samples whose tokens all count are summed during the plan scans, the others (a mask, a null logprob on
+    either side) read again: the batch mean and every token advantage match a direct numpy computation."""
+    store = varied_store(str(tmp_path / "s"), seed=2)
+    beta = 0.25
+    res = build_shards(store, str(tmp_path / "out"), ShardOptions(kl="advantages", kl_coef=beta, missing_ref="drop"))
+    got = by_id(read_set(res))
+    traces = {r["sample_id"]: r for r in store.read("traces").to_pylist()}
+    refs = {r["sample_id"]: r for r in store.read("ref_logprobs").to_pylist()}
+    d, valid = {}, {}
+    for sid in got:
+        t, r = traces[sid], refs[sid]["ref_logprobs"]
+        mask = t["completion_mask"] or [True] * len(r)
+        lp = np.array([np.nan if v is None else v for v in t["completion_logprobs"]], dtype=np.float32)
+        rf = np.array([np.nan if v is None else v for v in r], dtype=np.float32)
+        d[sid] = lp.astype(np.float64) - rf.astype(np.float64)
+        valid[sid] = np.isfinite(d[sid]) & np.array(mask)
+    simple = [sid for sid in got if valid[sid].all()]
+    assert 0 < len(simple) < len(got), "the fixture must mix samples summed in the scans with samples read again"
+    total = sum(float(d[s][valid[s]].sum()) for s in got)
+    count = sum(int(valid[s].sum()) for s in got)
+    mean_d = total / count
+    assert res.statistics["kl"]["mean_log_ratio"] == pytest.approx(mean_d, rel=1e-12)
+    for sid, row in got.items():
+        expected = np.where(valid[sid], row["advantage"] + beta * (mean_d - np.nan_to_num(d[sid])), 0.0)
+        expected = np.where(np.array(row["loss_mask"]) & ~valid[sid], row["advantage"], expected)
+        np.testing.assert_allclose(row["token_advantages"], expected.astype(np.float32), rtol=1e-6, atol=1e-7)
+
+
+logprob_rows = st.lists(
+    st.lists(st.one_of(st.none(), st.floats(-30, 0, width=32), st.just(float("-inf"))), max_size=6), max_size=8
+)
+mask_rows = st.lists(st.one_of(st.none(), st.lists(st.one_of(st.none(), st.booleans()), max_size=6)), max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(logprob_rows, mask_rows, st.integers(0, 3))
+def test_side_sums_of_a_scan_batch(rows, masks, cut):
+    masks = (masks + [None] * len(rows))[: len(rows)]
+    lists = pa.array(rows, pa.list_(pa.float32())).slice(min(cut, len(rows)))  # batches can be slices
+    mask_lists = pa.array(masks, pa.list_(pa.bool_())).slice(min(cut, len(rows)))
+    sums, simple = shards._side_sums(lists, mask_lists)
+    for i, (row, mask) in enumerate(zip(rows[cut:], masks[cut:], strict=True)):
+        finite = all(v is not None and math.isfinite(v) for v in row)
+        assert simple[i] == (finite and (mask is None or all(m is True for m in mask)))
+        if finite:
+            assert sums[i] == pytest.approx(math.fsum(float(np.float32(v)) for v in row), abs=1e-9)
+    assert shards._side_sums(lists)[1].tolist() == [
+        all(v is not None and math.isfinite(v) for v in row) for row in rows[cut:]
+    ]
 
 
 def k3(d: float) -> float:

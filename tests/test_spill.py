@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -43,7 +45,7 @@ def spill_of(tmp_path, rows: list[dict], cuts: list[int], kept: list[bool]) -> t
     spill = ScanSpill(str(tmp_path / "spill.arrow"))
     bounds = sorted({0, len(rows), *[c % (len(rows) + 1) for c in cuts]})
     kept_rows = []
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in itertools.pairwise(bounds):
         batch = pa.RecordBatch.from_pylist(rows[lo:hi], schema=SCHEMA)
         keep = np.array(kept[lo:hi])
         numbers = np.arange(lo, hi)[keep]

@@ -2,14 +2,16 @@
 
 ``prl build-shards`` decodes the store's token columns once, during its plan scan, and appends them here
 (:meth:`ScanSpill.write`). Once the final order is known, each shard gathers its rows back (:meth:`ScanSpill.flat`
-for lists of fixed-width values, :meth:`ScanSpill.gather` for anything else). The file is memory-mapped only while
-a shard's rows are copied out, and only their pages are read, so memory stays bounded by the rows gathered.
+for lists of fixed-width values, :meth:`ScanSpill.gather` for anything else). Only the bytes of the rows gathered
+are read (and of the touched batches' offsets and bitmaps), and nothing read stays mapped, so memory stays bounded
+by the rows gathered, not by the file.
 """
 
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -48,6 +50,22 @@ class FlatList:
         if self.row_valid_N is None:
             return pa.ListArray.from_arrays(offsets, values)
         return pa.ListArray.from_arrays(offsets, values, mask=pa.array(~self.row_valid_N))
+
+
+def _read_ranges(fd: int, starts: list[int], ends: list[int]) -> np.ndarray:
+    """The file's byte ranges ``[starts[i], ends[i])`` back to back (uint8), each read into its place with
+    ``preadv`` (which runs without the GIL)."""
+    out = np.empty(sum(ends) - sum(starts), dtype=np.uint8)
+    view = memoryview(out)
+    pos = 0
+    for start, end in zip(starts, ends, strict=True):
+        while start < end:
+            got = os.preadv(fd, [view[pos : pos + end - start]], start)
+            if got <= 0:
+                raise OSError(f"spill file ended at byte {start} of a row ending at byte {end}")
+            pos += got
+            start += got
+    return out
 
 
 def _bits(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray:
@@ -134,43 +152,46 @@ class ScanSpill:
         return batch_N, spill_N - self.starts_B1[batch_N]
 
     @contextmanager
-    def _mapped(self) -> Iterator[tuple[pa.Buffer, pa.ipc.RecordBatchFileReader]]:
-        """The file, memory-mapped read-only, as a buffer with a reader over it. On the way out the pages read are
-        dropped, and the mapping is closed unless the caller still holds a view of it (it closes when that goes)."""
+    def _mapped(self) -> Iterator[tuple[pa.Buffer, pa.ipc.RecordBatchFileReader, int, Callable[[], None]]]:
+        """The file, memory-mapped read-only, as a buffer with a reader over it, its descriptor, and a function
+        that drops the mapped pages read so far (the kernel maps the pages around each one read, so they add up
+        fast). On the way out the pages are dropped, and the mapping is closed unless the caller still holds a view
+        of it (it closes when that goes)."""
         with open(self.path, "rb") as fh:
             mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        buffer = reader = None
-        try:
-            buffer = pa.py_buffer(mapped)
-            reader = pa.ipc.open_file(pa.BufferReader(buffer))
-            yield buffer, reader
-        finally:
-            del reader, buffer
-            if _DROP is not None:
-                mapped.madvise(_DROP)  # the rows are copied out: give their pages back now
+            buffer = reader = None
             try:
-                mapped.close()
-            except BufferError:  # a view still lives (an error on the way): the mapping closes when it goes
-                pass
+                buffer = pa.py_buffer(mapped)
+                reader = pa.ipc.open_file(pa.BufferReader(buffer))
+                yield buffer, reader, fh.fileno(), lambda: _DROP is not None and mapped.madvise(_DROP)
+            finally:
+                del reader, buffer
+                if _DROP is not None:
+                    mapped.madvise(_DROP)
+                try:
+                    mapped.close()
+                except BufferError:  # a view still lives (an error on the way): the mapping closes when it goes
+                    pass
 
     def flat(self, rows_N: np.ndarray, columns: Sequence[str | tuple[str, ...]]) -> dict[object, FlatList]:
         """Each of ``columns`` (lists of fixed-width values or bools) for the rows with scan row numbers ``rows_N``,
         in that order, keyed by the column; a tuple of columns of one value type is gathered as their row-wise
         concatenation (``part_lengths`` in order).
 
-        Rows are copied straight from the mapped file in one pass per column (one ``np.concatenate`` of the rows'
-        byte ranges), never through per-value indices.
+        Fixed-width values are read straight from the file into their place in the result, one ``pread`` per row
+        and column (no per-value indices, no mapping of the values: a mapping would also bring in the pages around
+        every row read, so that memory would grow towards the whole file). Only the touched batches' offsets and
+        bitmaps are read through a mapping, and their pages are dropped before returning.
         """
         batch_N, index_N = self._locate(rows_N)
         touched = np.unique(batch_N).tolist()
         out: dict[object, FlatList] = {}
-        with self._mapped() as (buffer, reader):
-            whole = np.frombuffer(buffer, dtype=np.uint8)
+        with self._mapped() as (buffer, reader, fd, _):
             batches = {b: reader.get_batch(b) for b in touched}
             for spec in columns:
                 names = (spec,) if isinstance(spec, str) else tuple(spec)
-                out[spec] = self._flat_one(names, batches, batch_N, index_N, whole, buffer.address)
-            del whole, batches, buffer, reader  # every view of the mapping (the values are copies)
+                out[spec] = self._flat_one(names, batches, batch_N, index_N, fd, buffer.address)
+            del batches, buffer, reader  # every view of the mapping (the values are copies)
         return out
 
     def _flat_one(
@@ -179,7 +200,7 @@ class ScanSpill:
         batches: dict[int, pa.RecordBatch],
         batch_N: np.ndarray,
         index_N: np.ndarray,
-        whole: np.ndarray,
+        fd: int,
         base: int,
     ) -> FlatList:
         n = len(batch_N)
@@ -215,8 +236,7 @@ class ScanSpill:
             size = dtype.itemsize
             lo = (byte_base + starts * size).ravel().tolist()
             hi = (byte_base + ends * size).ravel().tolist()
-            values = np.concatenate([whole[a:z] for a, z in zip(lo, hi, strict=True)]) if lo else np.empty(0, np.uint8)
-            values = values.view(dtype)
+            values = _read_ranges(fd, lo, hi).view(dtype)
         valid = None
         if any(c.valid_V is not None for c in columns.values()):
             arrays = {
@@ -249,11 +269,12 @@ class ScanSpill:
         by_batch = np.argsort(batch_N, kind="stable")
         bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
         pieces = []
-        with self._mapped() as (buffer, reader):
+        with self._mapped() as (buffer, reader, _, drop_pages):
             for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
                 sel = by_batch[lo:hi]
                 b = int(batch_N[sel[0]])
                 pieces.append(reader.get_batch(b).select(columns).take(pa.array(index_N[sel])))
+                drop_pages()  # the rows are copied: memory stays bounded by one batch
             del buffer, reader  # every view of the mapping (the pieces are copies)
         table = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
         return table if len(pieces) == 1 else table.take(pa.array(np.argsort(by_batch)))

@@ -33,6 +33,10 @@ from prl.schema import TABLES, float_leaves, leaf_paths
 
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 """Uncompressed Arrow bytes after which a data file is closed and a new one begun."""
+READAHEAD_FILES = 2
+READAHEAD_BATCHES = 4
+"""How far a streaming scan decodes ahead of its consumer (files, and batches within them): enough to keep the
+cores busy, little enough that a scan holds a few batches, not Arrow's default of 4 files and 16 batches."""
 
 
 def parquet_options(schema: pa.Schema) -> dict[str, Any]:
@@ -254,7 +258,13 @@ class Store:
         dataset = self.dataset(name, version)
         if dataset is None:
             return
-        yield from dataset.to_batches(columns=columns, filter=filter, batch_size=batch_size)
+        yield from dataset.to_batches(
+            columns=columns,
+            filter=filter,
+            batch_size=batch_size,
+            batch_readahead=READAHEAD_BATCHES,
+            fragment_readahead=READAHEAD_FILES,
+        )
 
     def read(
         self,

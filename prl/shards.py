@@ -372,11 +372,11 @@ def _scan_plan_traces(
         if options.kl == "advantages":
             lp_sum, lp_simple = _side_sums(batch["completion_logprobs"], batch["completion_mask"])
             cols["lp_sum"], cols["lp_simple"] = pa.array(lp_sum), pa.array(lp_simple)
-        frames.append(pl.from_arrow(pa.table(cols)))
+        frames.append(pa.table(cols))  # one conversion to polars at the end, not one per batch
         row += n
     if not frames:
         return pl.DataFrame()
-    return pl.concat(frames, how="vertical")
+    return pl.from_arrow(pa.concat_tables(frames))  # type: ignore[return-value]
 
 
 def _latest_rewards(store: Store, version: int | None, names: list[str]) -> pl.DataFrame:
@@ -455,14 +455,14 @@ def _scan_plan_refs(
         if options.kl == "advantages":
             ref_sum, ref_simple = _side_sums(batch["ref_logprobs"])
             cols["ref_sum"], cols["ref_simple"] = pa.array(ref_sum), pa.array(ref_simple)
-        frames.append(pl.from_arrow(pa.table(cols)))
+        frames.append(pa.table(cols))
         row += n
     keep = ["sample_id", "ref_row", "ref_len"] + (["ref_sum", "ref_simple"] if options.kl == "advantages" else [])
     if not frames:
         empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64, "ref_sum": pl.Float64}
         return pl.DataFrame(schema={c: empty.get(c, pl.Boolean) for c in keep})
     return (
-        pl.concat(frames)
+        pl.from_arrow(pa.concat_tables(frames))  # type: ignore[union-attr]
         .sort(["sample_id", "ingested_at", "source_uri", "source_line", "ref_row"])
         .unique(subset=["sample_id"], keep="last", maintain_order=True)
         .select(keep)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prl.spill import FlatList, ScanSpill
+from prl.spill import FlatList, ScanSpill, _read_ranges
 
 SCHEMA = pa.schema(
     [
@@ -119,3 +120,17 @@ def test_a_row_never_spilled_is_an_error(tmp_path):
         spill.flat(np.array([1]), ["ids"])
     with pytest.raises(RuntimeError, match="rows missing from spill file"):
         spill.gather(np.array([0, 1]), ["heads"])
+
+
+def test_a_damaged_spill_file_is_an_error(tmp_path):
+    rows = [{"ids": list(range(50)), "more": [], "lp": [-1.0] * 50, "mask": None, "heads": None}] * 4
+    spill, kept = spill_of(tmp_path, rows, [2], [True] * 4)
+    size = os.path.getsize(spill.path)
+    with open(spill.path, "r+b") as fh:
+        fh.truncate(size - 64)  # the footer that indexes the batches is gone
+    with pytest.raises(pa.ArrowInvalid):
+        spill.flat(np.array(kept), ["ids"])
+    with open(spill.path, "rb") as fh:  # a row range past the end of the file is never returned short
+        with pytest.raises(OSError, match=r"spill file ended at byte \d+ of a row ending at byte \d+"):
+            _read_ranges(fh.fileno(), [0, size], [8, size + 8])
+        assert _read_ranges(fh.fileno(), [0, 4], [4, 8]).tobytes() == fh.read(8)

@@ -41,6 +41,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -302,6 +303,40 @@ def _spill_rows(
 HEAD_COLUMNS = ("topk_ids", "topk_logprobs")
 
 
+_PLAN_TRACE_SCALARS = (
+    "sample_id",
+    "group_id",
+    "policy_version",
+    "finish_reason",
+    "temperature",
+    "top_p",
+    "top_k",
+    "logprobs_mode",
+)
+"""Trace columns the plan keeps as they are, per sample."""
+
+
+def _scanned(
+    store: Store,
+    name: str,
+    columns: list[str],
+    version: int,
+    spill: ScanSpill | None,
+    spill_columns: list[str],
+    exclude: pa.Array | None,
+    filter: ds.Expression | None = None,
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(first scan row number, batch)`` of table ``name`` at ``version``; with ``spill``, ``spill_columns`` of
+    every row whose sample is not in ``exclude`` are spilled as the batches go by."""
+    row = 0
+    batch_rows = SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8
+    for batch in store.scan(name, columns=columns, filter=filter, batch_size=batch_rows, version=version):
+        if spill is not None:
+            _spill_rows(spill, batch, spill_columns, row, exclude)
+        yield row, batch
+        row += batch.num_rows
+
+
 def _trace_spill_columns(options: ShardOptions) -> list[str]:
     cols = ["prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
     return cols + (list(HEAD_COLUMNS) if options.topk is not None else [])
@@ -316,19 +351,7 @@ def _scan_plan_traces(
 ) -> pl.DataFrame:
     """Per-sample scalars of every trace row, with its scan row number (``row``). With ``spill``, the token
     columns of every row whose ``sample_id`` is not in ``exclude`` are spilled as they are decoded."""
-    columns = [
-        "sample_id",
-        "group_id",
-        "policy_version",
-        "finish_reason",
-        "temperature",
-        "top_p",
-        "top_k",
-        "logprobs_mode",
-        "prompt_token_ids",
-        "completion_token_ids",
-        "completion_mask",
-    ]
+    columns = [*_PLAN_TRACE_SCALARS, "prompt_token_ids", "completion_token_ids", "completion_mask"]
     baseline = options.singleton_baseline
     if baseline not in ("batch", "none") and baseline not in columns:
         columns.append(baseline)
@@ -340,22 +363,11 @@ def _scan_plan_traces(
     if spill is not None:
         columns += [c for c in spill_columns if c not in columns]
     frames = []
-    row = 0
-    batch_rows = SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8
-    for batch in store.scan("traces", columns=columns, batch_size=batch_rows, version=version):
+    for row, batch in _scanned(store, "traces", columns, version, spill, spill_columns, exclude):
         n = batch.num_rows
-        if spill is not None:
-            _spill_rows(spill, batch, spill_columns, row, exclude)
         cols = {
             "row": pa.array(np.arange(row, row + n, dtype=np.int64)),
-            "sample_id": batch["sample_id"],
-            "group_id": batch["group_id"],
-            "policy_version": batch["policy_version"],
-            "finish_reason": batch["finish_reason"],
-            "temperature": batch["temperature"],
-            "top_p": batch["top_p"],
-            "top_k": batch["top_k"],
-            "logprobs_mode": batch["logprobs_mode"],
+            **{c: batch[c] for c in _PLAN_TRACE_SCALARS},
             "prompt_len": _lengths(batch["prompt_token_ids"]),
             "completion_len": _lengths(batch["completion_token_ids"]),
             "has_mask": pc.is_valid(batch["completion_mask"]),
@@ -373,7 +385,6 @@ def _scan_plan_traces(
             lp_sum, lp_simple = _side_sums(batch["completion_logprobs"], batch["completion_mask"])
             cols["lp_sum"], cols["lp_simple"] = pa.array(lp_sum), pa.array(lp_simple)
         frames.append(pa.table(cols))  # one conversion to polars at the end, not one per batch
-        row += n
     if not frames:
         return pl.DataFrame()
     return pl.from_arrow(pa.concat_tables(frames))  # type: ignore[return-value]
@@ -432,31 +443,19 @@ def _scan_plan_refs(
     """The winning reference row per sample (latest ingest) with its scan row number (``ref_row``) and length.
     With ``spill``, ``ref_logprobs`` of every row whose ``sample_id`` is not in ``exclude`` is spilled."""
     frames = []
-    row = 0
-    cols = ["sample_id", "ingested_at", "source_uri", "source_line", "ref_logprobs"]
-    for batch in store.scan(
-        "ref_logprobs",
-        columns=cols,
-        filter=_ref_filter(options),
-        batch_size=SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8,
-        version=version,
-    ):
+    columns = ["sample_id", "ingested_at", "source_uri", "source_line", "ref_logprobs"]
+    spilled = ["ref_logprobs"]
+    for row, batch in _scanned(store, "ref_logprobs", columns, version, spill, spilled, exclude, _ref_filter(options)):
         n = batch.num_rows
-        if spill is not None:
-            _spill_rows(spill, batch, ["ref_logprobs"], row, exclude)
         cols = {
             "ref_row": pa.array(np.arange(row, row + n, dtype=np.int64)),
-            "sample_id": batch["sample_id"],
-            "ingested_at": batch["ingested_at"],
-            "source_uri": batch["source_uri"],
-            "source_line": batch["source_line"],
+            **{c: batch[c] for c in columns[:-1]},  # sample_id and what picks the latest row
             "ref_len": _lengths(batch["ref_logprobs"]),
         }
         if options.kl == "advantages":
             ref_sum, ref_simple = _side_sums(batch["ref_logprobs"])
             cols["ref_sum"], cols["ref_simple"] = pa.array(ref_sum), pa.array(ref_simple)
         frames.append(pa.table(cols))
-        row += n
     keep = ["sample_id", "ref_row", "ref_len"] + (["ref_sum", "ref_simple"] if options.kl == "advantages" else [])
     if not frames:
         empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64, "ref_sum": pl.Float64}

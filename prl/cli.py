@@ -6,6 +6,7 @@ Exit codes (design.md §7): 0 done (also when there was nothing new), 1 done but
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import sys
@@ -33,7 +34,12 @@ StoreOpt = Annotated[str, typer.Option("--store", help="Trace store: a folder or
 
 def _run(call: Callable[[], Any], render: Callable[[Any], None], as_json: bool) -> None:
     """Run a library call, render its result, exit with its exit code; map errors to exit codes (an
-    ``OSError`` that no layer below translated is retryable I/O: exit 5)."""
+    ``OSError`` that no layer below translated is retryable I/O: exit 5).
+
+    The modules imported by now (the command's library) live as long as this process: they are moved out of
+    the cyclic garbage collector's reach first (``gc.freeze``), so that its full collections during the run do
+    not walk them again and again (about 8% of a cold ``build-shards``)."""
+    gc.freeze()
     try:
         result = call()
     except (PrlError, OSError) as exc:

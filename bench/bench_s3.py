@@ -27,6 +27,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
+from bench_ingest import AS_THE_COMMAND  # noqa: E402
+
 
 def _child(code: str, env: dict[str, str]) -> dict:
     """Run ``code`` in a fresh interpreter; it prints one JSON line; peak RSS is added from getrusage."""
@@ -44,7 +46,7 @@ def _child(code: str, env: dict[str, str]) -> dict:
 
 def _ingest(source: str, store: str, env: dict[str, str]) -> dict:
     return _child(
-        "from prl.ingestion import ingest\n"
+        AS_THE_COMMAND + "from prl.ingestion import ingest\n"
         "t = time.perf_counter()\n"
         f"r = ingest([{source!r}], {store!r})\n"
         "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens}\n",

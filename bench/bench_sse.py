@@ -23,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_ingest import interleaved  # noqa: E402
+from bench_ingest import AS_THE_COMMAND, interleaved  # noqa: E402
 
 
 def main() -> None:
@@ -54,7 +54,7 @@ def main() -> None:
         "            n += 1\n"
         "out = {'seconds': time.perf_counter() - t, 'chunks': n}\n",
         lambda i: (
-            "from prl.ingestion import ingest\n"
+            AS_THE_COMMAND + "from prl.ingestion import ingest\n"
             "t = time.perf_counter()\n"
             f"r = ingest([{path!r}], {os.path.join(work, f'store-{i}')!r})\n"
             "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens, "

@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -1071,10 +1072,10 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
         with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
             samples = io.submit(_write_samples, os.path.join(staging, SAMPLES_FILE), expected)
             shard_entries, kl_tok_sum, kl_tok_n = _write_shards(
-                staging, trace_spill, ref_spill, plan, bounds, scores, options, io
+                staging, trace_spill, ref_spill, plan, bounds, scores, options, io, spill_dir
             )
             samples_size, samples_sha256 = samples.result()
-        shutil.rmtree(spill_dir, ignore_errors=True)
+        shutil.rmtree(spill_dir, ignore_errors=True)  # gone already, unless a shard failed
 
         statistics = _statistics(plan, scores, options)
         if with_ref:
@@ -1160,6 +1161,7 @@ def _write_shards(
     scores: _Scores,
     options: ShardOptions,
     io: ThreadPoolExecutor,
+    spill_dir: str,
 ) -> tuple[list[dict[str, Any]], float, int]:
     """Assemble and write every shard: ``(manifest entries, Σ per-token KL, KL token count)``, in shard order.
 
@@ -1167,9 +1169,18 @@ def _write_shards(
     from the spill files, assembled and written (zstd) by one of :data:`WORKERS` threads; numpy and Arrow release
     the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS` shards are in memory
     at once. Each written file is then hashed, fsynced and renamed into place on ``io``, so that waiting for the
-    disk overlaps the next shard's work. Each shard is computed on its own, so the bytes do not depend on the
-    threads.
+    disk overlaps the next shard's work, and once every shard has been gathered, ``spill_dir`` is removed there
+    too. Each shard is computed on its own, so the bytes do not depend on the threads.
     """
+    to_gather = [len(bounds) - 1]
+    counting = threading.Lock()
+
+    def gathered() -> None:
+        with counting:
+            to_gather[0] -= 1
+            if to_gather[0] == 0:
+                io.submit(shutil.rmtree, spill_dir, ignore_errors=True)
+
     rows_N = plan.ship["row"].to_numpy()
     ref_rows_N = plan.ship["ref_row"].to_numpy() if ref_spill is not None else None
     has_mask_N = plan.ship["has_mask"].to_numpy()
@@ -1182,6 +1193,7 @@ def _write_shards(
         ref = None
         if ref_spill is not None:
             ref = ref_spill.flat(ref_rows_N[lo:hi], ["ref_logprobs"])["ref_logprobs"]  # type: ignore[index]
+        gathered()
         meta = plan.ship.slice(lo, hi - lo)
         shard, kl_sum, kl_n = _assemble(traces, nested, ref, meta, slice(lo, hi), scores, options, plan.k)
         del traces, nested, ref

@@ -54,7 +54,8 @@ def kl_estimate(d_T: np.ndarray, estimator: str = "k3") -> np.ndarray:
         np.expm1(k_T, out=k_T)
         k_T += d_T
         np.minimum(k_T, K3_MAX, out=k_T)  # d > 20: expm1(−20) + d > 10
-        k_T[d_T < -K3_CLAMP_X] = K3_MAX  # d < −20 (also −inf): x = 20, far above the cap
+        if d_T.size and np.fmin.reduce(d_T) < -K3_CLAMP_X:  # d < −20 (also −inf; NaN skipped): x = 20, above the cap
+            k_T[d_T < -K3_CLAMP_X] = K3_MAX
         return k_T
     raise ValueError(f"unknown KL estimator {estimator!r}; expected one of {', '.join(ESTIMATORS)}")
 

@@ -874,7 +874,8 @@ def _assemble(
         if masked:
             adv_B *= mask_T[t0:t1]
         if with_kl:
-            d_B, k_B, valid_T[t0:t1] = klmod.masked_kl(lp_T[t0:t1], ref_T[t0:t1], mask_T[t0:t1], options.kl_estimator)
+            mask_B = mask_T[t0:t1] if masked else None  # all True: nothing to combine
+            d_B, k_B, valid_T[t0:t1] = klmod.masked_kl(lp_T[t0:t1], ref_T[t0:t1], mask_B, options.kl_estimator)
             kl32_T[t0:t1] = k_B
             if into_adv:  # into d's buffer: d is not needed afterwards
                 adv_B = klmod.kl_into_token_advantages(

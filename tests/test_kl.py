@@ -115,6 +115,13 @@ def test_k3_one_buffer_equals_textbook_bit_for_bit(values):
     assert got.tobytes() == k3_textbook(d).tobytes()
 
 
+def test_k3_with_nan_and_extremes_together():
+    d = np.array([np.nan, -np.inf, 0.5, -1e30, np.nan, 25.0])
+    got = kl.kl_estimate(d, "k3")
+    np.testing.assert_array_equal(got, k3_textbook(d))  # NaN stays NaN, the extremes still hit the cap
+    assert got[[1, 3, 5]].tolist() == [10.0, 10.0, 10.0] and np.isnan(got[[0, 4]]).all()
+
+
 def test_k3_extremes():
     d = np.array([-np.inf, -1e300, -4.9e8, -20.5, -20.0, 20.0, 20.5, 1e300, np.inf, -0.0, 0.0])
     np.testing.assert_array_equal(kl.kl_estimate(d, "k3"), k3_textbook(d))

@@ -317,6 +317,12 @@ _PLAN_TRACE_SCALARS = (
 """Trace columns the plan keeps as they are, per sample."""
 
 
+def _side_sums_wanted(options: ShardOptions, spill: ScanSpill | None) -> bool:
+    """Whether the plan scans sum each side's logprobs per row: for KL into the advantages, in a real build (a dry
+    run computes no KL)."""
+    return options.kl == "advantages" and spill is not None
+
+
 def _scanned(
     store: Store,
     name: str,
@@ -358,7 +364,8 @@ def _scan_plan_traces(
         columns.append(baseline)
     if options.topk is not None:
         columns.append("topk_ids")
-    if options.kl == "advantages":
+    with_sums = _side_sums_wanted(options, spill)
+    if with_sums:
         columns.append("completion_logprobs")
     spill_columns = _trace_spill_columns(options)
     if spill is not None:
@@ -382,7 +389,7 @@ def _scan_plan_traces(
             cols["baseline_key"] = batch[baseline].cast(pa.string())
         if options.topk is not None:
             cols["head_width"] = pa.array(heads.min_head_width(batch["topk_ids"]))
-        if options.kl == "advantages":
+        if with_sums:
             lp_sum, lp_simple = _side_sums(batch["completion_logprobs"], batch["completion_mask"])
             cols["lp_sum"], cols["lp_simple"] = pa.array(lp_sum), pa.array(lp_simple)
         frames.append(pa.table(cols))  # one conversion to polars at the end, not one per batch
@@ -444,6 +451,7 @@ def _scan_plan_refs(
     """The winning reference row per sample (latest ingest) with its scan row number (``ref_row``) and length.
     With ``spill``, ``ref_logprobs`` of every row whose ``sample_id`` is not in ``exclude`` is spilled."""
     frames = []
+    with_sums = _side_sums_wanted(options, spill)
     columns = ["sample_id", "ingested_at", "source_uri", "source_line", "ref_logprobs"]
     spilled = ["ref_logprobs"]
     for row, batch in _scanned(store, "ref_logprobs", columns, version, spill, spilled, exclude, _ref_filter(options)):
@@ -453,11 +461,11 @@ def _scan_plan_refs(
             **{c: batch[c] for c in columns[:-1]},  # sample_id and what picks the latest row
             "ref_len": _lengths(batch["ref_logprobs"]),
         }
-        if options.kl == "advantages":
+        if with_sums:
             ref_sum, ref_simple = _side_sums(batch["ref_logprobs"])
             cols["ref_sum"], cols["ref_simple"] = pa.array(ref_sum), pa.array(ref_simple)
         frames.append(pa.table(cols))
-    keep = ["sample_id", "ref_row", "ref_len"] + (["ref_sum", "ref_simple"] if options.kl == "advantages" else [])
+    keep = ["sample_id", "ref_row", "ref_len"] + (["ref_sum", "ref_simple"] if with_sums else [])
     if not frames:
         empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64, "ref_sum": pl.Float64}
         return pl.DataFrame(schema={c: empty.get(c, pl.Boolean) for c in keep})
@@ -522,7 +530,7 @@ class _Plan:
 
     ship: pl.DataFrame
     """Columns: row, sample_id, group_id, policy_version, staleness, prompt_len, completion_len, has_mask, score,
-    shard, (ref_row), (baseline_key), temperature, top_p, top_k, logprobs_mode, head_width, and with
+    shard, (ref_row), (baseline_key), temperature, top_p, top_k, logprobs_mode, head_width, and in a build with
     ``kl = "advantages"`` each side's logprob sum and whether it covers every token (lp_sum, lp_simple, ref_sum,
     ref_simple; :func:`_side_sums`)."""
     considered: int

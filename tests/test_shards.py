@@ -332,6 +332,17 @@ def test_dry_run_writes_nothing_and_empty_store(tmp_path):
     assert empty.status == "nothing_new" and empty.exit_code == 0 and empty.rows == 0
 
 
+@pytest.mark.parametrize("kl", ["advantages", "reward"])
+def test_dry_run_with_kl_plans_what_a_build_ships(tmp_path, kl):
+    store = varied_store(str(tmp_path / "s"))
+    opts = ShardOptions(kl=kl, kl_coef=0.1, missing_ref="drop", target_tokens=120)
+    planned = build_shards(store, str(tmp_path / "out"), opts, dry_run=True)
+    assert planned.status == "dry_run" and not os.path.exists(tmp_path / "out")
+    built = build_shards(store, str(tmp_path / "out"), opts)
+    assert (planned.rows, planned.tokens, planned.drops) == (built.rows, built.tokens, built.drops)
+    assert planned.rows > 0 and planned.drops == {"missing_ref": planned.drops["missing_ref"]}
+
+
 def test_singleton_baseline_field_and_none(tmp_path):
     traces = [
         trace("a:0", "g1", [1], [2], model="m1"),

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+from numpy.typing import ArrayLike
 
 _DROP = getattr(mmap, "MADV_DONTNEED", None)
 
@@ -52,9 +53,22 @@ class FlatList:
         return pa.ListArray.from_arrays(offsets, values, mask=pa.array(~self.row_valid_N))
 
 
-def _read_ranges(fd: int, starts: list[int], ends: list[int]) -> np.ndarray:
-    """The file's byte ranges ``[starts[i], ends[i])`` back to back (uint8), each read into its place with
-    ``preadv`` (which runs without the GIL)."""
+def _runs(starts_R: np.ndarray, ends_R: np.ndarray) -> tuple[list[int], list[int]]:
+    """Byte ranges ``[starts_R[i], ends_R[i])`` without the empty ones, merged where one ends where the next
+    begins (rows that follow each other both in the file and in the result, as a group's samples usually do)."""
+    keep = ends_R > starts_R
+    starts_R, ends_R = starts_R[keep], ends_R[keep]
+    if len(starts_R) < 2:
+        return starts_R.tolist(), ends_R.tolist()
+    first = np.flatnonzero(np.concatenate(([True], starts_R[1:] != ends_R[:-1])))
+    last = np.concatenate((first[1:] - 1, [len(starts_R) - 1]))
+    return starts_R[first].tolist(), ends_R[last].tolist()
+
+
+def _read_ranges(fd: int, starts_R: ArrayLike, ends_R: ArrayLike) -> np.ndarray:
+    """The file's byte ranges ``[starts_R[i], ends_R[i])`` back to back (uint8), read into place with one
+    ``preadv`` (which runs without the GIL) per run of ranges that follow each other in the file."""
+    starts, ends = _runs(np.asarray(starts_R, dtype=np.int64), np.asarray(ends_R, dtype=np.int64))
     out = np.empty(sum(ends) - sum(starts), dtype=np.uint8)
     view = memoryview(out)
     pos = 0
@@ -234,9 +248,8 @@ class ScanSpill:
             values = self._concat([columns[k].bools_V for k in row_keys], flat_starts, flat_ends, bool)
         else:
             size = dtype.itemsize
-            lo = (byte_base + starts * size).ravel().tolist()
-            hi = (byte_base + ends * size).ravel().tolist()
-            values = _read_ranges(fd, lo, hi).view(dtype)
+            values = _read_ranges(fd, (byte_base + starts * size).ravel(), (byte_base + ends * size).ravel())
+            values = values.view(dtype)
         valid = None
         if any(c.valid_V is not None for c in columns.values()):
             arrays = {

@@ -134,3 +134,21 @@ def test_a_damaged_spill_file_is_an_error(tmp_path):
         with pytest.raises(OSError, match=r"spill file ended at byte \d+ of a row ending at byte \d+"):
             _read_ranges(fh.fileno(), [0, size], [8, size + 8])
         assert _read_ranges(fh.fileno(), [0, 4], [4, 8]).tobytes() == fh.read(8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(0, 40)), max_size=30), st.data())
+def test_read_ranges_returns_every_range_in_order(tmp_path_factory, ranges, data):
+    """Ranges in any order, empty, overlapping or following each other (merged into one read) come back as the
+    file's bytes, back to back."""
+    if data.draw(st.booleans()):  # runs of ranges that follow each other, the case reads are merged for
+        ranges = [(sum(n for _, n in ranges[:i]), n) for i, (_, n) in enumerate(ranges)]
+    content = bytes(range(256)) * 2
+    path = tmp_path_factory.mktemp("ranges") / "f"
+    path.write_bytes(content)
+    starts = [start for start, _ in ranges]
+    ends = [min(start + n, len(content)) for start, n in ranges]
+    ends = [max(s, e) for s, e in zip(starts, ends, strict=True)]
+    with open(path, "rb") as fh:
+        got = _read_ranges(fh.fileno(), starts, ends)
+    assert got.tobytes() == b"".join(content[s:e] for s, e in zip(starts, ends, strict=True))

@@ -100,7 +100,8 @@ class _BatchColumn:
     valid_V: np.ndarray | None
 
 
-def _batch_column(array: pa.ListArray, base_address: int) -> _BatchColumn:
+def _batch_column(array: pa.ListArray, mapped: pa.Buffer) -> _BatchColumn:
+    """Where ``array`` (a list column of a batch read in place from the mapped file ``mapped``) lies in the file."""
     offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset)
     row_valid = None
     if array.null_count:
@@ -113,7 +114,12 @@ def _batch_column(array: pa.ListArray, base_address: int) -> _BatchColumn:
     if size == 1:
         return _BatchColumn(offsets, row_valid, 0, _bits(values.buffers()[1], values.offset, len(values)), valid)
     data = values.buffers()[1]
-    return _BatchColumn(offsets, row_valid, data.address - base_address + values.offset * size // 8, None, valid)
+    if data is None or data.size == 0:  # no values: nothing will be read
+        return _BatchColumn(offsets, row_valid, 0, None, valid)
+    start = data.address - mapped.address
+    if not 0 <= start <= start + data.size <= mapped.size:  # never read bytes that are not this column's
+        raise RuntimeError("a spilled column was not read in place from its file; cannot locate its rows")
+    return _BatchColumn(offsets, row_valid, start + values.offset * size // 8, None, valid)
 
 
 class ScanSpill:
@@ -204,7 +210,7 @@ class ScanSpill:
             batches = {b: reader.get_batch(b) for b in touched}
             for spec in columns:
                 names = (spec,) if isinstance(spec, str) else tuple(spec)
-                out[spec] = self._flat_one(names, batches, batch_N, index_N, fd, buffer.address)
+                out[spec] = self._flat_one(names, batches, batch_N, index_N, fd, buffer)
             del batches, buffer, reader  # every view of the mapping (the values are copies)
         return out
 
@@ -215,7 +221,7 @@ class ScanSpill:
         batch_N: np.ndarray,
         index_N: np.ndarray,
         fd: int,
-        base: int,
+        mapped: pa.Buffer,
     ) -> FlatList:
         n = len(batch_N)
         assert self.schema is not None
@@ -229,7 +235,7 @@ class ScanSpill:
             sel = np.flatnonzero(batch_N == b)
             j = index_N[sel]
             for p, name in enumerate(names):
-                col = _batch_column(batch.column(name), base)
+                col = _batch_column(batch.column(name), mapped)
                 columns[(b, p)] = col
                 starts[sel, p] = col.offsets_R1[j]
                 ends[sel, p] = col.offsets_R1[j + 1]

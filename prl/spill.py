@@ -84,6 +84,8 @@ def _read_ranges(fd: int, starts_R: ArrayLike, ends_R: ArrayLike) -> np.ndarray:
 
 def _bits(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray:
     """``length`` bits of an Arrow bitmap from bit ``offset``, as bool (LSB first)."""
+    if length == 0:  # an empty array may have no buffer at all
+        return np.zeros(0, dtype=bool)
     raw = np.frombuffer(buffer, dtype=np.uint8, count=(offset + length + 7) // 8)
     return np.unpackbits(raw, bitorder="little")[offset : offset + length].view(bool)
 

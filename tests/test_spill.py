@@ -152,3 +152,12 @@ def test_read_ranges_returns_every_range_in_order(tmp_path_factory, ranges, data
     with open(path, "rb") as fh:
         got = _read_ranges(fh.fileno(), starts, ends)
     assert got.tobytes() == b"".join(content[s:e] for s, e in zip(starts, ends, strict=True))
+
+
+def test_batches_whose_lists_are_all_empty(tmp_path):
+    rows = [{"ids": [], "more": [], "lp": [], "mask": [], "heads": []}] * 3
+    spill, kept = spill_of(tmp_path, rows, [], [True] * 3)
+    flat = spill.flat(np.array(kept[::-1]), ["ids", "lp", "mask", ("ids", "more")])
+    for spec in ("ids", "lp", "mask"):
+        assert flat[spec].values_T.tolist() == [] and flat[spec].offsets_N1.tolist() == [0, 0, 0, 0]
+    assert flat["mask"].values_T.dtype == np.bool_ and flat["lp"].values_T.dtype == np.float32

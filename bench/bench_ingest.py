@@ -42,6 +42,18 @@ def _child(code: str) -> dict:
 ROUNDS = int(os.environ.get("PRL_BENCH_ROUNDS", "3"))
 AS_THE_COMMAND = "from prl.cli import keep_freed_memory\nkeep_freed_memory()\n"
 """First lines of every prl run: the allocator setting the ``prl`` command makes before pyarrow loads."""
+
+
+def prl_ingest_code(source: str, store: str) -> str:
+    """Code for :func:`_child` that ingests ``source`` into ``store`` as the ``prl`` command would, timed."""
+    return (
+        AS_THE_COMMAND + "from prl.ingestion import ingest\n"
+        "t = time.perf_counter()\n"
+        f"r = ingest([{source!r}], {store!r})\n"
+        "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens, 'q': r.quarantined}\n"
+    )
+
+
 """Runs of each side: a busy 2-core machine slows single runs by up to 1.5x, unevenly."""
 
 
@@ -89,13 +101,7 @@ def main() -> None:
         "t = time.perf_counter()\n"
         f"df = pl.read_ndjson({path!r})\n"
         "out = {'seconds': time.perf_counter() - t, 'rows': df.height}\n",
-        lambda i: (
-            AS_THE_COMMAND + "from prl.ingestion import ingest\n"
-            "t = time.perf_counter()\n"
-            f"r = ingest([{path!r}], {os.path.join(work, f'store-{i}')!r})\n"
-            "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens, "
-            "'q': r.quarantined}\n"
-        ),
+        lambda i: prl_ingest_code(path, os.path.join(work, f"store-{i}")),
     )
     assert ing["samples"] == stats["records"], ing
     raw_rate = tokens / raw["seconds"]

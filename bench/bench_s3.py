@@ -27,7 +27,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 
-from bench_ingest import AS_THE_COMMAND  # noqa: E402
+from bench_ingest import prl_ingest_code  # noqa: E402
 
 
 def _child(code: str, env: dict[str, str]) -> dict:
@@ -45,13 +45,7 @@ def _child(code: str, env: dict[str, str]) -> dict:
 
 
 def _ingest(source: str, store: str, env: dict[str, str]) -> dict:
-    return _child(
-        AS_THE_COMMAND + "from prl.ingestion import ingest\n"
-        "t = time.perf_counter()\n"
-        f"r = ingest([{source!r}], {store!r})\n"
-        "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens}\n",
-        env,
-    )
+    return _child(prl_ingest_code(source, store), env)
 
 
 def main() -> None:

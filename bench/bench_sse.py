@@ -23,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from bench_ingest import AS_THE_COMMAND, interleaved  # noqa: E402
+from bench_ingest import interleaved, prl_ingest_code  # noqa: E402
 
 
 def main() -> None:
@@ -53,13 +53,7 @@ def main() -> None:
         "            orjson.loads(line[6:])\n"
         "            n += 1\n"
         "out = {'seconds': time.perf_counter() - t, 'chunks': n}\n",
-        lambda i: (
-            AS_THE_COMMAND + "from prl.ingestion import ingest\n"
-            "t = time.perf_counter()\n"
-            f"r = ingest([{path!r}], {os.path.join(work, f'store-{i}')!r})\n"
-            "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens, "
-            "'q': r.quarantined}\n"
-        ),
+        lambda i: prl_ingest_code(path, os.path.join(work, f"store-{i}")),
     )
     assert ing["samples"] == stats["records"] and not ing["q"], ing
     raw_rate, ing_rate = tokens / raw["seconds"], tokens / ing["seconds"]

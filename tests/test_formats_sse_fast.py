@@ -9,6 +9,7 @@ import itertools
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -325,3 +326,21 @@ def test_framed_lines_that_are_not_bytes_are_bad_shape():
         assert q.reason == "bad_shape"
     else:
         raise AssertionError("expected bad_shape")
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"sse_text": ""},
+        {"sse_text": None},
+        {"sse_text": "data: {}\n\ndata: [DONE]", "sse_first_line": 1},
+        {"sse_text": b"data: {}\n\ndata: [DONE]", "sse_first_line": "1"},
+        {"sse_text": b"data: {}\n\ndata: [DONE]"},
+    ],
+)
+def test_framed_text_that_is_not_bytes_with_a_line_number_is_bad_shape(obj):
+    """Decoded JSON that happens to use the framer's keys (found by the fuzz test) is quarantined, never a
+    crash."""
+    with pytest.raises(Quarantined, match="a framed stream holds text that is not bytes with its line number") as q:
+        Sse().parse(obj, ParseOptions())
+    assert q.value.reason == "bad_shape"

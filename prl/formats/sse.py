@@ -42,7 +42,7 @@ import orjson
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.formats.fields import as_dict, as_list
 from prl.formats.sse_arrow import JoinedStream
-from prl.formats.sse_blocks import FIRST_KEY, JOINED_KEY, TEXT_KEY, frame_blocks, with_lines
+from prl.formats.sse_blocks import FIRST_KEY, FIRST_LINE_KEY, JOINED_KEY, TEXT_KEY, frame_blocks, with_lines
 from prl.formats.sse_fast import join_chat_chunks, join_chat_parts
 from prl.formats.sse_lines import (
     DONE_KEY,
@@ -102,6 +102,8 @@ class Sse(Format):
             obj = {STREAM_KEY: [obj], DONE_KEY: False}
         obj = as_dict(obj, "stream")
         if TEXT_KEY in obj:
+            if type(obj[TEXT_KEY]) is not bytes or type(obj.get(FIRST_LINE_KEY)) is not int:
+                raise Quarantined("bad_shape", "a framed stream holds text that is not bytes with its line number")
             joined = obj.get(JOINED_KEY)
             if isinstance(joined, JoinedStream) and type(obj.get(FIRST_KEY)) is dict:
                 return read_joined(_bulk_record(obj[FIRST_KEY], joined), options)

@@ -373,17 +373,15 @@ def _scan_plan_traces(
     frames = []
     for row, batch in _scanned(store, "traces", columns, version, spill, spill_columns, exclude):
         n = batch.num_rows
+        completion_len = _lengths(batch["completion_token_ids"])
+        has_mask = pc.is_valid(batch["completion_mask"])
         cols = {
             "row": pa.array(np.arange(row, row + n, dtype=np.int64)),
             **{c: batch[c] for c in _PLAN_TRACE_SCALARS},
             "prompt_len": _lengths(batch["prompt_token_ids"]),
-            "completion_len": _lengths(batch["completion_token_ids"]),
-            "has_mask": pc.is_valid(batch["completion_mask"]),
-            "mask_len": pc.if_else(
-                pc.is_null(batch["completion_mask"]),
-                _lengths(batch["completion_token_ids"]),
-                _lengths(batch["completion_mask"]),
-            ),
+            "completion_len": completion_len,
+            "has_mask": has_mask,
+            "mask_len": pc.if_else(has_mask, _lengths(batch["completion_mask"]), completion_len),
         }
         if baseline not in ("batch", "none"):
             cols["baseline_key"] = batch[baseline].cast(pa.string())

@@ -84,8 +84,6 @@ def _read_ranges(fd: int, starts_R: ArrayLike, ends_R: ArrayLike) -> np.ndarray:
 
 def _bits(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray:
     """``length`` bits of an Arrow bitmap from bit ``offset``, as bool (LSB first)."""
-    if length == 0:  # an empty array may have no buffer at all
-        return np.zeros(0, dtype=bool)
     raw = np.frombuffer(buffer, dtype=np.uint8, count=(offset + length + 7) // 8)
     return np.unpackbits(raw, bitorder="little")[offset : offset + length].view(bool)
 
@@ -250,21 +248,25 @@ class ScanSpill:
         lengths = ends - starts
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lengths.sum(axis=1), out=offsets[1:])
-        row_keys = [(b, p) for b in batch_N.tolist() for p in range(len(names))]
-        flat_starts, flat_ends = starts.ravel().tolist(), ends.ravel().tolist()
+
+        def slices(arrays: dict[tuple[int, int], np.ndarray]) -> np.ndarray:
+            """The rows' value ranges of per-batch bool arrays (unpacked bits), back to back."""
+            keys = [(b, p) for b in batch_N.tolist() for p in range(len(names))]  # per row and part, in order
+            if not keys:
+                return np.empty(0, dtype=bool)
+            bounds = zip(starts.ravel().tolist(), ends.ravel().tolist(), strict=True)
+            return np.concatenate([arrays[k][lo:hi] for k, (lo, hi) in zip(keys, bounds, strict=True)])
+
         if dtype == np.dtype(np.bool_):
-            values = self._concat([columns[k].bools_V for k in row_keys], flat_starts, flat_ends, bool)
-        else:
+            values = slices({k: c.bools_V for k, c in columns.items()})  # type: ignore[misc]
+        else:  # the common case: straight from the file, no per-row Python besides the reads
             size = dtype.itemsize
             values = _read_ranges(fd, (byte_base + starts * size).ravel(), (byte_base + ends * size).ravel())
             values = values.view(dtype)
         valid = None
         if any(c.valid_V is not None for c in columns.values()):
-            arrays = {
-                k: c.valid_V if c.valid_V is not None else np.ones(int(c.offsets_R1[-1]), dtype=bool)
-                for k, c in columns.items()
-            }
-            valid = self._concat([arrays[k] for k in row_keys], flat_starts, flat_ends, bool)
+            ones = {k: np.ones(int(c.offsets_R1[-1]), dtype=bool) for k, c in columns.items() if c.valid_V is None}
+            valid = slices({k: c.valid_V if c.valid_V is not None else ones[k] for k, c in columns.items()})
         return FlatList(
             values,
             offsets,
@@ -272,12 +274,6 @@ class ScanSpill:
             None if row_valid.all() else row_valid,
             tuple(lengths[:, p] for p in range(len(names))) if len(names) > 1 else (),
         )
-
-    @staticmethod
-    def _concat(arrays: list, starts: list[int], ends: list[int], dtype: type) -> np.ndarray:
-        if not arrays:
-            return np.empty(0, dtype=dtype)
-        return np.concatenate([a[s:e] for a, s, e in zip(arrays, starts, ends, strict=True)]).astype(dtype, copy=False)
 
     def gather(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
         """``columns`` of the rows with scan row numbers ``rows_N``, in that order (spill column types), through

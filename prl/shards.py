@@ -961,13 +961,6 @@ def _write_samples(path: str, sample_ids: pa.Array) -> tuple[int, str]:
     return _seal(f"{path}.tmp", path)
 
 
-def _write_parquet(table: pa.Table, path: str) -> tuple[int, str]:
-    """Write a shard (fsynced, then renamed into place); returns its size in bytes and hex sha256."""
-    tmp = f"{path}.tmp"
-    _write_parquet_unsealed(table, tmp)
-    return _seal(tmp, path)
-
-
 def _count_plan(result: ShardResult, plan: _Plan, options: ShardOptions) -> None:
     """Copy the plan's counts into ``result`` and flag a drop rate above ``options.max_drop_rate``."""
     result.considered = plan.considered

@@ -141,7 +141,7 @@ import glob, os, shutil, statistics
 from concurrent.futures import ThreadPoolExecutor
 import pyarrow.parquet as pq
 from prl.store import Store
-from prl.shards import build_shards, _seal, _write_parquet_unsealed
+from prl.shards import build_shards, _publish_file, _write_shard
 from prl.recipe_shards import ShardOptions
 options = ShardOptions(kl="advantages", kl_coef=0.05, target_tokens={target})
 t = time.perf_counter()
@@ -161,10 +161,11 @@ def floor():
     tables = [pq.read_table(p) for p in sorted(glob.glob(os.path.join({out!r}, "*", "part-*.parquet")))]
     t = time.perf_counter()
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        def write(i, table):  # the same writer, then hashed, fsynced and renamed as a build does
+        def write(i, table):  # the same writer (hashing as it writes), then fsynced and renamed as a build does
             path = os.path.join({work!r}, f"floor-{{i}}.parquet")
-            _write_parquet_unsealed(table, path + ".tmp")
-            return _seal(path + ".tmp", path)
+            sealed = _write_shard(table, path + ".tmp")
+            _publish_file(path + ".tmp", path)
+            return sealed
         list(pool.map(write, range(len(tables)), tables))
     return read_s, time.perf_counter() - t
 

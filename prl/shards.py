@@ -23,8 +23,9 @@ table's token data):
    not sum (a loss mask, a missing or non-finite logprob) are read for the batch mean log ratio. Advantages are
    then computed over exactly the rows that ship (:mod:`prl.advantages`), and each shard is assembled
    (:mod:`prl.kl` over cache-sized blocks of samples, :mod:`prl.heads`) and written. Shards are gathered,
-   assembled and written by :data:`WORKERS` threads while :data:`IO_THREADS` hash, fsync and rename the files
-   written; every value is computed per shard or per sample, so the bytes do not depend on the threads.
+   assembled, written and hashed (:mod:`prl.parquet_writer`) by :data:`WORKERS` threads while
+   :data:`IO_THREADS` fsync and rename the files written; every value is computed per shard or per sample, so
+   the bytes do not depend on the threads.
 6. **Publish**: parts are written as ``*.tmp``, fsynced and renamed; ``manifest.json`` is written last (temp file,
    fsync, rename); then the whole staging folder is renamed to ``OUT/<set-id>/`` and ``OUT/_index.json`` is
    rewritten from the manifests present. A reader that sees a set folder sees its manifest and every shard it names.
@@ -55,7 +56,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from prl import advantages as adv
-from prl import heads
+from prl import heads, parquet_writer
 from prl import kl as klmod
 from prl.errors import ExitCode, UsageError
 from prl.locks import holding, pid_alive, step_name
@@ -98,7 +99,7 @@ FLOAT_LEAVES = tuple(float_leaves(SHARD))
 SCAN_BATCH_ROWS = 1024
 WORKERS = 2
 IO_THREADS = 4
-"""Threads that hash, fsync and rename written files while the workers go on (they mostly wait on the disk)."""
+"""Threads that fsync and rename written files while the workers go on (they mostly wait on the disk)."""
 BLOCK_TOKENS = 1 << 16
 """Per-token numerics run over blocks of whole samples of about this many tokens: their float64 temporaries
 (512 KiB each) are reused from block to block and stay in cache instead of faulting in fresh pages."""
@@ -933,17 +934,14 @@ def _assemble(
     return pa.Table.from_arrays(arrays, schema=SHARD), kl_tok_sum, kl_tok_n
 
 
-def _write_parquet_unsealed(table: pa.Table, tmp: str) -> None:
-    """Write a shard's bytes to ``tmp`` (not yet fsynced): zstd, byte-stream-split floats, one row group."""
-    pq.write_table(
-        table,
-        tmp,
-        compression="zstd",
-        use_dictionary=["sample_id", "group_id", "policy_version"],
-        use_byte_stream_split=list(FLOAT_LEAVES),
-        write_statistics=["staleness", "prompt_len", "reward", "advantage", "group_size"],
-        row_group_size=max(1, table.num_rows),
-    )
+SHARD_STATISTICS = ("staleness", "prompt_len", "reward", "advantage", "group_size")
+"""Shard columns whose min/max/null count a shard's footer carries."""
+
+
+def _write_shard(table: pa.Table, tmp: str) -> tuple[int, str]:
+    """Write a shard's bytes to ``tmp`` (not yet fsynced): one row group, zstd, byte-stream-split floats (see
+    :mod:`prl.parquet_writer`); returns its size in bytes and hex sha256, hashed as written."""
+    return parquet_writer.write_table(table, tmp, byte_stream_split=FLOAT_LEAVES, statistics=SHARD_STATISTICS)
 
 
 def _seal(tmp: str, path: str) -> tuple[int, str]:
@@ -1166,10 +1164,10 @@ def _write_shards(
     """Assemble and write every shard: ``(manifest entries, Σ per-token KL, KL token count)``, in shard order.
 
     Shard ``s`` holds the shipped rows ``bounds[s]:bounds[s + 1]`` of the final order. Each shard is gathered
-    from the spill files, assembled and written (zstd) by one of :data:`WORKERS` threads; numpy and Arrow release
-    the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS` shards are in memory
-    at once. Each written file is then hashed, fsynced and renamed into place on ``io``, so that waiting for the
-    disk overlaps the next shard's work, and once every shard has been gathered, ``spill_dir`` is removed there
+    from the spill files, assembled, and written and hashed (zstd, :mod:`prl.parquet_writer`) by one of
+    :data:`WORKERS` threads; numpy, zstd and hashlib release the GIL for the heavy parts, so shards proceed side
+    by side and at most :data:`WORKERS` shards are in memory at once. Each written file is then fsynced and
+    renamed into place on ``io``, so that waiting for the disk overlaps the next shard's work, and once every shard has been gathered, ``spill_dir`` is removed there
     too. Each shard is computed on its own, so the bytes do not depend on the threads.
     """
     to_gather = [len(bounds) - 1]
@@ -1199,8 +1197,8 @@ def _write_shards(
         del traces, nested, ref
         name = f"part-{s:05d}.parquet"
         path = os.path.join(staging, name)
-        _write_parquet_unsealed(shard, f"{path}.tmp")
-        sealed = io.submit(_seal, f"{path}.tmp", path)
+        size_sha256 = _write_shard(shard, f"{path}.tmp")
+        sealed = io.submit(_publish_file, f"{path}.tmp", path)
         entry = {
             "file": name,
             "rows": shard.num_rows,
@@ -1208,6 +1206,7 @@ def _write_shards(
             "tokens": int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
             "completion_tokens": int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
         }
+        entry["bytes"], entry["sha256"] = size_sha256
         return entry, sealed, kl_sum, kl_n
 
     entries: list[dict[str, Any]] = []
@@ -1215,7 +1214,7 @@ def _write_shards(
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         written = list(pool.map(one, range(len(bounds) - 1)))
     for entry, sealed, kl_sum, kl_n in written:
-        entry["bytes"], entry["sha256"] = sealed.result()
+        sealed.result()
         entries.append(entry)
         kl_tok_sum += kl_sum
         kl_tok_n += kl_n

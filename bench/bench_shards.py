@@ -135,7 +135,7 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
 
 
 BUILD = """
-from prl.cli import keep_freed_memory
+from prl.allocator import keep_freed_memory
 keep_freed_memory()  # as the prl command does, before pyarrow loads
 import glob, os, shutil, statistics
 from concurrent.futures import ThreadPoolExecutor

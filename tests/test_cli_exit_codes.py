@@ -207,14 +207,3 @@ def test_check_tokens_codes(built, tmp_path, tokenizer_dir, monkeypatch):
 
     monkeypatch.setattr("prl.checks.check_tokens", interrupted)
     assert invoke(base)[0] == 130
-
-
-def test_the_command_keeps_freed_memory_unless_told_otherwise(monkeypatch):
-    from prl.cli import keep_freed_memory
-
-    monkeypatch.delenv("MIMALLOC_PURGE_DELAY", raising=False)
-    keep_freed_memory()
-    assert os.environ["MIMALLOC_PURGE_DELAY"] == "-1"
-    monkeypatch.setenv("MIMALLOC_PURGE_DELAY", "10")
-    keep_freed_memory()
-    assert os.environ["MIMALLOC_PURGE_DELAY"] == "10"

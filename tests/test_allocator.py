@@ -1,0 +1,53 @@
+"""The prl command's allocator settings: made unless the environment already says, and only those."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from prl import cli
+from prl.allocator import GLIBC_MMAP_THRESHOLD, GLIBC_TRIM_THRESHOLD
+
+SETTINGS = ("MIMALLOC_PURGE_DELAY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+CALL = (
+    "import json, os; from prl.allocator import keep_freed_memory; made = keep_freed_memory(); "
+    "print(json.dumps([made, os.environ.get('MIMALLOC_PURGE_DELAY')]))"
+)
+
+
+def made_in_a_fresh_process(**env: str) -> list:
+    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}
+    out = subprocess.run([sys.executable, "-c", CALL], env={**clean, **env}, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the malloc settings are glibc's")
+def test_every_setting_is_made_in_a_bare_environment():
+    assert made_in_a_fresh_process() == [
+        {
+            "MIMALLOC_PURGE_DELAY": "-1",
+            "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD),
+            "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD),
+        },
+        "-1",
+    ]
+
+
+def test_settings_the_environment_makes_are_left_alone():
+    assert made_in_a_fresh_process(MIMALLOC_PURGE_DELAY="10", MALLOC_TRIM_THRESHOLD_="5") == [{}, "10"]
+    made, purge = made_in_a_fresh_process(MALLOC_MMAP_THRESHOLD_="65536")
+    assert (made, purge) == ({"MIMALLOC_PURGE_DELAY": "-1"}, "-1")
+
+
+def test_the_command_makes_them_before_it_runs(monkeypatch):
+    calls = []
+    monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append("settings"))
+    monkeypatch.setattr(cli, "app", lambda: calls.append("command"))
+    monkeypatch.setattr(cli.signal, "signal", lambda *args: None)
+    cli.main()
+    assert calls == ["settings", "command"]

@@ -19,15 +19,14 @@ Supported Arrow types: ``bool``, ``int32``, ``int64``, ``float32``, ``float64``,
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from prl import __version__
 
@@ -144,6 +143,10 @@ class _Leaf:
     statistics: bool
 
     @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
+
+    @property
     def max_rep(self) -> int:
         return len(self.nullable) - 1
 
@@ -199,12 +202,9 @@ def _schema_elements(schema: pa.Schema) -> list[Struct]:
     return elements
 
 
-@cache
 def _arrow_schema_value(schema: pa.Schema) -> bytes:
-    """The ``ARROW:schema`` metadata value Arrow's writer stores for ``schema`` (taken from that writer)."""
-    sink = pa.BufferOutputStream()
-    pq.write_table(schema.empty_table(), sink)
-    return pq.ParquetFile(pa.BufferReader(sink.getvalue())).metadata.metadata[b"ARROW:schema"]
+    """The ``ARROW:schema`` metadata value, as Arrow's writer stores it: the IPC schema message, base64."""
+    return base64.b64encode(schema.serialize().to_pybytes())
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -248,8 +248,8 @@ def _valid(arr: pa.Array) -> np.ndarray | None:
 def _offsets(arr: pa.ListArray) -> np.ndarray:
     """``arr``'s offsets (int32, length N + 1) into ``arr.values``, the slice's own offset applied."""
     buffer = arr.buffers()[1]
-    if buffer is None:  # an empty array may carry no offsets
-        return np.zeros(1, np.int32)
+    if buffer is None or len(arr) == 0:  # no lists, or only nulls: Arrow may leave the offsets out
+        return np.zeros(len(arr) + 1, np.int32)
     return np.frombuffer(buffer, np.int32, len(arr) + 1, arr.offset * 4)
 
 
@@ -257,84 +257,119 @@ def _shred(arr: pa.Array, leaf: _Leaf) -> _Shredded:
     """Levels and values of the rows in ``arr`` (the whole field, or a slice of its rows)."""
     if leaf.max_rep == 0:
         return _shred_flat(arr, leaf)
-    if leaf.max_rep == 1:
-        fast = _shred_list(arr, leaf)
-        if fast is not None:
-            return fast
-    return _shred_nested(arr, leaf)
+    return _shred_lists(arr, leaf) or _shred_nested(arr, leaf)
 
 
 def _shred_flat(arr: pa.Array, leaf: _Leaf) -> _Shredded:
     n = len(arr)
     valid = _valid(arr)
     if not leaf.nullable[0]:
+        if valid is not None:
+            raise ValueError(f"column {leaf.dotted}: declared non-nullable but holds nulls")
         return _Shredded(n, None, None, arr)
     if valid is None:
         return _Shredded(n, None, _runs(np.ones(1, np.uint8), np.array([n])), arr)
     return _Shredded(n, None, _levels_of(valid.astype(np.uint8)), arr.filter(pa.array(valid)))
 
 
-def _shred_list(arr: pa.ListArray, leaf: _Leaf) -> _Shredded | None:
-    """Level runs of a list of non-null items, O(rows); None when an item is null or a null list has items."""
-    offsets = _offsets(arr)
-    lengths = np.diff(offsets).astype(np.int64)
-    valid = _valid(arr)
-    items = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    if items.null_count or (valid is not None and lengths[~valid].any()):
+@dataclass
+class _Slots:
+    """Slots after expanding some list levels: per slot its repetition and definition level so far (uint8),
+    whether it is still defined (``live``: no null or empty list above it), and the index of its element in
+    ``node`` (the array of the next level, cut to the rows' share). ``gaps``: a null list above holds values."""
+
+    rep: np.ndarray
+    dfn: np.ndarray
+    live: np.ndarray
+    at: np.ndarray
+    node: pa.Array
+    gaps: bool = False
+
+    def defined(self, leaf: _Leaf, depth: int) -> np.ndarray | None:
+        """Apply the validity of ``node`` (nesting level ``depth`` of ``leaf``): a null element ends its slot;
+        returns the validity. A null where the level is not nullable is an error, as in Arrow's writer."""
+        valid = _valid(self.node)
+        if valid is None:
+            self.dfn[self.live] += leaf.nullable[depth]
+            return None
+        if not leaf.nullable[depth]:
+            if not valid[self.at[self.live]].all():
+                level = ".".join(leaf.path[: 1 + 2 * depth])
+                raise ValueError(f"column {level}: declared non-nullable but holds nulls")
+            return valid
+        self.live[self.live] = valid[self.at[self.live]]
+        self.dfn[self.live] += 1
+        return valid
+
+    def lengths(self, offsets: np.ndarray) -> np.ndarray:
+        """Each live slot's list length (0 for the others), from ``node``'s offsets."""
+        return np.where(self.live, offsets[np.where(self.live, self.at + 1, self.at)] - offsets[self.at], 0)
+
+
+def _descend(arr: pa.Array, leaf: _Leaf, lists: int) -> _Slots:
+    """Expand the outer ``lists`` list levels of ``arr`` into one slot per element of the next level (or per
+    null or empty list above it): Dremel's record shredding, one numpy pass per level."""
+    n = len(arr)
+    slots = _Slots(np.zeros(n, np.uint8), np.zeros(n, np.uint8), np.ones(n, bool), np.arange(n, dtype=np.int64), arr)
+    for depth in range(lists):
+        valid = slots.defined(leaf, depth)
+        offsets = _offsets(slots.node)
+        if valid is not None:
+            slots.gaps |= bool(np.diff(offsets)[~valid].any())
+        lengths = slots.lengths(offsets)
+        expands = lengths > 0
+        counts = np.where(expands, lengths, 1)
+        parent = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        ordinal = np.arange(len(parent), dtype=np.int64) - (np.cumsum(counts) - counts)[parent]
+        rep = slots.rep[parent]
+        rep[ordinal > 0] = depth + 1
+        # the rows' children lie in [offsets[0], offsets[-1]): go on with just those (a page's share)
+        low, high = int(offsets[0]), int(offsets[-1])
+        slots = _Slots(
+            rep,
+            slots.dfn[parent] + expands[parent].astype(np.uint8),
+            expands[parent],
+            np.where(expands[parent], offsets[slots.at][parent] + ordinal - low, 0),
+            slots.node.values.slice(low, high - low),
+            slots.gaps,
+        )
+    return slots
+
+
+def _shred_lists(arr: pa.Array, leaf: _Leaf) -> _Shredded | None:
+    """Levels as runs, computed per innermost list rather than per value: a run of the list's first slot and a
+    run of the rest, one definition run per list. None (take :func:`_shred_nested`) when a value is null or a
+    null list holds values, since then the values are not one contiguous range."""
+    slots = _descend(arr, leaf, leaf.max_rep - 1)
+    valid = slots.defined(leaf, leaf.max_rep - 1)
+    offsets = _offsets(slots.node)
+    if slots.gaps or (valid is not None and np.diff(offsets)[~valid].any()):
         return None
-    list_nullable = int(leaf.nullable[0])
-    slots = np.maximum(lengths, 1)
-    dfn = np.where(lengths > 0, leaf.max_def, list_nullable).astype(np.uint8)  # items, or an empty list
-    if valid is not None:
-        dfn[~valid] = 0
-    rep_values = np.tile(np.array([0, 1], np.uint8), len(arr))
-    rep_lengths = np.ones(2 * len(arr), np.int64)
-    rep_lengths[1::2] = slots - 1
-    return _Shredded(int(slots.sum()), _runs(rep_values, rep_lengths), _runs(dfn, slots), items)
+    items = slots.node.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    if items.null_count:
+        return None
+    lengths = slots.lengths(offsets).astype(np.int64)
+    expands = lengths > 0
+    count = np.where(expands, lengths, 1)
+    dfn = np.where(expands, leaf.max_def, slots.dfn).astype(np.uint8)
+    rep_values = np.empty(2 * len(count), np.uint8)
+    rep_values[0::2] = slots.rep
+    rep_values[1::2] = leaf.max_rep
+    rep_lengths = np.ones(2 * len(count), np.int64)
+    rep_lengths[1::2] = count - 1
+    return _Shredded(int(count.sum()), _runs(rep_values, rep_lengths), _runs(dfn, count), items)
 
 
 def _shred_nested(arr: pa.Array, leaf: _Leaf) -> _Shredded:
-    """Levels of every leaf slot, one numpy pass per nesting level (any depth, nulls anywhere)."""
-    slots = len(arr)
-    at = np.arange(slots, dtype=np.int64)  # index of each slot's element in ``node``
-    rep = np.zeros(slots, np.uint8)
-    dfn = np.zeros(slots, np.uint8)
-    live = np.ones(slots, bool)  # slot reaches the current level (not a null or an empty list above it)
-    node: pa.Array = arr
-    for depth, nullable in enumerate(leaf.nullable):
-        if nullable:
-            valid = _valid(node)
-            if valid is not None:
-                live[live] = valid[at[live]]
-            dfn[live] += 1
-        if depth == leaf.max_rep:
-            break
-        offsets = _offsets(node)
-        begin = offsets[at]
-        lengths = np.where(live, offsets[np.where(live, at + 1, at)] - begin, 0)
-        expands = lengths > 0
-        counts = np.where(expands, lengths, 1)
-        parent = np.repeat(np.arange(slots, dtype=np.int64), counts)
-        first = np.cumsum(counts) - counts
-        ordinal = np.arange(len(parent), dtype=np.int64) - first[parent]
-        rep = rep[parent]
-        rep[ordinal > 0] = depth + 1
-        dfn = dfn[parent] + expands[parent].astype(np.uint8)
-        live = expands[parent]
-        at = np.where(live, begin[parent] + ordinal, 0)
-        node = node.values
-        slots = len(parent)
-    picked = at[live]
-    contiguous = len(picked) == 0 or (picked[-1] - picked[0] + 1 == len(picked) and bool(np.all(np.diff(picked) == 1)))
-    values = node.slice(int(picked[0]), len(picked)) if contiguous and len(picked) else node.take(pa.array(picked))
-    if not len(picked):
-        values = node.slice(0, 0)
-    return _Shredded(
-        slots,
-        _levels_of(rep) if leaf.max_rep else None,
-        _levels_of(dfn) if leaf.max_def else None,
-        values,
-    )
+    """Levels of every value slot (any depth, nulls anywhere), then the non-null values picked out."""
+    slots = _descend(arr, leaf, leaf.max_rep)
+    slots.defined(leaf, leaf.max_rep)
+    picked = slots.at[slots.live]
+    if len(picked) and picked[-1] - picked[0] + 1 == len(picked):  # increasing, so one contiguous range
+        values = slots.node.slice(int(picked[0]), len(picked))
+    else:
+        values = slots.node.take(pa.array(picked)) if len(picked) else slots.node.slice(0, 0)
+    return _Shredded(len(slots.rep), _levels_of(slots.rep), _levels_of(slots.dfn), values)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -392,7 +427,10 @@ _FEW_RUNS = 16
 
 def _fixed_width(values: pa.Array, dtype: np.dtype) -> np.ndarray:
     """The values of a fixed-width array without nulls as bytes (uint8, zero-copy)."""
-    return np.frombuffer(values.buffers()[1], dtype, len(values), values.offset * dtype.itemsize).view(np.uint8)
+    buffer = values.buffers()[1]
+    if buffer is None or len(values) == 0:  # Arrow may leave the buffer out
+        return np.zeros(0, np.uint8)
+    return np.frombuffer(buffer, dtype, len(values), values.offset * dtype.itemsize).view(np.uint8)
 
 
 def _page_body(shredded: _Shredded, leaf: _Leaf) -> np.ndarray:
@@ -442,6 +480,8 @@ def _variable_values(values: pa.Array, physical: int) -> np.ndarray:
     """PLAIN bytes (uint8) of a non-null bool or string array: bits LSB first, or 4-byte length + bytes each."""
     if physical == _BOOLEAN:
         return np.packbits(values.to_numpy(zero_copy_only=False), bitorder="little")
+    if len(values) == 0:  # Arrow may leave the buffers out
+        return np.zeros(0, np.uint8)
     offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
     data = np.frombuffer(values.buffers()[2] or b"", np.uint8)[offsets[0] : offsets[-1]]
     out = np.empty(4 * len(values) + len(data), np.uint8)
@@ -453,7 +493,7 @@ def _variable_values(values: pa.Array, physical: int) -> np.ndarray:
     return out
 
 
-def _statistics(column: pa.Array, leaf: _Leaf) -> Struct:
+def _statistics(column: pa.ChunkedArray, leaf: _Leaf) -> Struct:
     """Min, max and null count of a flat column, with Parquet's float rules (NaN ignored, zero as -0.0/+0.0)."""
     _, dtype = _PHYSICAL[leaf.value_type]
     assert dtype is not None
@@ -498,17 +538,28 @@ def _page_rows(column: pa.Array, leaf: _Leaf, page_slots: int) -> list[tuple[int
 # file
 
 
+MAX_PAGE_BYTES = (1 << 31) - 1
+"""Parquet's page header holds sizes as int32."""
+
+
 def _column_chunk(
-    column: pa.Array, leaf: _Leaf, file_offset: int, codec: pa.Codec, page_slots: int
+    column: pa.ChunkedArray, leaf: _Leaf, file_offset: int, codec: pa.Codec, page_slots: int
 ) -> tuple[list[bytes | pa.Buffer], Struct, int]:
     """Pages of one column chunk starting at ``file_offset``: ``(bytes to write, ColumnChunk struct, uncompressed
-    size in bytes)``."""
+    size in bytes)``. Each Arrow chunk is paged on its own (pages never span chunks), so nothing is concatenated."""
     chunks: list[bytes | pa.Buffer] = []
     uncompressed = compressed = slots = 0
     encoding = _BYTE_STREAM_SPLIT if leaf.byte_stream_split else _PLAIN
-    for start, end in _page_rows(column, leaf, page_slots):
-        shredded = _shred(column.slice(start, end - start), leaf)
+    arrays = [a for a in column.chunks if len(a)] or [pa.array([], column.type)]
+    pages = [(array, start, end) for array in arrays for start, end in _page_rows(array, leaf, page_slots)]
+    for array, start, end in pages:
+        shredded = _shred(array.slice(start, end - start), leaf)
         body = _page_body(shredded, leaf)
+        if len(body) > MAX_PAGE_BYTES:
+            raise ValueError(
+                f"column {leaf.dotted}: rows {start}–{end} of a chunk make a {len(body)}-byte page, over Parquet's "
+                f"{MAX_PAGE_BYTES}-byte limit"
+            )
         data = codec.compress(body, asbytes=False)
         header = thrift_struct(
             [
@@ -557,6 +608,9 @@ def write_table(
         raise ValueError(f"page_slots must be at least 1, not {page_slots}")
     split, stats = set(byte_stream_split), set(statistics)
     leaves = [_leaf(field, split, stats) for field in table.schema]
+    unknown = (split | stats) - {leaf.dotted for leaf in leaves}
+    if unknown:
+        raise ValueError(f"no such leaf column: {', '.join(sorted(unknown))}")
     codec = pa.Codec("zstd", ZSTD_LEVEL)
     digest = hashlib.sha256()
     offset = 0
@@ -574,8 +628,7 @@ def write_table(
         emit(_MAGIC)
         first = offset
         for column, leaf in zip(table.columns, leaves, strict=True):
-            array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-            chunks, chunk_struct, uncompressed = _column_chunk(array, leaf, offset, codec, page_slots)
+            chunks, chunk_struct, uncompressed = _column_chunk(column, leaf, offset, codec, page_slots)
             for data in chunks:
                 emit(data)
             uncompressed_total += uncompressed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from pathlib import Path
 
@@ -206,11 +207,92 @@ def test_sliced_and_chunked_columns(tmp_path):
     )
     for part, name in (
         (table.slice(7, 31), "slice"),
-        (pa.concat_tables([table.slice(0, 9), table.slice(20, 13)]), "chunks"),
+        (pa.concat_tables([table.slice(0, 9), table.slice(9, 0), table.slice(20, 13)]), "chunks"),
     ):
         path = tmp_path / f"{name}.parquet"
         write_table(part, str(path), page_slots=5)
         assert_reads_back(path, part)
+
+
+def test_columns_of_nulls_and_arrays_without_buffers(tmp_path):
+    types = [pa.float32(), pa.string(), pa.bool_(), pa.list_(pa.int32()), pa.list_(pa.list_(pa.float32()))]
+    table = pa.table({f"c{i}": pa.nulls(4, t) for i, t in enumerate(types)})
+    write_table(table, str(tmp_path / "nulls.parquet"), ["c0", "c4.list.element.list.element"])
+    assert_reads_back(tmp_path / "nulls.parquet", table)
+    bare = pa.table(
+        {
+            "f": pa.Array.from_buffers(pa.float64(), 0, [None, None]),
+            "l": pa.Array.from_buffers(pa.list_(pa.int32()), 0, [None, None], children=[pa.array([], pa.int32())]),
+            "l2": pa.Array.from_buffers(
+                pa.list_(pa.int32()), 0, [None, pa.py_buffer(b"")], children=[pa.array([], pa.int32())]
+            ),
+            "s": pa.Array.from_buffers(pa.string(), 0, [None, None, pa.py_buffer(b"")]),
+        }
+    )
+    write_table(bare, str(tmp_path / "bare.parquet"), ["f"], ["f"])
+    assert_reads_back(tmp_path / "bare.parquet", bare)
+
+
+def test_values_hidden_under_null_lists_are_not_written(tmp_path):
+    # Arrow lets a null list keep a non-empty range of its child; those values belong to no row
+    flat = pa.ListArray.from_arrays(
+        pa.array([0, 2, 5, 6], pa.int32()), pa.array(range(6), pa.int32()), mask=pa.array([False, True, False])
+    )
+    inner = pa.ListArray.from_arrays(pa.array([0, 1, 3, 4, 6], pa.int32()), pa.array(range(6), pa.float32()))
+    nested = pa.ListArray.from_arrays(pa.array([0, 1, 3, 4], pa.int32()), inner, mask=pa.array([False, True, False]))
+    assert flat.to_pylist() == [[0, 1], None, [5]]
+    assert nested.to_pylist() == [[[0.0]], None, [[4.0, 5.0]]]
+    table = pa.table({"flat": flat, "nested": nested})
+    for page_slots in (1, 100):
+        write_table(
+            table, str(tmp_path / "hidden.parquet"), ["nested.list.element.list.element"], page_slots=page_slots
+        )
+        assert_reads_back(tmp_path / "hidden.parquet", table)
+
+
+def test_field_metadata_is_kept_per_table(tmp_path):
+    plain = pa.table({"x": pa.array([1], pa.int32())})
+    tagged = pa.Table.from_arrays(
+        [pa.array([1], pa.int32())], schema=pa.schema([pa.field("x", pa.int32(), metadata={"k": "v"})])
+    )
+    for table, name in ((tagged, "tagged"), (plain, "plain"), (tagged, "tagged_again")):
+        write_table(table, str(tmp_path / f"{name}.parquet"))
+        assert (
+            pq.read_table(tmp_path / f"{name}.parquet").schema.field("x").metadata == table.schema.field("x").metadata
+        )
+
+
+@pytest.mark.parametrize(
+    ("field", "values", "level"),
+    [
+        (pa.field("x", pa.int32(), nullable=False), [1, None, 3], "x"),
+        (pa.field("x", pa.list_(pa.int32()), nullable=False), [[1], None], "x"),
+        (pa.field("x", pa.list_(pa.field("item", pa.int32(), nullable=False))), [[1, None]], "x.list.element"),
+        (
+            pa.field("x", pa.list_(pa.list_(pa.field("item", pa.float32(), nullable=False)))),
+            [[[1.0], [None]]],
+            "x.list.element.list.element",
+        ),
+    ],
+)
+def test_nulls_where_the_schema_forbids_them_are_an_error(tmp_path, field, values, level):
+    table = pa.Table.from_arrays([pa.array(values, field.type)], schema=pa.schema([field]))
+    with pytest.raises(ValueError, match=re.escape(f"column {level}: declared non-nullable but holds nulls")):
+        write_table(table, str(tmp_path / "x.parquet"))
+
+
+def test_a_null_hidden_under_a_null_list_is_not_an_error(tmp_path):
+    items = pa.array([1, None, 3], pa.int32())
+    column = pa.ListArray.from_arrays(pa.array([0, 1, 3], pa.int32()), items, mask=pa.array([False, True]))
+    field = pa.field("x", pa.list_(pa.field("item", pa.int32(), nullable=False)))
+    table = pa.Table.from_arrays([column.cast(field.type)], schema=pa.schema([field]))
+    write_table(table, str(tmp_path / "x.parquet"), page_slots=1)
+    assert pq.read_table(tmp_path / "x.parquet")["x"].to_pylist() == [[1], None]
+
+
+def test_unknown_column_names_are_an_error(tmp_path):
+    with pytest.raises(ValueError, match=re.escape("no such leaf column: f64.list.element, nope")):
+        write_table(SCHEMA.empty_table(), str(tmp_path / "x.parquet"), ["f64.list.element"], ["nope"])
 
 
 def test_empty_table_and_same_bytes_twice(tmp_path):

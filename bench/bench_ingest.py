@@ -40,7 +40,7 @@ def _child(code: str) -> dict:
 
 
 ROUNDS = int(os.environ.get("PRL_BENCH_ROUNDS", "3"))
-AS_THE_COMMAND = "from prl.allocator import keep_freed_memory\nkeep_freed_memory()\n"
+AS_THE_COMMAND = "from prl.runtime import set_process_defaults\nset_process_defaults()\n"
 """First lines of every prl run: the allocator setting the ``prl`` command makes before pyarrow loads."""
 
 

@@ -135,8 +135,8 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
 
 
 BUILD = """
-from prl.allocator import keep_freed_memory
-keep_freed_memory()  # as the prl command does, before pyarrow loads
+from prl.runtime import set_process_defaults
+set_process_defaults()  # as the prl command does, before pyarrow loads
 import glob, os, shutil, statistics
 from concurrent.futures import ThreadPoolExecutor
 import pyarrow.parquet as pq

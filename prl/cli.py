@@ -17,8 +17,8 @@ import typer
 from rich.markup import escape
 
 from prl import report
-from prl.allocator import keep_freed_memory
 from prl.errors import ExitCode, PrlError, RetryableIOError
+from prl.runtime import set_process_defaults
 
 app = typer.Typer(
     name="prl",
@@ -292,7 +292,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main() -> None:
     """Console-script entry point: SIGTERM behaves like Ctrl-C (exit 130, committed work kept)."""
-    keep_freed_memory()
+    set_process_defaults()
     signal.signal(signal.SIGTERM, _interrupt)
     app()
 

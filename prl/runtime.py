@@ -1,10 +1,14 @@
-"""Process-wide allocator settings for the ``prl`` command: keep freed memory for reuse.
+"""Process-wide settings the ``prl`` command makes before it loads its libraries.
 
-Steps like build-shards allocate and free shard-sized buffers over and over. Handed back to the OS, each comes
-back as fresh pages the kernel must fault in and zero. Two allocators are involved: Arrow's (mimalloc) holds
-Arrow arrays, glibc's malloc holds numpy arrays. Neither setting changes peak memory; freed memory simply stays
-with the process until it exits. Library users can call :func:`keep_freed_memory` themselves (before importing
-pyarrow, for the first setting to take effect) or set the same environment variables.
+- **Keep freed memory for reuse.** Steps like build-shards allocate and free shard-sized buffers over and over.
+  Handed back to the OS, each comes back as fresh pages the kernel must fault in and zero. Two allocators are
+  involved: Arrow's (mimalloc) holds Arrow arrays, glibc's malloc holds numpy arrays. Neither setting changes
+  peak memory; freed memory simply stays with the process until it exits.
+- **One BLAS thread.** prl does no linear algebra, but numpy's OpenBLAS starts a thread per core at import,
+  which then spins for a while: about 0.1 CPU-seconds per command on two cores, taken from the work.
+
+Library users can call :func:`set_process_defaults` themselves, before importing numpy or pyarrow, or set the
+same environment variables.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ GLIBC_TRIM_THRESHOLD = 1 << 30
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
 
 
-def keep_freed_memory() -> dict[str, str]:
-    """Keep freed memory for reuse, except where the environment already says otherwise; returns the settings
-    made, by the name of the environment variable that would have made them.
+def set_process_defaults() -> dict[str, str]:
+    """Make the settings above, except where the environment already says otherwise; returns the settings made,
+    by the name of the environment variable that would have made them.
 
+    - OpenBLAS: ``OPENBLAS_NUM_THREADS=1``, read when numpy is first imported.
     - Arrow (mimalloc): ``MIMALLOC_PURGE_DELAY=-1``, read when pyarrow is first imported (the ``prl`` command
       calls this first thing). About 9% of a cold build-shards, 4% of a warm one.
     - glibc malloc (numpy): ``mallopt`` with :data:`GLIBC_MMAP_THRESHOLD` and :data:`GLIBC_TRIM_THRESHOLD`,
@@ -36,8 +41,9 @@ def keep_freed_memory() -> dict[str, str]:
       the C library is not glibc.
     """
     made: dict[str, str] = {}
-    if "MIMALLOC_PURGE_DELAY" not in os.environ:
-        os.environ["MIMALLOC_PURGE_DELAY"] = made["MIMALLOC_PURGE_DELAY"] = "-1"
+    for name, value in (("OPENBLAS_NUM_THREADS", "1"), ("MIMALLOC_PURGE_DELAY", "-1")):
+        if name not in os.environ:
+            os.environ[name] = made[name] = value
     if platform.libc_ver()[0] != "glibc":
         return made
     wanted = {"MALLOC_MMAP_THRESHOLD_": (_M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD)}

@@ -1,4 +1,4 @@
-"""The prl command's allocator settings: made unless the environment already says, and only those."""
+"""The prl command's process settings: made unless the environment already says, and only those."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from prl import cli
-from prl.allocator import GLIBC_MMAP_THRESHOLD, GLIBC_TRIM_THRESHOLD
+from prl.runtime import GLIBC_MMAP_THRESHOLD, GLIBC_TRIM_THRESHOLD
 
-SETTINGS = ("MIMALLOC_PURGE_DELAY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+SETTINGS = ("OPENBLAS_NUM_THREADS", "MIMALLOC_PURGE_DELAY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 CALL = (
-    "import json, os; from prl.allocator import keep_freed_memory; made = keep_freed_memory(); "
+    "import json, os; from prl.runtime import set_process_defaults; made = set_process_defaults(); "
     "print(json.dumps([made, os.environ.get('MIMALLOC_PURGE_DELAY')]))"
 )
 
@@ -30,6 +30,7 @@ def made_in_a_fresh_process(**env: str) -> list:
 def test_every_setting_is_made_in_a_bare_environment():
     assert made_in_a_fresh_process() == [
         {
+            "OPENBLAS_NUM_THREADS": "1",
             "MIMALLOC_PURGE_DELAY": "-1",
             "MALLOC_MMAP_THRESHOLD_": str(GLIBC_MMAP_THRESHOLD),
             "MALLOC_TRIM_THRESHOLD_": str(GLIBC_TRIM_THRESHOLD),
@@ -39,14 +40,26 @@ def test_every_setting_is_made_in_a_bare_environment():
 
 
 def test_settings_the_environment_makes_are_left_alone():
-    assert made_in_a_fresh_process(MIMALLOC_PURGE_DELAY="10", MALLOC_TRIM_THRESHOLD_="5") == [{}, "10"]
+    assert made_in_a_fresh_process(OPENBLAS_NUM_THREADS="2", MIMALLOC_PURGE_DELAY="10", MALLOC_TRIM_THRESHOLD_="5") == [
+        {},
+        "10",
+    ]
     made, purge = made_in_a_fresh_process(MALLOC_MMAP_THRESHOLD_="65536")
-    assert (made, purge) == ({"MIMALLOC_PURGE_DELAY": "-1"}, "-1")
+    assert (made, purge) == ({"OPENBLAS_NUM_THREADS": "1", "MIMALLOC_PURGE_DELAY": "-1"}, "-1")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_numpy_starts_no_blas_threads_after_the_settings():
+    code = "from prl.runtime import set_process_defaults; set_process_defaults(); import numpy, os; "
+    code += "print(len(os.listdir('/proc/self/task')))"
+    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}
+    out = subprocess.run([sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
 
 
 def test_the_command_makes_them_before_it_runs(monkeypatch):
     calls = []
-    monkeypatch.setattr(cli, "keep_freed_memory", lambda: calls.append("settings"))
+    monkeypatch.setattr(cli, "set_process_defaults", lambda: calls.append("settings"))
     monkeypatch.setattr(cli, "app", lambda: calls.append("command"))
     monkeypatch.setattr(cli.signal, "signal", lambda *args: None)
     cli.main()

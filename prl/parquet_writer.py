@@ -433,6 +433,19 @@ def _fixed_width(values: pa.Array, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(buffer, dtype, len(values), values.offset * dtype.itemsize).view(np.uint8)
 
 
+def _bits(values: pa.BooleanArray) -> np.ndarray:
+    """PLAIN bytes of non-null bools: bit-packed LSB first, which is Arrow's own layout; copied as bytes when the
+    array starts on a byte (padding bits cleared), unpacked and packed again otherwise."""
+    n = len(values)
+    if values.offset % 8 or values.buffers()[1] is None:
+        return np.packbits(values.to_numpy(zero_copy_only=False), bitorder="little")
+    start = values.offset // 8
+    out = np.frombuffer(values.buffers()[1], np.uint8)[start : start + -(-n // 8)].copy()
+    if n % 8:
+        out[-1] &= (1 << (n % 8)) - 1
+    return out
+
+
 def _page_body(shredded: _Shredded, leaf: _Leaf) -> np.ndarray:
     """Uncompressed v1 data page body (uint8): length-prefixed repetition and definition levels, then the
     values, PLAIN or byte-stream-split; the values are copied once, straight into place."""
@@ -479,7 +492,7 @@ def _byte_stream_split(raw: np.ndarray, width: int, out: np.ndarray) -> None:
 def _variable_values(values: pa.Array, physical: int) -> np.ndarray:
     """PLAIN bytes (uint8) of a non-null bool or string array: bits LSB first, or 4-byte length + bytes each."""
     if physical == _BOOLEAN:
-        return np.packbits(values.to_numpy(zero_copy_only=False), bitorder="little")
+        return _bits(values)
     if len(values) == 0:  # Arrow may leave the buffers out
         return np.zeros(0, np.uint8)
     offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)

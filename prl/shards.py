@@ -672,7 +672,13 @@ def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
 
 # --- assembly ------------------------------------------------------------------------------------------------
 def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, valid: np.ndarray | None = None):
-    arr = pa.array(values, type=value_type, mask=None if valid is None else ~valid)
+    """A list array of ``values`` (flat, numpy) bounded by ``offsets`` (N + 1), nulls where ``valid`` is False.
+    Bools are packed with numpy (Arrow packs a numpy bool array one value at a time)."""
+    if value_type == pa.bool_() and valid is None:
+        bits = pa.py_buffer(np.packbits(values, bitorder="little"))
+        arr = pa.Array.from_buffers(pa.bool_(), len(values), [None, bits])
+    else:
+        arr = pa.array(values, type=value_type, mask=None if valid is None else ~valid)
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), arr)
 
 

@@ -295,6 +295,19 @@ def test_unknown_column_names_are_an_error(tmp_path):
         write_table(SCHEMA.empty_table(), str(tmp_path / "x.parquet"), ["f64.list.element"], ["nope"])
 
 
+def test_bools_are_written_the_same_whatever_arrows_padding_bits_hold(tmp_path):
+    clean = pa.Array.from_buffers(pa.bool_(), 11, [None, pa.py_buffer(bytes([0b00000101, 0b00000010]))])
+    noisy = pa.Array.from_buffers(pa.bool_(), 11, [None, pa.py_buffer(bytes([0b00000101, 0b11111010]))])
+    assert clean.to_pylist() == noisy.to_pylist()
+    sliced = pa.array([True] * 3 + clean.to_pylist()).slice(3)  # starts inside a byte
+    written = []
+    for i, array in enumerate((clean, noisy, sliced)):
+        write_table(pa.table({"b": array}), str(tmp_path / f"{i}.parquet"))
+        written.append((tmp_path / f"{i}.parquet").read_bytes())
+        assert pq.read_table(tmp_path / f"{i}.parquet")["b"].to_pylist() == clean.to_pylist()
+    assert written[0] == written[1] == written[2]
+
+
 def test_empty_table_and_same_bytes_twice(tmp_path):
     empty = SCHEMA.empty_table()
     write_table(empty, str(tmp_path / "empty.parquet"), SPLIT, STATS)

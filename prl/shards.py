@@ -1173,8 +1173,9 @@ def _write_shards(
     from the spill files, assembled, and written and hashed (zstd, :mod:`prl.parquet_writer`) by one of
     :data:`WORKERS` threads; numpy, zstd and hashlib release the GIL for the heavy parts, so shards proceed side
     by side and at most :data:`WORKERS` shards are in memory at once. Each written file is then fsynced and
-    renamed into place on ``io``, so that waiting for the disk overlaps the next shard's work, and once every shard has been gathered, ``spill_dir`` is removed there
-    too. Each shard is computed on its own, so the bytes do not depend on the threads.
+    renamed into place on ``io``, so that waiting for the disk overlaps the next shard's work, and once every
+    shard has been gathered, ``spill_dir`` is removed there too. Each shard is computed on its own, so the
+    bytes do not depend on the threads.
     """
     to_gather = [len(bounds) - 1]
     counting = threading.Lock()

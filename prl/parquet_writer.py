@@ -1,11 +1,12 @@
 """Parquet encoding of shard tables with numpy: one row group, zstd data pages, float leaves byte-stream-split.
 
-Arrow's own writer spends most of a shard's encoding time on repetition and definition levels, which it builds
+Arrow's own writer spends much of a shard's encoding time on repetition and definition levels, which it builds
 and run-length encodes one value at a time. A shard's list columns rarely hold a null, so their levels are a few
-runs per row (repetition: ``0`` then ``1`` for the rest of the row; definition: the maximum level). This module
-derives those runs from list offsets and validity bitmaps alone. Lists with null items and lists of lists (the
-top-k heads) take the general path: the levels of every leaf slot are built with numpy, one pass per nesting
-level (Dremel's record shredding), then run-length or bit-pack encoded, whichever is smaller.
+runs per innermost list (repetition: the list's level at its first value, the deepest level for the rest;
+definition: the maximum level). This module derives those runs from list offsets and validity bitmaps alone,
+per row for ``input_ids`` and per position for the top-k heads. Only lists that hold null values (or null lists
+that hide values) take the general path: the levels of every value slot are built with numpy, one pass per
+nesting level (Dremel's record shredding), then run-length or bit-pack encoded, whichever is smaller.
 
 Only what Arrow's writer itself emits is used: data page v1, PLAIN values, RLE/bit-packed levels,
 BYTE_STREAM_SPLIT for the float leaves named, zstd, the 3-level ``LIST`` layout, min/max statistics for the

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import itertools
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from prl import __version__
+from prl import thrift_compact as thrift
 
 PAGE_SLOTS = 1 << 20
 """Leaf slots (values and nulls) per data page: about 4 MiB of float32 values, so a reader holds a few MiB per
@@ -59,72 +61,6 @@ _PHYSICAL: dict[pa.DataType, tuple[int, np.dtype | None]] = {
     pa.float64(): (_DOUBLE, np.dtype("<f8")),
     pa.string(): (_BYTE_ARRAY, None),
 }
-
-# thrift compact protocol type codes
-_T_TRUE, _T_FALSE, _T_I16, _T_I32, _T_I64, _T_BINARY, _T_LIST, _T_STRUCT = 1, 2, 4, 5, 6, 8, 9, 12
-
-Struct = list[tuple[int, int, object]]
-"""A thrift struct to encode: ``(field id, type code, value)`` in id order; a ``None`` value is left out."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# thrift compact protocol, write side
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _zigzag(n: int) -> int:
-    return (n << 1) ^ (n >> 63)
-
-
-def thrift_struct(fields: Struct) -> bytes:
-    """Compact-protocol bytes of a struct. Values: ``int`` (I16/I32/I64), ``bytes`` or ``str`` (BINARY),
-    ``bool`` (code ``_T_TRUE``), a :data:`Struct` (STRUCT), or ``(element code, items)`` (LIST)."""
-    out = bytearray()
-    last = 0
-    for fid, code, value in fields:
-        if value is None:
-            continue
-        if code == _T_TRUE and not value:
-            code = _T_FALSE
-        delta = fid - last
-        if 0 < delta <= 15:
-            out.append(delta << 4 | code)
-        else:
-            out.append(code)
-            out += _varint(_zigzag(fid))
-        last = fid
-        if code not in (_T_TRUE, _T_FALSE):
-            out += _thrift_value(code, value)
-    out.append(0)
-    return bytes(out)
-
-
-def _thrift_value(code: int, value: object) -> bytes:
-    if code in (_T_I16, _T_I32, _T_I64):
-        assert isinstance(value, int)
-        return _varint(_zigzag(value))
-    if code == _T_BINARY:
-        assert isinstance(value, (bytes, str))
-        data = value.encode() if isinstance(value, str) else value
-        return _varint(len(data)) + data
-    if code == _T_STRUCT:
-        assert isinstance(value, list)
-        return thrift_struct(value)
-    if code == _T_LIST:
-        assert isinstance(value, tuple)
-        element, items = value
-        head = bytes([len(items) << 4 | element]) if len(items) < 15 else bytes([0xF0 | element]) + _varint(len(items))
-        return head + b"".join(_thrift_value(element, item) for item in items)
-    raise ValueError(f"thrift type code {code} is not written here")
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # schema
@@ -172,30 +108,36 @@ def _leaf(field: pa.Field, byte_stream_split: set[str], statistics: set[str]) ->
     return _Leaf(tuple(path), typ, tuple(nullable), dotted in byte_stream_split, dotted in statistics)
 
 
-def _schema_elements(schema: pa.Schema) -> list[Struct]:
+def _schema_elements(schema: pa.Schema) -> list[thrift.Struct]:
     """The flattened Parquet schema (lists as 3-level ``LIST`` groups named ``list``/``element``)."""
-    elements: list[Struct] = [[(3, _T_I32, _REQUIRED), (4, _T_BINARY, "schema"), (5, _T_I32, len(schema))]]
+    elements: list[thrift.Struct] = [
+        [(3, thrift.I32, _REQUIRED), (4, thrift.BINARY, "schema"), (5, thrift.I32, len(schema))]
+    ]
 
     def walk(name: str, typ: pa.DataType, nullable: bool) -> None:
         repetition = _OPTIONAL if nullable else _REQUIRED
         if pa.types.is_list(typ):
-            list_logical: Struct = [(3, _T_STRUCT, [])]
+            list_logical: thrift.Struct = [(3, thrift.STRUCT, [])]
             elements.append(
                 [
-                    (3, _T_I32, repetition),
-                    (4, _T_BINARY, name),
-                    (5, _T_I32, 1),
-                    (6, _T_I32, _CONVERTED_LIST),
-                    (10, _T_STRUCT, list_logical),
+                    (3, thrift.I32, repetition),
+                    (4, thrift.BINARY, name),
+                    (5, thrift.I32, 1),
+                    (6, thrift.I32, _CONVERTED_LIST),
+                    (10, thrift.STRUCT, list_logical),
                 ]
             )
-            elements.append([(3, _T_I32, _REPEATED), (4, _T_BINARY, "list"), (5, _T_I32, 1)])
+            elements.append([(3, thrift.I32, _REPEATED), (4, thrift.BINARY, "list"), (5, thrift.I32, 1)])
             walk("element", typ.value_type, typ.value_field.nullable)
             return
-        element: Struct = [(1, _T_I32, _PHYSICAL[typ][0]), (3, _T_I32, repetition), (4, _T_BINARY, name)]
+        element: thrift.Struct = [
+            (1, thrift.I32, _PHYSICAL[typ][0]),
+            (3, thrift.I32, repetition),
+            (4, thrift.BINARY, name),
+        ]
         if typ == pa.string():
-            string_logical: Struct = [(1, _T_STRUCT, [])]
-            element += [(6, _T_I32, _CONVERTED_UTF8), (10, _T_STRUCT, string_logical)]
+            string_logical: thrift.Struct = [(1, thrift.STRUCT, [])]
+            element += [(6, thrift.I32, _CONVERTED_UTF8), (10, thrift.STRUCT, string_logical)]
         elements.append(element)
 
     for field in schema:
@@ -399,13 +341,13 @@ def encode_levels(levels: Levels, slots: int, max_level: int) -> bytes:
     width = max_level.bit_length()
     rle: bytes | None = None
     if len(values) <= _FEW_RUNS:  # plain Python beats numpy's per-call cost here
-        rle = b"".join(_varint(int(n) << 1) + bytes((int(v),)) for v, n in zip(values, lengths, strict=True))
+        rle = b"".join(thrift.varint(int(n) << 1) + bytes((int(v),)) for v, n in zip(values, lengths, strict=True))
         rle_size = len(rle)
     else:
         heads, head_counts = _varints(lengths << 1)
         rle_size = len(heads) + len(values)
     groups = -(-slots // 8)
-    packed_head = _varint(groups << 1 | 1)
+    packed_head = thrift.varint(groups << 1 | 1)
     if len(packed_head) + groups * width < rle_size:
         padded = np.zeros(groups * 8, np.uint8)
         padded[:slots] = np.repeat(values, lengths)
@@ -507,12 +449,12 @@ def _variable_values(values: pa.Array, physical: int) -> np.ndarray:
     return out
 
 
-def _statistics(column: pa.ChunkedArray, leaf: _Leaf) -> Struct:
+def _statistics(column: pa.ChunkedArray, leaf: _Leaf) -> thrift.Struct:
     """Min, max and null count of a flat column, with Parquet's float rules (NaN ignored, zero as -0.0/+0.0)."""
     _, dtype = _PHYSICAL[leaf.value_type]
     assert dtype is not None
     values = column.drop_null().to_numpy(zero_copy_only=False).astype(dtype)
-    stats: Struct = [(3, _T_I64, column.null_count)]
+    stats: thrift.Struct = [(3, thrift.I64, column.null_count)]
     if values.dtype.kind == "f":
         values = values[~np.isnan(values)]
     if len(values):
@@ -521,10 +463,10 @@ def _statistics(column: pa.ChunkedArray, leaf: _Leaf) -> Struct:
             low = -0.0 if low == 0 else low
             high = 0.0 if high == 0 else high
         stats += [
-            (5, _T_BINARY, np.array([high], dtype).tobytes()),
-            (6, _T_BINARY, np.array([low], dtype).tobytes()),
-            (7, _T_TRUE, True),
-            (8, _T_TRUE, True),
+            (5, thrift.BINARY, np.array([high], dtype).tobytes()),
+            (6, thrift.BINARY, np.array([low], dtype).tobytes()),
+            (7, thrift.BOOL, True),
+            (8, thrift.BOOL, True),
         ]
     return stats
 
@@ -558,7 +500,7 @@ MAX_PAGE_BYTES = (1 << 31) - 1
 
 def _column_chunk(
     column: pa.ChunkedArray, leaf: _Leaf, file_offset: int, codec: pa.Codec, page_slots: int
-) -> tuple[list[bytes | pa.Buffer], Struct, int]:
+) -> tuple[list[bytes | pa.Buffer], thrift.Struct, int]:
     """Pages of one column chunk starting at ``file_offset``: ``(bytes to write, ColumnChunk struct, uncompressed
     size in bytes)``. Each Arrow chunk is paged on its own (pages never span chunks), so nothing is concatenated."""
     chunks: list[bytes | pa.Buffer] = []
@@ -575,15 +517,20 @@ def _column_chunk(
                 f"{MAX_PAGE_BYTES}-byte limit"
             )
         data = codec.compress(body, asbytes=False)
-        header = thrift_struct(
+        header = thrift.encode(
             [
-                (1, _T_I32, _DATA_PAGE),
-                (2, _T_I32, len(body)),
-                (3, _T_I32, data.size),
+                (1, thrift.I32, _DATA_PAGE),
+                (2, thrift.I32, len(body)),
+                (3, thrift.I32, data.size),
                 (
                     5,
-                    _T_STRUCT,
-                    [(1, _T_I32, shredded.slots), (2, _T_I32, encoding), (3, _T_I32, _RLE), (4, _T_I32, _RLE)],
+                    thrift.STRUCT,
+                    [
+                        (1, thrift.I32, shredded.slots),
+                        (2, thrift.I32, encoding),
+                        (3, thrift.I32, _RLE),
+                        (4, thrift.I32, _RLE),
+                    ],
                 ),
             ]
         )
@@ -591,18 +538,18 @@ def _column_chunk(
         uncompressed += len(header) + len(body)
         compressed += len(header) + data.size
         slots += shredded.slots
-    meta: Struct = [
-        (1, _T_I32, _PHYSICAL[leaf.value_type][0]),
-        (2, _T_LIST, (_T_I32, sorted({encoding, _RLE}))),
-        (3, _T_LIST, (_T_BINARY, list(leaf.path))),
-        (4, _T_I32, _ZSTD),
-        (5, _T_I64, slots),
-        (6, _T_I64, uncompressed),
-        (7, _T_I64, compressed),
-        (9, _T_I64, file_offset),
-        (12, _T_STRUCT, _statistics(column, leaf) if leaf.statistics else None),
+    meta: thrift.Struct = [
+        (1, thrift.I32, _PHYSICAL[leaf.value_type][0]),
+        (2, thrift.LIST, (thrift.I32, sorted({encoding, _RLE}))),
+        (3, thrift.LIST, (thrift.BINARY, list(leaf.path))),
+        (4, thrift.I32, _ZSTD),
+        (5, thrift.I64, slots),
+        (6, thrift.I64, uncompressed),
+        (7, thrift.I64, compressed),
+        (9, thrift.I64, file_offset),
+        (12, thrift.STRUCT, _statistics(column, leaf) if leaf.statistics else None),
     ]
-    return chunks, [(2, _T_I64, 0), (3, _T_STRUCT, meta)], uncompressed
+    return chunks, [(2, thrift.I64, 0), (3, thrift.STRUCT, meta)], uncompressed
 
 
 def write_table(
@@ -620,6 +567,8 @@ def write_table(
     the footer carries; ``page_slots``: leaf slots per data page (see :data:`PAGE_SLOTS`)."""
     if page_slots < 1:
         raise ValueError(f"page_slots must be at least 1, not {page_slots}")
+    if sys.byteorder != "little":  # values are copied from Arrow's native-order buffers; Parquet's are little-endian
+        raise NotImplementedError("prl.parquet_writer runs on little-endian hosts only")
     split, stats = set(byte_stream_split), set(statistics)
     leaves = [_leaf(field, split, stats) for field in table.schema]
     unknown = (split | stats) - {leaf.dotted for leaf in leaves}
@@ -628,7 +577,8 @@ def write_table(
     codec = pa.Codec("zstd", ZSTD_LEVEL)
     digest = hashlib.sha256()
     offset = 0
-    column_chunks, uncompressed_total = [], 0
+    column_chunks: list[thrift.Struct] = []
+    uncompressed_total = 0
 
     with open(path, "wb") as fh:
 
@@ -647,35 +597,38 @@ def write_table(
                 emit(data)
             uncompressed_total += uncompressed
             column_chunks.append(chunk_struct)
-        footer = thrift_struct(
+        footer = thrift.encode(
             [
-                (1, _T_I32, 2),
-                (2, _T_LIST, (_T_STRUCT, _schema_elements(table.schema))),
-                (3, _T_I64, table.num_rows),
+                (1, thrift.I32, 2),
+                (2, thrift.LIST, (thrift.STRUCT, _schema_elements(table.schema))),
+                (3, thrift.I64, table.num_rows),
                 (
                     4,
-                    _T_LIST,
+                    thrift.LIST,
                     (
-                        _T_STRUCT,
+                        thrift.STRUCT,
                         [
                             [
-                                (1, _T_LIST, (_T_STRUCT, column_chunks)),
-                                (2, _T_I64, uncompressed_total),
-                                (3, _T_I64, table.num_rows),
-                                (5, _T_I64, first),
-                                (6, _T_I64, offset - first),
-                                (7, _T_I16, 0),
+                                (1, thrift.LIST, (thrift.STRUCT, column_chunks)),
+                                (2, thrift.I64, uncompressed_total),
+                                (3, thrift.I64, table.num_rows),
+                                (5, thrift.I64, first),
+                                (6, thrift.I64, offset - first),
+                                (7, thrift.I16, 0),
                             ]
                         ],
                     ),
                 ),
                 (
                     5,
-                    _T_LIST,
-                    (_T_STRUCT, [[(1, _T_BINARY, "ARROW:schema"), (2, _T_BINARY, _arrow_schema_value(table.schema))]]),
+                    thrift.LIST,
+                    (
+                        thrift.STRUCT,
+                        [[(1, thrift.BINARY, "ARROW:schema"), (2, thrift.BINARY, _arrow_schema_value(table.schema))]],
+                    ),
                 ),
-                (6, _T_BINARY, CREATED_BY),
-                (7, _T_LIST, (_T_STRUCT, [[(1, _T_STRUCT, [])] for _ in leaves])),
+                (6, thrift.BINARY, CREATED_BY),
+                (7, thrift.LIST, (thrift.STRUCT, [[(1, thrift.STRUCT, [])] for _ in leaves])),
             ]
         )
         emit(footer)

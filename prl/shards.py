@@ -30,8 +30,9 @@ table's token data):
    fsync, rename); then the whole staging folder is renamed to ``OUT/<set-id>/`` and ``OUT/_index.json`` is
    rewritten from the manifests present. A reader that sees a set folder sees its manifest and every shard it names.
 
-The set id is derived from the source table versions, the options and the earlier sets whose samples were
-skipped, and nothing in a set depends on the clock, so building the same inputs again yields the same bytes.
+The set id is derived from the source table versions, the options, the earlier sets whose samples were
+skipped and the Parquet writer (prl's version), and nothing in a set depends on the clock, so building the same
+inputs again with the same prl yields the same bytes.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import shutil
 import threading
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -671,7 +672,9 @@ def _pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
 
 
 # --- assembly ------------------------------------------------------------------------------------------------
-def _list_array(values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, valid: np.ndarray | None = None):
+def _list_array(
+    values: np.ndarray, offsets: np.ndarray, value_type: pa.DataType, valid: np.ndarray | None = None
+) -> pa.ListArray:
     """A list array of ``values`` (flat, numpy) bounded by ``offsets`` (N + 1), nulls where ``valid`` is False.
     Bools are packed with numpy (Arrow packs a numpy bool array one value at a time)."""
     if value_type == pa.bool_() and valid is None:
@@ -1021,6 +1024,7 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
         json.dumps(
             {
                 "schema_version": SCHEMA_VERSION,
+                "writer": parquet_writer.CREATED_BY,  # the same inputs make the same bytes with the same writer
                 "versions": versions,
                 "options": options.to_dict(),
                 "excluded_sets": sorted(m["set_id"] for m in prior),
@@ -1190,7 +1194,7 @@ def _write_shards(
     ref_rows_N = plan.ship["ref_row"].to_numpy() if ref_spill is not None else None
     has_mask_N = plan.ship["has_mask"].to_numpy()
 
-    def one(s: int) -> tuple[dict[str, Any], float, int]:
+    def one(s: int) -> tuple[dict[str, Any], Future[None], float, int]:
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         columns = [INPUT_IDS, "completion_logprobs", *_mask_column(has_mask_N[lo:hi])]
         traces = trace_spill.flat(rows_N[lo:hi], columns)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prl.parquet_writer import CREATED_BY, _leaf, _page_rows, encode_levels, thrift_struct, write_table
+from prl.parquet_writer import CREATED_BY, _leaf, _page_rows, encode_levels, write_table
 from prl.schema import SHARD, float_leaves
 
 SCHEMA = pa.schema(
@@ -405,13 +405,3 @@ def test_levels_that_alternate_are_bit_packed():
         encoded = encode_levels((values, np.ones(n, np.int64)), n, 1)
         assert encoded == bytes([n // 8 << 1 | 1]) + bytes([0b10101010] * (n // 8))
     assert encode_levels((np.array([3], np.uint8), np.array([300])), 300, 3) == bytes([0xD8, 0x04, 3])
-
-
-def test_thrift_compact_bytes():
-    assert thrift_struct([(1, 5, 1)]) == bytes([0x15, 0x02, 0x00])
-    assert thrift_struct([(20, 5, 5)]) == bytes([0x05, 0x28, 0x0A, 0x00])
-    assert thrift_struct([(1, 1, True), (2, 1, False)]) == bytes([0x11, 0x12, 0x00])
-    assert thrift_struct([(1, 9, (5, [1, 2, 3]))]) == bytes([0x19, 0x35, 0x02, 0x04, 0x06, 0x00])
-    assert thrift_struct([(3, 6, -1), (4, 8, "ab")]) == bytes([0x36, 0x01, 0x18, 0x02, 0x61, 0x62, 0x00])
-    assert thrift_struct([(1, 12, [(2, 5, 0)]), (5, 5, None)]) == bytes([0x1C, 0x25, 0x00, 0x00, 0x00])
-    assert thrift_struct([(1, 9, (5, list(range(15))))])[:3] == bytes([0x19, 0xF5, 0x0F])

@@ -20,9 +20,10 @@ CALL = (
 )
 
 
-def made_in_a_fresh_process(**env: str) -> list:
-    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}
-    out = subprocess.run([sys.executable, "-c", CALL], env={**clean, **env}, capture_output=True, text=True, check=True)
+def made_in_a_fresh_process(before: str = "", **env: str) -> list:
+    clean = {k: v for k, v in os.environ.items() if k not in (*SETTINGS, "GLIBC_TUNABLES")}
+    code = before + CALL
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
@@ -46,10 +47,26 @@ def test_settings_the_environment_makes_are_left_alone():
     ]
     made, purge = made_in_a_fresh_process(MALLOC_MMAP_THRESHOLD_="65536")
     assert (made, purge) == ({"OPENBLAS_NUM_THREADS": "1", "MIMALLOC_PURGE_DELAY": "-1"}, "-1")
+    made, _ = made_in_a_fresh_process(GLIBC_TUNABLES="glibc.malloc.trim_threshold=65536")
+    assert made == {"OPENBLAS_NUM_THREADS": "1", "MIMALLOC_PURGE_DELAY": "-1"}
+
+
+def test_variables_read_at_import_are_left_alone_once_their_library_is_loaded():
+    made, purge = made_in_a_fresh_process("import numpy, pyarrow; ")
+    assert "OPENBLAS_NUM_THREADS" not in made and "MIMALLOC_PURGE_DELAY" not in made
+    assert purge is None
+
+
+def test_importing_the_command_loads_neither_numpy_nor_pyarrow():
+    # the settings above must come before either library loads: prl.cli may not import them at module level
+    code = "import sys, prl.cli; print('numpy' in sys.modules, 'pyarrow' in sys.modules, 'polars' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False", "False"]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
 def test_numpy_starts_no_blas_threads_after_the_settings():
+    # (without the setting numpy's OpenBLAS starts a thread per core: this fails on any machine with two or more)
     code = "from prl.runtime import set_process_defaults; set_process_defaults(); import numpy, os; "
     code += "print(len(os.listdir('/proc/self/task')))"
     clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}

@@ -476,3 +476,30 @@ def test_side_sums_of_a_scan_batch(rows, masks, cut):
 def k3(d: float) -> float:
     x = min(max(-d, -20.0), 20.0)
     return min(math.expm1(x) - x, 10.0)
+
+
+def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
+    import errno
+
+    store = random_store(str(tmp_path / "s"), 40, 4)  # 160 samples, several shards
+    out = tmp_path / "out"
+    real, calls = shards._write_shard, []
+
+    def disk_full_on_the_third(table, tmp):
+        calls.append(tmp)
+        if len(calls) == 3:
+            Path(tmp).write_bytes(b"PAR1 partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(table, tmp)
+
+    monkeypatch.setattr(shards, "_write_shard", disk_full_on_the_third)
+    with pytest.raises(OSError, match="No space left on device"):
+        build_shards(store, str(out), ShardOptions(target_tokens=50))
+    assert len(calls) >= 3
+    assert sorted(os.listdir(out)) == []  # no set, no staging folder, no index
+    monkeypatch.setattr(shards, "_write_shard", real)
+    result = build_shards(store, str(out), ShardOptions(target_tokens=50))
+    assert (result.status, result.rows) == ("built", 160)
+    from prl.verify import verify_shards
+
+    assert verify_shards(str(out)).exit_code == 0

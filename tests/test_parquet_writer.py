@@ -308,6 +308,24 @@ def test_bools_are_written_the_same_whatever_arrows_padding_bits_hold(tmp_path):
     assert written[0] == written[1] == written[2]
 
 
+def test_readers_that_stream_batches_across_page_boundaries(tmp_path):
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 9, 300)
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+    table = pa.table(
+        {
+            "ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(rng.integers(0, 99, offsets[-1]), pa.int32())),
+            "lp": pa.ListArray.from_arrays(pa.array(offsets), pa.array(-rng.random(offsets[-1]), pa.float32())),
+            "x": pa.array(rng.random(300)),
+        }
+    )
+    path = tmp_path / "pages.parquet"
+    write_table(table, str(path), ["lp.list.element", "x"], page_slots=17)
+    batches = list(pq.ParquetFile(path).iter_batches(batch_size=7))
+    assert pa.Table.from_batches(batches).equals(table)
+    assert pl.scan_parquet(path).slice(123, 45).collect().equals(pl.from_arrow(table.slice(123, 45)))
+
+
 def test_empty_table_and_same_bytes_twice(tmp_path):
     empty = SCHEMA.empty_table()
     write_table(empty, str(tmp_path / "empty.parquet"), SPLIT, STATS)

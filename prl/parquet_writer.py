@@ -405,19 +405,13 @@ def _page_body(shredded: _Shredded, leaf: _Leaf) -> np.ndarray:
         values = _fixed_width(shredded.values, dtype)
         if not prefix and not leaf.byte_stream_split:
             return values
-    body = _buffer(len(prefix) + len(values))
+    body = np.empty(len(prefix) + len(values), np.uint8)
     body[: len(prefix)] = np.frombuffer(prefix, np.uint8)
     if dtype is not None and leaf.byte_stream_split:
         _byte_stream_split(values, dtype.itemsize, body[len(prefix) :])
     else:
         body[len(prefix) :] = values
     return body
-
-
-def _buffer(size: int) -> np.ndarray:
-    """A writable uint8 array from Arrow's memory pool, which keeps freed memory for reuse (``np.empty`` would
-    fault in fresh zeroed pages for every page of every shard)."""
-    return np.frombuffer(pa.allocate_buffer(size), np.uint8)
 
 
 def _byte_stream_split(raw: np.ndarray, width: int, out: np.ndarray) -> None:

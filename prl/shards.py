@@ -953,19 +953,13 @@ def _write_shard(table: pa.Table, tmp: str) -> tuple[int, str]:
     return parquet_writer.write_table(table, tmp, byte_stream_split=FLOAT_LEAVES, statistics=SHARD_STATISTICS)
 
 
-def _seal(tmp: str, path: str) -> tuple[int, str]:
-    """Hash ``tmp``, fsync it and rename it to ``path``; returns its size in bytes and hex sha256."""
-    sha256 = sha256_file(tmp)
-    _publish_file(tmp, path)
-    return os.path.getsize(path), sha256
-
-
 def _write_samples(path: str, sample_ids: pa.Array) -> tuple[int, str]:
     """Write the set's sorted sample ids (fsynced, renamed into place); returns size and hex sha256."""
-    pq.write_table(
-        pa.table({"sample_id": sample_ids.take(pc.sort_indices(sample_ids))}), f"{path}.tmp", compression="zstd"
+    sealed = parquet_writer.write_table(
+        pa.table({"sample_id": sample_ids.take(pc.sort_indices(sample_ids))}), f"{path}.tmp"
     )
-    return _seal(f"{path}.tmp", path)
+    _publish_file(f"{path}.tmp", path)
+    return sealed
 
 
 def _count_plan(result: ShardResult, plan: _Plan, options: ShardOptions) -> None:

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prl import parquet_writer
 from prl.parquet_writer import CREATED_BY, _leaf, _page_rows, encode_levels, write_table
 from prl.schema import SHARD, float_leaves
 
@@ -364,6 +365,19 @@ def test_pages_hold_whole_rows_by_first_slot():
     # leaf slots per row 3, 1 (a null list), 3 → first slots 0, 3, 4 → windows of 3: 0, 1, 1
     assert _page_rows(nested, _leaf(pa.field("n", nested.type), set(), set()), 3) == [(0, 1), (1, 3)]
     assert _page_rows(column.slice(0, 0), leaf, 4) == [(0, 0)]
+
+
+def test_a_page_over_parquets_size_limit_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_writer, "MAX_PAGE_BYTES", 1000)
+    table = pa.table({"l": pa.array([list(range(300))], pa.list_(pa.int32()))})  # one row: 1,200 bytes of values
+    with pytest.raises(ValueError, match=re.escape("column l.list.element: rows 0–1 of a chunk make a 1")):
+        write_table(table, str(tmp_path / "x.parquet"))
+
+
+def test_big_endian_hosts_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(parquet_writer.sys, "byteorder", "big")
+    with pytest.raises(NotImplementedError, match="little-endian hosts only"):
+        write_table(SCHEMA.empty_table(), str(tmp_path / "x.parquet"))
 
 
 def test_page_slots_must_be_positive(tmp_path):

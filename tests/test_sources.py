@@ -7,11 +7,12 @@ import gzip
 import hashlib
 from pathlib import Path
 
+import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from prl.sources import LineReader, expand, first_lines
+from prl.sources import GZIP_MAGIC, ZSTD_MAGIC, LineReader, expand, first_lines
 
 PROPS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -43,6 +44,7 @@ def _stored(tmp_path: Path, data: bytes, compression: str) -> tuple[Path, bytes]
 )
 def test_lines_and_blocks_match_a_plain_split(tmp_path, lines, terminated, chunk_size, compression):
     data = b"\n".join(lines) + (b"\n" if terminated and lines else b"")
+    assume(compression != "none" or not data.startswith((GZIP_MAGIC, ZSTD_MAGIC)))  # read as compressed: below
     path, stored = _stored(tmp_path, data, compression)
     (src,) = expand([str(path)])
     expected, unterminated = _expected(data)
@@ -68,3 +70,15 @@ def test_first_lines_cuts_a_block_after_its_first_lines():
     assert first_lines(block, 10) == block
     assert first_lines((1, b"no newline"), 1) == (1, b"no newline")
     assert first_lines(block, 0) == (7, b"")
+
+
+@pytest.mark.parametrize("data", [GZIP_MAGIC, GZIP_MAGIC + b'{"a": 1}\n', ZSTD_MAGIC + b"xyz\n"])
+def test_an_uncompressed_file_opening_with_a_magic_number_is_reported_not_read_as_lines(tmp_path, data):
+    # no JSON line starts with these bytes: the file is taken as compressed, and its damage is reported
+    path = tmp_path / "source.jsonl"
+    path.write_bytes(data)
+    (src,) = expand([str(path)])
+    reader = LineReader(src, chunk_size=3)
+    assert list(reader) == []
+    assert reader.compression == ("gzip" if data.startswith(GZIP_MAGIC) else "zstd")
+    assert reader.truncated is not None and reader.truncated.startswith(f"{reader.compression} stream")

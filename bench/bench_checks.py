@@ -28,7 +28,7 @@ from prl.checks import CheckTokenizer, check_tokens
 from prl.checks.arrays import Ragged
 from prl.checks.roundtrip import RoundTripper
 from prl.schema import TRACES
-from prl.store import Store
+from prl.store.tables import Store
 
 
 def tokenizer_dir() -> str:

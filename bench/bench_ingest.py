@@ -47,7 +47,7 @@ AS_THE_COMMAND = "from prl.runtime import set_process_defaults\nset_process_defa
 def prl_ingest_code(source: str, store: str) -> str:
     """Code for :func:`_child` that ingests ``source`` into ``store`` as the ``prl`` command would, timed."""
     return (
-        AS_THE_COMMAND + "from prl.ingestion import ingest\n"
+        AS_THE_COMMAND + "from prl.ingestion.traces import ingest\n"
         "t = time.perf_counter()\n"
         f"r = ingest([{source!r}], {store!r})\n"
         "out = {'seconds': time.perf_counter() - t, 'samples': r.samples, 'tokens': r.tokens, 'q': r.quarantined}\n"

@@ -52,7 +52,7 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
 
     sys.path.insert(0, ROOT)
     from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, TRACES
-    from prl.store import Store
+    from prl.store.tables import Store
 
     rng = np.random.default_rng(seed)
     store = Store(root)
@@ -140,9 +140,9 @@ set_process_defaults()  # as the prl command does, before pyarrow loads
 import glob, os, shutil, statistics
 from concurrent.futures import ThreadPoolExecutor
 import pyarrow.parquet as pq
-from prl.store import Store
-from prl.shards import build_shards, _publish_file, _write_shard
-from prl.recipe_shards import ShardOptions
+from prl.store.tables import Store
+from prl.shards.build import build_shards, _publish_file, _write_shard
+from prl.shards.options import ShardOptions
 options = ShardOptions(kl="advantages", kl_coef=0.05, target_tokens={target})
 t = time.perf_counter()
 res = build_shards(Store({store!r}), {out!r}, options)
@@ -190,7 +190,8 @@ out = {{"seconds": seconds, "warm_seconds": min(warm), "warm_median_seconds": st
 
 NUMERICS = """
 import numpy as np
-from prl import advantages as adv, kl
+from prl.numerics import advantages as adv
+from prl.numerics import kl
 rng = np.random.default_rng(0)
 N, L = {samples}, {completion}
 off = np.arange(N + 1, dtype=np.int64) * L

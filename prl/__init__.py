@@ -23,16 +23,16 @@ from typing import Any
 __version__ = "0.1.0"
 
 _API = {
-    "ingest": ("prl.ingestion", "ingest"),
-    "ingest_side_table": ("prl.side_tables", "ingest_side_table"),
+    "ingest": ("prl.ingestion.traces", "ingest"),
+    "ingest_side_table": ("prl.ingestion.side_tables", "ingest_side_table"),
     "check_tokens": ("prl.checks", "check_tokens"),
-    "build_shards": ("prl.shards", "build_shards"),
-    "ShardOptions": ("prl.recipe_shards", "ShardOptions"),
+    "build_shards": ("prl.shards.build", "build_shards"),
+    "ShardOptions": ("prl.shards.options", "ShardOptions"),
     "export_tinker": ("prl.export.tinker", "export_tinker"),
-    "run": ("prl.pipeline", "run"),
-    "inspect": ("prl.inspection", "inspect"),
-    "verify_shards": ("prl.verify", "verify_shards"),
-    "Store": ("prl.store", "Store"),
+    "run": ("prl.pipeline.runner", "run"),
+    "inspect": ("prl.report.inspect", "inspect"),
+    "verify_shards": ("prl.shards.verify", "verify_shards"),
+    "Store": ("prl.store.tables", "Store"),
 }
 
 __all__ = [*sorted(_API), "__version__"]

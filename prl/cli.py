@@ -16,8 +16,8 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from prl import report
 from prl.errors import ExitCode, PrlError, RetryableIOError
+from prl.report import console as report
 from prl.runtime import set_process_defaults
 
 app = typer.Typer(
@@ -101,10 +101,10 @@ def ingest(
 ) -> None:
     """Read serving traces (or rewards / reference logprobs) into the store, exactly as sampled."""
     if kind == "traces":
-        from prl.ingestion import ingest as run_ingest
+        from prl.ingestion.traces import ingest as run_ingest
 
         def call() -> Any:
-            from prl.sources import expand
+            from prl.io.sources import expand
 
             total = sum(s.size for s in expand(sources))
             with report.byte_progress(total, "ingest") as progress:
@@ -122,7 +122,7 @@ def ingest(
 
         _run(call, report.render_ingest, as_json)
     elif kind in ("rewards", "ref"):
-        from prl.side_tables import ingest_side_table
+        from prl.ingestion.side_tables import ingest_side_table
 
         _run(
             lambda: ingest_side_table(sources, store, kind=kind, dry_run=dry_run),
@@ -165,8 +165,8 @@ def check_tokens_cmd(
 ) -> None:
     """Check token IDs, logprobs and top-k heads against retokenization drift; one verdict per sample."""
     from prl.checks import check_tokens
-    from prl.checks.report import render
-    from prl.store import Store
+    from prl.report.checks import render
+    from prl.store.tables import Store
 
     _run(
         lambda: check_tokens(
@@ -188,7 +188,7 @@ def _shard_options(recipe: str | None, overrides: list[str]) -> Any:
     import tomllib
 
     from prl.errors import UsageError
-    from prl.recipe_shards import ShardOptions
+    from prl.shards.options import ShardOptions
 
     mapping: dict[str, Any] = {}
     if recipe:
@@ -219,8 +219,8 @@ def build_shards_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Join checked traces, rewards and reference logprobs into shuffled, atomically published Parquet shards."""
-    from prl.shards import build_shards
-    from prl.store import Store
+    from prl.shards.build import build_shards
+    from prl.store.tables import Store
 
     _run(
         lambda: build_shards(Store(store), out, _shard_options(recipe, overrides or []), rebuild, dry_run),
@@ -259,7 +259,7 @@ def run_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Run the steps a recipe names (ingest → rewards → ref → check → shards), incrementally; what cron calls."""
-    from prl.pipeline import run
+    from prl.pipeline.runner import run
 
     _run(lambda: run(recipe, dry_run=dry_run, steps=only), report.render_run, as_json)
 
@@ -270,7 +270,7 @@ def inspect_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Summarise a store (tables, traces, quarantine, checks, rewards) or shard sets (manifests, histograms)."""
-    from prl.inspection import inspect
+    from prl.report.inspect import inspect
 
     _run(lambda: inspect(path), report.render_inspect, as_json)
 
@@ -281,7 +281,7 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Recompute sha256, rows and tokens of every shard against its manifest; exit 1 naming any mismatch."""
-    from prl.verify import verify_shards
+    from prl.shards.verify import verify_shards
 
     _run(lambda: verify_shards(shards), report.render_verify, as_json)
 

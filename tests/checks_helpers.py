@@ -11,7 +11,7 @@ import pyarrow as pa
 from tokenizers import Tokenizer
 
 from prl.schema import TRACES
-from prl.store import Store
+from prl.store.tables import Store
 
 BOS, EOS, USER, ASSISTANT, THINK, END_THINK = 0, 1, 128803, 128804, 128821, 128822
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import zstandard
 
-from prl.store import Store
+from prl.store.tables import Store
 
 
 @pytest.fixture

@@ -59,7 +59,7 @@ def parse_one(fmt: Format, obj: Any) -> list[Sample | Quarantined]:
 
 def reason_of(fmt: Format, obj: Any) -> str | None:
     """The first quarantine reason of a record, from parsing or from ingest's validation (None when clean)."""
-    from prl.assemble import validate
+    from prl.ingestion.assemble import validate
 
     for item in parse_one(fmt, obj):
         if isinstance(item, Quarantined):

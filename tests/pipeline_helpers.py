@@ -14,9 +14,9 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from prl.shards import MANIFEST, SAMPLES_FILE
-from prl.store import Store
-from prl.verify import verify_shards
+from prl.shards.build import MANIFEST, SAMPLES_FILE
+from prl.shards.verify import verify_shards
+from prl.store.tables import Store
 from tests.records import vllm_chat
 
 REPO = str(Path(__file__).resolve().parent.parent)

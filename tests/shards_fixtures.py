@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, TRACES
-from prl.store import Store
+from prl.store.tables import Store
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 

@@ -15,7 +15,7 @@ from unittest import mock
 import pyarrow as pa
 
 from prl.formats.base import ParseOptions, Quarantined, RawRecord, Sample, decode_json
-from prl.formats.sse import DONE_KEY, STREAM_KEY, Sse
+from prl.formats.sse.exact import DONE_KEY, STREAM_KEY, Sse
 
 _SKIPPED_FIELDS = (b"event:", b"id:", b"retry:")
 
@@ -112,19 +112,19 @@ def _items(records: Iterable[RawRecord], options: ParseOptions) -> list[tuple[in
 
 def reference_items(lines: list[tuple[int, bytes]], options: ParseOptions | None = None) -> list[tuple[int, tuple]]:
     """What the eager framer and the per-chunk join make of ``lines``."""
-    with mock.patch("prl.formats.sse.join_chat_chunks", return_value=None):
+    with mock.patch("prl.formats.sse.exact.join_chat_chunks", return_value=None):
         return _items(reference_frame(iter(lines)), options or ParseOptions())
 
 
 def fast_items(lines: list[tuple[int, bytes]], options: ParseOptions | None = None) -> list[tuple[int, tuple]]:
-    """What :class:`prl.formats.sse.Sse` makes of ``lines``, as ingest calls it."""
+    """What :class:`prl.formats.sse.exact.Sse` makes of ``lines``, as ingest calls it."""
     return _items(Sse().frame(iter(lines)), options or ParseOptions())
 
 
 def as_blocks(
     lines: list[tuple[int, bytes]], cuts: Iterable[int] = (), terminated: bool = True
 ) -> list[tuple[int, bytes]]:
-    """``lines`` (numbered 1, 2, …) as :meth:`prl.sources.LineReader.blocks` would give them: whole lines,
+    """``lines`` (numbered 1, 2, …) as :meth:`prl.io.sources.LineReader.blocks` would give them: whole lines,
     a new block after each line position in ``cuts``; the last line without its newline unless
     ``terminated``."""
     blocks: list[tuple[int, bytes]] = []
@@ -144,5 +144,5 @@ def as_blocks(
 def block_items(
     lines: list[tuple[int, bytes]], cuts: Iterable[int] = (), options: ParseOptions | None = None
 ) -> list[tuple[int, tuple]]:
-    """What :meth:`prl.formats.sse.Sse.frame_blocks` (as ingest calls it) makes of ``lines`` cut into blocks."""
+    """What :meth:`prl.formats.sse.exact.Sse.frame_blocks` (as ingest calls it) makes of ``lines`` cut into blocks."""
     return _items(Sse().frame_blocks(as_blocks(lines, cuts)), options or ParseOptions())

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prl.advantages import combine_rewards, compute_advantages, constant_groups, dense_index
+from prl.numerics.advantages import combine_rewards, compute_advantages, constant_groups, dense_index
 
 
 def reference(rewards, groups, method, fallback=None):
@@ -145,7 +145,7 @@ def test_matches_loop_reference(rows, method, use_fallback):
 
 def test_reward_weights_from_command_line_text():
     from prl.errors import UsageError
-    from prl.recipe_shards import ShardOptions
+    from prl.shards.options import ShardOptions
 
     assert ShardOptions.from_mapping({"rewards": "correct=1,format=0.25"}).rewards == {"correct": 1.0, "format": 0.25}
     assert ShardOptions.from_mapping({"rewards": "score"}).rewards == {"score": 1.0}

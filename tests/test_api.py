@@ -10,8 +10,8 @@ import prl
 
 def test_api_names_resolve_to_library_functions():
     from prl.checks import check_tokens
-    from prl.ingestion import ingest
-    from prl.shards import build_shards
+    from prl.ingestion.traces import ingest
+    from prl.shards.build import build_shards
 
     assert prl.ingest is ingest
     assert prl.check_tokens is check_tokens

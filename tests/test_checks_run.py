@@ -10,9 +10,9 @@ import pytest
 from rich.console import Console
 
 from prl.checks import CheckOptions, check_tokens
-from prl.checks.report import render
 from prl.errors import UsageError
-from prl.store import Store
+from prl.report.checks import render
+from prl.store.tables import Store
 from tests.checks_helpers import EOS, TRACES_SCHEMA_TABLE, chat_prompt, enc, make_store, row, tokenizer_dir
 
 PROMPT = chat_prompt("Greet")

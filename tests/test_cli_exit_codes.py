@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from prl.cli import app
-from prl.locks import lock_for, step_name
+from prl.store.locks import lock_for, step_name
 from tests.pipeline_helpers import GrowingInput, write_recipe
 
 runner = CliRunner()
@@ -82,7 +82,7 @@ def test_ingest_codes(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("prl.ingestion.ingest", interrupted)
+    monkeypatch.setattr("prl.ingestion.traces.ingest", interrupted)
     assert invoke(["ingest", str(clean.root / "traces"), "--store", store]) == (
         130,
         {"error": "interrupted", "exit_code": 130},

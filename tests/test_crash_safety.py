@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from prl.store import Store
+from prl.store.tables import Store
 from tests.pipeline_helpers import (
     GrowingInput,
     assert_exactly_once,

@@ -12,7 +12,7 @@ import pytest
 
 from prl.errors import UsageError
 from prl.export.tinker import datum_arrays, export_tinker
-from prl.shards import build_shards
+from prl.shards.build import build_shards
 from tests.shards_fixtures import make_store, random_store, reward, trace
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prl.formats import registry
 from prl.formats.base import ParseOptions, Quarantined, Sample
-from prl.formats.sse import frame_decoded
+from prl.formats.sse.exact import frame_decoded
 from tests.formats_helpers import FIXTURES, json_paths
 
 FIXTURE_OF = {

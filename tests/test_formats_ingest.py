@@ -7,7 +7,7 @@ import shutil
 import polars as pl
 import pytest
 
-from prl.ingestion import ingest
+from prl.ingestion.traces import ingest
 from tests.formats_helpers import C1, C2, FIXTURES, L1, P1, P2
 
 

@@ -6,7 +6,7 @@ import json
 
 from prl.formats.base import ParseOptions, Quarantined
 from prl.formats.registry import detect_file
-from prl.formats.sse import Sse
+from prl.formats.sse.exact import Sse
 from tests.formats_helpers import C1, C2, FIXTURES, L1, P1, P2, heads, lines_of, parse_file, reasons, samples
 
 

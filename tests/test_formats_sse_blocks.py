@@ -1,4 +1,4 @@
-"""SSE block framing and the bulk Arrow join (:meth:`prl.formats.sse.Sse.frame_blocks`) read every capture
+"""SSE block framing and the bulk Arrow join (:meth:`prl.formats.sse.exact.Sse.frame_blocks`) read every capture
 exactly as the per-chunk reader does (:mod:`tests.sse_reference`): generated, mutated and hostile streams,
 cut into blocks anywhere, with the bulk path taken where the layout is the servers'."""
 
@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prl.formats import sse_arrow, sse_blocks
 from prl.formats.base import ParseOptions, Quarantined
-from prl.formats.sse import JOINED_KEY, TEXT_KEY, Sse
-from prl.formats.sse_arrow import UNJOINED, join_streams, payloads
+from prl.formats.sse import blocks as sse_blocks
+from prl.formats.sse import bulk as sse_arrow
+from prl.formats.sse.bulk import UNJOINED, join_streams, payloads
+from prl.formats.sse.exact import JOINED_KEY, TEXT_KEY, Sse
 from tests.formats_helpers import FIXTURES, lines_of
 from tests.sse_reference import as_blocks, block_items, reference_items
 from tests.test_formats_sse_fast import PROPS, _line, capture_lines, mutate, responses, streams

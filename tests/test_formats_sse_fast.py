@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prl.formats.base import ParseOptions, Quarantined, Sample
-from prl.formats.sse import Sse, frame_decoded, join_chunks, resolve
-from prl.formats.sse_fast import join_chat_chunks
+from prl.formats.sse.exact import Sse, frame_decoded, join_chunks, resolve
+from prl.formats.sse.fast import join_chat_chunks
 from prl.formats.vllm import VllmChat
 from tests.formats_helpers import FIXTURES, json_paths, lines_of
 from tests.sse_reference import fast_items, reference_frame, reference_items, sample_key

@@ -7,7 +7,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prl.heads import PAD_ID, PAD_LOGPROB, fixed_k, min_head_width
+from prl.numerics.heads import PAD_ID, PAD_LOGPROB, fixed_k, min_head_width
 
 IDS = pa.list_(pa.list_(pa.int32()))
 LPS = pa.list_(pa.list_(pa.float32()))

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from prl.errors import ExitCode
-from prl.ingestion import ingest
+from prl.ingestion.traces import ingest
 from tests.records import sglang_generate, vllm_chat, vllm_completion
 
 

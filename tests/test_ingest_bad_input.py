@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prl.errors import ExitCode, UsageError
-from prl.ingestion import RAW_KEEP, ingest
+from prl.ingestion.traces import RAW_KEEP, ingest
 from prl.schema import RAW_LIMIT
 from tests.records import sglang_generate, vllm_chat
 
@@ -233,7 +233,7 @@ printable_lines = st.one_of(
 @given(st.lists(printable_lines, max_size=8))
 def test_garbage_never_crashes_never_loses_a_good_line(tmp_path_factory, garbage):
     tmp = tmp_path_factory.mktemp("fuzz")
-    from prl.store import Store
+    from prl.store.tables import Store
 
     store = Store(str(tmp / "store"))
     lines = [json.dumps(GOOD).encode(), *garbage, json.dumps(GOOD | {"id": "last"}).encode()]

@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
 
-from prl import report
-from prl.inspection import histogram, inspect, inspect_shards, inspect_store
-from prl.recipe_shards import ShardOptions
-from prl.shards import build_shards
-from prl.store import Store
+from prl.report import console as report
+from prl.report.inspect import histogram, inspect, inspect_shards, inspect_store
+from prl.shards.build import build_shards
+from prl.shards.options import ShardOptions
+from prl.store.tables import Store
 from tests.shards_fixtures import make_store, random_store, reward, trace, verdict
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prl import kl
+from prl.numerics import kl
 
 
 def k3_loop(d: float) -> float:

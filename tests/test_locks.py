@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from prl import locks
 from prl.errors import LockedError
-from prl.locks import LocalLock, lock_for
-from prl.s3lock import S3Lock
-from prl.store import filesystem_for
+from prl.store import locks
+from prl.store.locks import LocalLock, lock_for
+from prl.store.s3lock import S3Lock
+from prl.store.tables import filesystem_for
 from tests.s3_server import moto_endpoint, s3  # noqa: F401
 
 

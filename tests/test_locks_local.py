@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from prl.errors import LockedError, RetryableIOError
-from prl.locks import LocalLock, holding, lock_for, step_name
+from prl.store.locks import LocalLock, holding, lock_for, step_name
 
 
 def lock_path(store: str, step: str = "ingest") -> str:
@@ -137,7 +137,7 @@ def test_many_processes_breaking_one_stale_lock_only_one_wins(tmp_path):
     ],
 )
 def test_stale_after_from_the_environment(monkeypatch, raw, expected):
-    from prl.locks import STALE_ENV, _stale_after_from_env
+    from prl.store.locks import STALE_ENV, _stale_after_from_env
 
     if raw is None:
         monkeypatch.delenv(STALE_ENV, raising=False)

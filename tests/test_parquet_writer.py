@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prl import parquet_writer
-from prl.parquet_writer import CREATED_BY, _leaf, _page_rows, encode_levels, write_table
 from prl.schema import SHARD, float_leaves
+from prl.shards import parquet_writer
+from prl.shards.parquet_writer import CREATED_BY, _leaf, _page_rows, encode_levels, write_table
 
 SCHEMA = pa.schema(
     [

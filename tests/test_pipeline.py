@@ -9,13 +9,13 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from prl import pipeline
 from prl.cli import app
 from prl.errors import ExitCode, RetryableIOError
-from prl.locks import lock_for
-from prl.recipe import load
-from prl.store import Store
-from prl.verify import verify_shards
+from prl.pipeline import runner as pipeline
+from prl.pipeline.recipe import load
+from prl.shards.verify import verify_shards
+from prl.store.locks import lock_for
+from prl.store.tables import Store
 from tests.pipeline_helpers import GrowingInput, write_recipe
 
 runner = CliRunner()
@@ -186,7 +186,7 @@ def test_missing_check_implementation_is_a_usage_error_that_stops_the_run(tmp_pa
     recipe = load(str(data.recipe(tmp_path / "store", tmp_path / "out")))
     from dataclasses import replace
 
-    from prl.recipe import CheckSection
+    from prl.pipeline.recipe import CheckSection
 
     with_check = replace(recipe, check=CheckSection(tokenizer=str(tmp_path)))
     result = pipeline.run(with_check)
@@ -273,7 +273,7 @@ def test_demo_recipe_end_to_end(tmp_path):
     """recipes/demo.toml over sample_data/ (every step, the real tokenizer), redirected to a temporary store."""
     from dataclasses import replace
 
-    from prl.recipe import StoreSection
+    from prl.pipeline.recipe import StoreSection
     from tests.pipeline_helpers import REPO
 
     demo = load(os.path.join(REPO, "recipes", "demo.toml"))

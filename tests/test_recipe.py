@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from prl import recipe
 from prl.cli import app
 from prl.errors import UsageError
-from prl.recipe_shards import ShardOptions
+from prl.pipeline import recipe
+from prl.shards.options import ShardOptions
 from tests.pipeline_helpers import REPO
 
 runner = CliRunner()

@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from prl.store import Store
+from prl.store.tables import Store
 from tests.pipeline_helpers import (
     GrowingInput,
     assert_exactly_once,

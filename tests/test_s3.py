@@ -20,12 +20,12 @@ import pytest
 import zstandard
 
 from prl.errors import ExitCode, RetryableIOError
-from prl.ingestion import ingest
-from prl.s3lock import S3Lock
+from prl.ingestion.side_tables import ingest_side_table
+from prl.ingestion.traces import ingest
+from prl.io.sources import _read_ahead, expand
 from prl.schema import REWARDS
-from prl.side_tables import ingest_side_table
-from prl.sources import _read_ahead, expand
-from prl.store import Store, filesystem_for
+from prl.store.s3lock import S3Lock
+from prl.store.tables import Store, filesystem_for
 from tests.records import sglang_generate, vllm_chat, vllm_completion
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 
@@ -200,7 +200,7 @@ def test_concurrent_delta_commits_on_s3_all_land(s3):  # noqa: F811
 
 HOLDING_INGEST = """
 import os, sys, time
-from prl.ingestion import ingest
+from prl.ingestion.traces import ingest
 started, go = sys.argv[3], sys.argv[4]
 def progress(n):
     if not os.path.exists(started):

@@ -8,9 +8,9 @@ import polars as pl
 import pytest
 
 from prl.checks import check_tokens
-from prl.ingestion import ingest
-from prl.side_tables import ingest_side_table
-from prl.store import Store
+from prl.ingestion.side_tables import ingest_side_table
+from prl.ingestion.traces import ingest
+from prl.store.tables import Store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "sample_data")

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prl import shards
 from prl.errors import UsageError
-from prl.recipe_shards import ShardOptions
 from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, SHARD, TRACES
-from prl.shards import build_shards, parse_version
+from prl.shards import build as shards
+from prl.shards.build import build_shards, parse_version
+from prl.shards.options import ShardOptions
 from tests.shards_fixtures import make_store, random_store, ref, reward, table, trace, varied_store, verdict
 
 
@@ -326,7 +326,7 @@ def test_dry_run_writes_nothing_and_empty_store(tmp_path):
     store = small_store(tmp_path)
     res = build_shards(store, str(tmp_path / "out"), dry_run=True)
     assert res.status == "dry_run" and res.rows == 3 and not os.path.exists(tmp_path / "out")
-    from prl.store import Store
+    from prl.store.tables import Store
 
     empty = build_shards(Store(str(tmp_path / "none")), str(tmp_path / "out"))
     assert empty.status == "nothing_new" and empty.exit_code == 0 and empty.rows == 0
@@ -500,6 +500,6 @@ def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(shards, "_write_shard", real)
     result = build_shards(store, str(out), ShardOptions(target_tokens=50))
     assert (result.status, result.rows) == ("built", 160)
-    from prl.verify import verify_shards
+    from prl.shards.verify import verify_shards
 
     assert verify_shards(str(out)).exit_code == 0

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prl.formats.base import Quarantined
-from prl.side_tables import ingest_side_table, reward_events
+from prl.ingestion.side_tables import ingest_side_table, reward_events
 
 
 def test_reward_shapes_exact(store, write_trace):

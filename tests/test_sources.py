@@ -12,7 +12,7 @@ import zstandard
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from prl.sources import GZIP_MAGIC, ZSTD_MAGIC, LineReader, expand, first_lines
+from prl.io.sources import GZIP_MAGIC, ZSTD_MAGIC, LineReader, expand, first_lines
 
 PROPS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prl.spill import FlatList, ScanSpill, _read_ranges
+from prl.shards.spill import FlatList, ScanSpill, _read_ranges
 
 SCHEMA = pa.schema(
     [

@@ -8,7 +8,7 @@ import os
 import pyarrow.parquet as pq
 
 from prl.schema import REWARDS, TRACES, float_leaves, leaf_paths
-from prl.store import Store, parquet_options
+from prl.store.tables import Store, parquet_options
 from tests.shards_fixtures import reward, table, trace
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prl import thrift_compact as thrift
+from prl.shards import thrift_compact as thrift
 
 
 def test_varint():

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from prl.cli import app
 from prl.errors import UsageError
-from prl.recipe_shards import ShardOptions
-from prl.shards import build_shards
-from prl.verify import verify_shards
+from prl.shards.build import build_shards
+from prl.shards.options import ShardOptions
+from prl.shards.verify import verify_shards
 from tests.shards_fixtures import random_store
 
 runner = CliRunner()

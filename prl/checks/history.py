@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.checks.arrays import concat_rows, ragged
-from prl.store import Store
+from prl.store.tables import Store
 
 
 def session_index(store: Store, version: int) -> pl.DataFrame:

@@ -1,4 +1,4 @@
-"""The typed result of a check run: what the CLI renders (``prl.checks.report``) or dumps (``--json``)."""
+"""The typed result of a check run: what the CLI renders (``prl.report.checks``) or dumps (``--json``)."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ from prl.checks.tokenizer import CheckTokenizer
 from prl.checks.verdict import REASONS, SEVERITY, RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.errors import UsageError
-from prl.locks import holding
-from prl.store import Store
+from prl.store.locks import holding
+from prl.store.tables import Store
 
 MISMATCH_FRACTION = 0.5
 """More than this fraction of a run's first batch with out-of-vocabulary IDs means the wrong tokenizer."""

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prl.errors import UsageError
-from prl.shards import sha256_file
+from prl.shards.build import sha256_file
 
 
 @dataclass

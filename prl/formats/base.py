@@ -18,7 +18,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prl.sources import lines_of
+from prl.io.sources import lines_of
 
 
 class Quarantined(Exception):
@@ -109,7 +109,7 @@ class Format:
             yield decode_json_line(line_no, raw)
 
     def frame_blocks(self, blocks: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
-        """The records of a whole source given as :meth:`prl.sources.LineReader.blocks` yields it: the same
+        """The records of a whole source given as :meth:`prl.io.sources.LineReader.blocks` yields it: the same
         records as :meth:`frame` of its lines. A format that can frame whole blocks faster overrides it."""
         return self.frame(lines_of(blocks))
 

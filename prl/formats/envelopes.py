@@ -32,7 +32,7 @@ from prl.formats.fields import RequestSide, as_dict, opt_dict, opt_str, request_
 def dispatch(body: Any, side: RequestSide | None, options: ParseOptions) -> list[Sample | Quarantined]:
     """Parse an unwrapped response ``body`` with the format that detects it and fill in ``side``."""
     from prl.formats import registry
-    from prl.formats.sse import frame_decoded, is_chunk, parse_chunks
+    from prl.formats.sse.exact import frame_decoded, is_chunk, parse_chunks
 
     if isinstance(body, str):
         if "data:" not in body:

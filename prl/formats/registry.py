@@ -10,7 +10,7 @@ from prl.formats.envelopes import LiteLLMLog, OpenAIBatch, ProxyCapture
 from prl.formats.openai_text import OpenAIText
 from prl.formats.rollouts import PrimeRL, SkyRL, Slime, Verl
 from prl.formats.sglang import SglangGenerate
-from prl.formats.sse import Sse
+from prl.formats.sse.exact import Sse
 from prl.formats.tgi import Tgi
 from prl.formats.vllm import VllmChat, VllmCompletions
 from prl.formats.vllm_generate import VllmGenerate, VllmRequestOutput

@@ -1,4 +1,4 @@
-"""Store-step locks on S3: the contract of :class:`prl.locks.LocalLock`, built from S3 conditional writes.
+"""Store-step locks on S3: the contract of :class:`prl.store.locks.LocalLock`, built from S3 conditional writes.
 
 The lock is the object ``STORE/_locks/<step>.lock`` holding JSON ``{holder, host, pid, run_id, step, started_at,
 heartbeat_at}``.
@@ -30,9 +30,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from prl import locks
 from prl.errors import LockedError, RetryableIOError, UsageError
-from prl.store import aws_endpoint, aws_region
+from prl.store import locks
+from prl.store.tables import aws_endpoint, aws_region
 
 try:
     import boto3

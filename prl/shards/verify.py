@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prl.errors import ExitCode, UsageError
-from prl.shards import MANIFEST, SAMPLES_FILE, sha256_file
+from prl.shards.build import MANIFEST, SAMPLES_FILE, sha256_file
 
 BATCH_ROWS = 1024
 

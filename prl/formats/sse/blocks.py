@@ -1,11 +1,11 @@
 """SSE block framing: whole blocks of a capture → one record per stream, with streams in the servers' layout
-cut out by bytes searches and joined in bulk by Arrow (:mod:`prl.formats.sse_arrow`) on a worker thread.
+cut out by bytes searches and joined in bulk by Arrow (:mod:`prl.formats.sse.bulk`) on a worker thread.
 
 A stream laid out as servers write it (``data: {…}`` lines each followed by one blank line, up to
 ``data: [DONE]``) becomes a record holding its bytes, its first chunk decoded and the NDJSON of its
 payloads; batches of such records are judged together. Anything else (other layouts, CRLF, a stream the
 bulk join does not accept, lines that may belong to another stream) goes through the line framer
-(:mod:`prl.formats.sse_lines`), so the records and samples are the ones it gives.
+(:mod:`prl.formats.sse.lines`), so the records and samples are the ones it gives.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from prl.formats.base import RawRecord
-from prl.formats.sse_arrow import UNJOINED, JoinedStream, join_streams, payloads
-from prl.formats.sse_lines import (
+from prl.formats.sse.bulk import UNJOINED, JoinedStream, join_streams, payloads
+from prl.formats.sse.lines import (
     DONE_KEY,
     LINE_NUMBERS_KEY,
     LINES_KEY,
@@ -25,13 +25,13 @@ from prl.formats.sse_lines import (
     id_of_chunk,
     payload_of,
 )
-from prl.sources import lines_of
+from prl.io.sources import lines_of
 
 TEXT_KEY = "sse_text"
 """A stream framed whole (:func:`_canonical_stream`) is ``{"sse_text": its bytes from its first line to its
 [DONE], "sse_first_line": int, "sse_line_count": int, "sse_first_chunk": the first chunk decoded}``, plus
 ``"sse_rows"`` (its payloads as NDJSON) until the bulk join, which adds ``"sse_joined"``
-(:class:`prl.formats.sse_arrow.JoinedStream`) where it succeeds."""
+(:class:`prl.formats.sse.bulk.JoinedStream`) where it succeeds."""
 FIRST_LINE_KEY = "sse_first_line"
 LINE_COUNT_KEY = "sse_line_count"
 FIRST_KEY = "sse_first_chunk"
@@ -130,7 +130,7 @@ class _BulkJoin:
 
 def frame_blocks(blocks: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
     """The records :class:`LineFramer` gives for the lines of ``blocks`` (as
-    :meth:`prl.sources.LineReader.blocks` yields them), with streams in the canonical layout framed
+    :meth:`prl.io.sources.LineReader.blocks` yields them), with streams in the canonical layout framed
     whole (see :func:`_canonical_stream`) rather than line by line, and joined in bulk
     (:class:`_BulkJoin`) about :data:`BULK_BYTES` at a time, each batch on a worker thread while the
     next is framed."""

@@ -7,7 +7,7 @@ is stale when its holder's process is gone (same host) or its heartbeat is older
 (any host). A stale lock is judged and removed while holding a short ``flock`` on ``<step>.lock.guard`` (released
 by the kernel if the process dies), and release happens under it too, so two runs breaking the same stale lock
 cannot both win. An acquire interrupted half-way (Ctrl-C, SIGTERM) removes what it created. On S3
-(:mod:`prl.s3lock`) conditional puts on the ETag do the same.
+(:mod:`prl.store.s3lock`) conditional puts on the ETag do the same.
 """
 
 from __future__ import annotations
@@ -215,11 +215,11 @@ def holding(store_uri: str, step: str, enabled: bool = True) -> Iterator[Any]:
 
 def lock_for(store_uri: str, step: str, stale_after: float | None = None) -> Any:
     """The lock for ``step`` of the store at ``store_uri`` (local folders; ``s3://`` stores use conditional
-    puts, see :mod:`prl.s3lock`). ``stale_after`` defaults to ``PRL_LOCK_STALE_AFTER`` as set now, else 300 s."""
+    puts, see :mod:`prl.store.s3lock`). ``stale_after`` defaults to ``PRL_LOCK_STALE_AFTER`` as set now, else 300 s."""
     if stale_after is None:
         stale_after = _stale_after_from_env()
     if store_uri.startswith("s3://"):
-        from prl.s3lock import S3Lock
+        from prl.store.s3lock import S3Lock
 
         return S3Lock(store_uri, step, stale_after=stale_after)
     return LocalLock(os.path.join(store_uri, "_locks", f"{step}.lock"), step, stale_after=stale_after)

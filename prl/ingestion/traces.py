@@ -26,14 +26,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from prl.assemble import Located, assemble, record_digest, sample_id_of, validate
 from prl.errors import ExitCode, FormatDetectionError, UsageError
 from prl.formats import registry
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
-from prl.locks import holding
+from prl.ingestion.assemble import Located, assemble, record_digest, sample_id_of, validate
+from prl.io.sources import LineReader, SourceFile, expand, first_lines, lines_of
 from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
-from prl.sources import LineReader, SourceFile, expand, first_lines, lines_of
-from prl.store import Store
+from prl.store.locks import holding
+from prl.store.tables import Store
 
 BATCH_TOKENS = 2_000_000
 """Tokens (prompt + completion) per assembled batch: bounds memory to a few tens of MB per batch."""

@@ -27,9 +27,9 @@ import pyarrow.parquet as pq
 
 from prl.errors import ExitCode, UsageError
 from prl.schema import TABLES
-from prl.shards import INDEX, MANIFEST
-from prl.store import Store, is_remote
-from prl.verify import set_dirs
+from prl.shards.build import INDEX, MANIFEST
+from prl.shards.verify import set_dirs
+from prl.store.tables import Store, is_remote
 
 HISTOGRAM_BINS = 12
 BATCH_ROWS = 2048

@@ -1,14 +1,14 @@
 """Chat streams joined in bulk by Arrow's JSON reader, with no Python object per chunk.
 
 Decoding a stream into one Python dict per chunk costs more than everything else SSE ingest does. For
-streams in the canonical layout (:func:`prl.formats.sse._canonical_stream`), :func:`join_streams` hands the
+streams in the canonical layout (:func:`prl.formats.sse.exact._canonical_stream`), :func:`join_streams` hands the
 ``data:`` payloads of many streams at once to ``pyarrow.json`` (C++, multi-threaded), checks the resulting
 columns for the common single-choice chat shape in a few vectorized passes, and gives each stream its
 joined choice as Arrow arrays: completion ``token_ids`` (int64), ``logprobs.content`` entries (the
 ``CHAT_CONTENT_ENTRY`` struct the chat reader reads), text, finish reason, prompt IDs.
 
 It accepts a stream only where the result equals the per-chunk join's
-(:func:`prl.formats.sse_fast.join_chat_parts`), and returns None for it otherwise, so the exact reader
+(:func:`prl.formats.sse.fast.join_chat_parts`), and returns None for it otherwise, so the exact reader
 judges it: payloads that are not UTF-8, hold ``NaN``/``Infinity``, non-finite or oversized logprobs, fail
 to parse, parse to another number of rows than lines, use an ``index`` other than 0, carry a null or
 missing ``delta`` or choice, or give a value to a key whose absence and null differ to that reader

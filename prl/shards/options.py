@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from prl.advantages import METHODS
 from prl.errors import UsageError
-from prl.kl import ESTIMATORS, PLACEMENTS
+from prl.numerics.advantages import METHODS
+from prl.numerics.kl import ESTIMATORS, PLACEMENTS
 from prl.schema import FINISH_REASONS
 
 BASELINE_FIELDS = ("request_id", "session_id", "model", "policy_version", "source_uri", "source_format")
@@ -142,7 +142,7 @@ class ShardOptions:
         if self.min_completion_tokens < 1:
             raise bad("min_completion_tokens", f"must be ≥ 1, got {self.min_completion_tokens}")
         if self.current_version is not None:
-            from prl.shards import parse_version  # local: shards imports this module
+            from prl.shards.build import parse_version  # local: shards imports this module
 
             if parse_version(self.current_version) is None:
                 raise bad("current_version", f"no integer version in {self.current_version!r}")

@@ -11,7 +11,7 @@ table's token data):
    earlier set in ``OUT`` are skipped (unless ``rebuild``). The four reads run side by side in threads.
 3. **Spill** (during the plan scans, so token columns are decoded once per build): the token columns of every
    row not shipped before (and its ``ref_logprobs``) are appended, in scan order, to an Arrow IPC file in the
-   staging folder (:class:`prl.spill.ScanSpill`); a dry run spills nothing. With KL into the advantages, the
+   staging folder (:class:`prl.shards.spill.ScanSpill`); a dry run spills nothing. With KL into the advantages, the
    scans also sum each side's logprobs per row (the batch mean log ratio needs nothing more for rows whose
    tokens all count).
 4. **Pack**: groups (by ``group_id``) are sorted, shuffled with ``options.seed`` and laid out back to back; a
@@ -21,9 +21,9 @@ table's token data):
 5. **Numerics and assembly**: each shard gathers its rows from the spill files, in final order. With KL into the
    reward, a first pass computes per-sample KL sums; with KL into the advantages, only the rows the scans could
    not sum (a loss mask, a missing or non-finite logprob) are read for the batch mean log ratio. Advantages are
-   then computed over exactly the rows that ship (:mod:`prl.advantages`), and each shard is assembled
-   (:mod:`prl.kl` over cache-sized blocks of samples, :mod:`prl.heads`) and written. Shards are gathered,
-   assembled, written and hashed (:mod:`prl.parquet_writer`) by :data:`WORKERS` threads while
+   then computed over exactly the rows that ship (:mod:`prl.numerics.advantages`), and each shard is assembled
+   (:mod:`prl.numerics.kl` over cache-sized blocks of samples, :mod:`prl.numerics.heads`) and written. Shards are gathered,
+   assembled, written and hashed (:mod:`prl.shards.parquet_writer`) by :data:`WORKERS` threads while
    :data:`IO_THREADS` fsync and rename the files written; every value is computed per shard or per sample, so
    the bytes do not depend on the threads.
 6. **Publish**: parts are written as ``*.tmp``, fsynced and renamed; ``manifest.json`` is written last (temp file,
@@ -56,15 +56,16 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from prl import advantages as adv
-from prl import heads, parquet_writer
-from prl import kl as klmod
 from prl.errors import ExitCode, UsageError
-from prl.locks import holding, pid_alive, step_name
-from prl.recipe_shards import ShardOptions
+from prl.numerics import advantages as adv
+from prl.numerics import heads
+from prl.numerics import kl as klmod
 from prl.schema import SCHEMA_VERSION, SHARD, float_leaves
-from prl.spill import FlatList, ScanSpill
-from prl.store import Store
+from prl.shards import parquet_writer
+from prl.shards.options import ShardOptions
+from prl.shards.spill import FlatList, ScanSpill
+from prl.store.locks import holding, pid_alive, step_name
+from prl.store.tables import Store
 
 DROP_REASONS = (
     "duplicate_sample_id",
@@ -174,7 +175,7 @@ def _rows_all(flags_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
 
 
 def _side_sums(lists: pa.ListArray, masks: pa.ListArray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(sums_N, simple_N)`` of a batch's logprob lists: each row's float64 sum (:func:`prl.kl.segment_sum`) and
+    """``(sums_N, simple_N)`` of a batch's logprob lists: each row's float64 sum (:func:`prl.numerics.kl.segment_sum`) and
     whether every value of the row counts in a log ratio on its side alone: finite, not null, and inside the
     row's ``masks`` (a null mask covers the whole row)."""
     offsets_N1 = lists.offsets.to_numpy().astype(np.int64)
@@ -703,7 +704,7 @@ def _kl_inputs(
     lp: FlatList, ref: FlatList, mask: FlatList | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(lp_T, ref_T, mask_T, offsets_N1)`` of gathered rows that line up one to one (float32 as stored, NaN for
-    nulls; :func:`prl.kl.log_ratio` widens them to float64 as it subtracts)."""
+    nulls; :func:`prl.numerics.kl.log_ratio` widens them to float64 as it subtracts)."""
     return lp.filled(), ref.filled(), _mask_T(mask, lp.offsets_N1), lp.offsets_N1
 
 
@@ -740,7 +741,7 @@ def _kl_totals(
 ) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
     """A pass over the spilled rows, shard by shard (:data:`WORKERS` threads): ``(kl_sum_N, d_sum_N, count_N)``
     per shipped sample in final order: ``Σ_t k(d_t)`` (float64, only with ``kl = "reward"``), ``Σ_t d_t``
-    (:func:`prl.kl.log_ratio_sums`) and the number of valid tokens. Only the samples marked in ``todo_N`` (all
+    (:func:`prl.numerics.kl.log_ratio_sums`) and the number of valid tokens. Only the samples marked in ``todo_N`` (all
     when None) are read; the others are left at 0. Every sum covers one sample alone, so nothing depends on the
     threads, the blocks or which other samples were read.
     """
@@ -949,7 +950,7 @@ SHARD_STATISTICS = ("staleness", "prompt_len", "reward", "advantage", "group_siz
 
 def _write_shard(table: pa.Table, tmp: str) -> tuple[int, str]:
     """Write a shard's bytes to ``tmp`` (not yet fsynced): one row group, zstd, byte-stream-split floats (see
-    :mod:`prl.parquet_writer`); returns its size in bytes and hex sha256, hashed as written."""
+    :mod:`prl.shards.parquet_writer`); returns its size in bytes and hex sha256, hashed as written."""
     return parquet_writer.write_table(table, tmp, byte_stream_split=FLOAT_LEAVES, statistics=SHARD_STATISTICS)
 
 
@@ -987,7 +988,7 @@ def build_shards(
 
     Samples shipped by earlier sets in ``out`` are skipped unless ``rebuild``. ``dry_run`` plans and reports
     without writing anything. Unless ``dry_run`` (or ``lock=False``), the build holds the store's
-    ``build-shards-<digest of OUT>`` lock (:func:`prl.locks.step_name`), so two builds into one ``OUT`` never
+    ``build-shards-<digest of OUT>`` lock (:func:`prl.store.locks.step_name`), so two builds into one ``OUT`` never
     overlap; a second one raises :class:`~prl.errors.LockedError`. Raises :class:`~prl.errors.UsageError` for
     bad options or missing inputs.
     """
@@ -1168,7 +1169,7 @@ def _write_shards(
     """Assemble and write every shard: ``(manifest entries, Σ per-token KL, KL token count)``, in shard order.
 
     Shard ``s`` holds the shipped rows ``bounds[s]:bounds[s + 1]`` of the final order. Each shard is gathered
-    from the spill files, assembled, and written and hashed (zstd, :mod:`prl.parquet_writer`) by one of
+    from the spill files, assembled, and written and hashed (zstd, :mod:`prl.shards.parquet_writer`) by one of
     :data:`WORKERS` threads; numpy, zstd and hashlib release the GIL for the heavy parts, so shards proceed side
     by side and at most :data:`WORKERS` shards are in memory at once. Each written file is then fsynced and
     renamed into place on ``io``, so that waiting for the disk overlaps the next shard's work, and once every

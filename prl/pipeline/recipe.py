@@ -50,7 +50,7 @@ from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from prl.errors import UsageError
-from prl.recipe_shards import ShardOptions
+from prl.shards.options import ShardOptions
 
 STEPS = ("ingest", "rewards", "ref", "check", "shards")
 """Steps in the order ``prl run`` takes them; each is named by its recipe table."""
@@ -68,7 +68,7 @@ class StoreSection:
 
 @dataclass(frozen=True)
 class IngestSection:
-    """``[ingest]``: arguments of :func:`prl.ingestion.ingest`."""
+    """``[ingest]``: arguments of :func:`prl.ingestion.traces.ingest`."""
 
     sources: tuple[str, ...]
     format: str = "auto"
@@ -80,7 +80,7 @@ class IngestSection:
 
 @dataclass(frozen=True)
 class SideSection:
-    """``[rewards]`` / ``[ref]``: files for :func:`prl.side_tables.ingest_side_table`."""
+    """``[rewards]`` / ``[ref]``: files for :func:`prl.ingestion.side_tables.ingest_side_table`."""
 
     sources: tuple[str, ...]
 

@@ -9,7 +9,7 @@ n chunks costs a few dozen passes over C-level iterators rather than n calls of 
 It accepts only streams in the common shape (every chunk an object of ``chat.completion.chunk``, no
 ``error``, choices that are objects with a non-negative integer ``index`` and an object ``delta``, ``token_ids``
 and ``logprobs.content`` lists or null, ``logprobs`` an object or null) and returns None for anything else, so
-that :func:`prl.formats.sse.join_chunks` — the exact, per-chunk reader — joins it instead and explains what is
+that :func:`prl.formats.sse.exact.join_chunks` — the exact, per-chunk reader — joins it instead and explains what is
 wrong. When it accepts a stream, its result equals ``join_chunks``'s (a property the tests check on generated
 and mutated streams), so both paths give the same samples and the same quarantine reasons.
 """
@@ -34,7 +34,7 @@ _LEGACY_LOGPROB_KEYS = ("tokens", "token_logprobs", "top_logprobs")
 
 def join_chat_chunks(chunks: list[Any]) -> dict[str, Any] | None:
     """One ``chat.completion`` record from a complete stream's decoded chunks (in order), shaped exactly as
-    :func:`prl.formats.sse.join_chunks` shapes it (``_truncated``: choice indexes without a finish reason, in
+    :func:`prl.formats.sse.exact.join_chunks` shapes it (``_truncated``: choice indexes without a finish reason, in
     ascending order where ``join_chunks`` lists them as they first appear; readers use it as a set;
     ``_bad``: always empty here). None when the stream is not in the common shape."""
     if not chunks or set(map(type, chunks)) != {dict}:

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prl import recipe as recipes
 from prl.errors import ExitCode, PrlError, RetryableIOError, UsageError
-from prl.locks import holding
-from prl.recipe import Recipe
-from prl.store import Store
+from prl.pipeline import recipe as recipes
+from prl.pipeline.recipe import Recipe
+from prl.store.locks import holding
+from prl.store.tables import Store
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def _summary(result: Any) -> dict[str, Any]:
 
 # --- the steps -----------------------------------------------------------------------------------------------
 def _ingest(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-    from prl.ingestion import ingest
+    from prl.ingestion.traces import ingest
 
     section = recipe.ingest
     assert section is not None
@@ -128,7 +128,7 @@ def _ingest(recipe: Recipe, store: Store, dry_run: bool) -> Any:
 
 def _side(kind: str) -> Callable[[Recipe, Store, bool], Any]:
     def step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-        from prl.side_tables import ingest_side_table
+        from prl.ingestion.side_tables import ingest_side_table
 
         section = getattr(recipe, kind)
         return ingest_side_table(list(section.sources), store, kind=kind, dry_run=dry_run)
@@ -159,7 +159,7 @@ def check_tokens_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
 
 
 def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-    from prl.shards import build_shards
+    from prl.shards.build import build_shards
 
     assert recipe.shards is not None and recipe.store.out is not None
     return build_shards(store, recipe.store.out, recipe.shards, rebuild=False, dry_run=dry_run)

@@ -12,16 +12,16 @@ response of the same request give the same sample.
 A stream holds one token per chunk, so the hot path avoids per-chunk Python:
 
 - :meth:`Sse.frame_blocks` (what ingest calls) frames whole blocks of the source
-  (:mod:`prl.formats.sse_blocks`): a stream laid out as servers write it is cut out with bytes searches, and
+  (:mod:`prl.formats.sse.blocks`): a stream laid out as servers write it is cut out with bytes searches, and
   the streams of a batch are parsed together by Arrow's JSON reader and joined in bulk
-  (:mod:`prl.formats.sse_arrow`). A stream that is not laid out so, or that the bulk join does not accept,
+  (:mod:`prl.formats.sse.bulk`). A stream that is not laid out so, or that the bulk join does not accept,
   goes the ways below, which give the same records and samples.
-- :meth:`Sse.frame` (:class:`prl.formats.sse_lines.LineFramer`) keeps a stream's lines as bytes and decodes
+- :meth:`Sse.frame` (:class:`prl.formats.sse.lines.LineFramer`) keeps a stream's lines as bytes and decodes
   only the lines that could start a new stream. Errors of the other lines surface from :meth:`Sse.parse`,
   with the reason and message the eager framer (:func:`frame_decoded`) gives them; :func:`resolve` turns a
   lazy record into the eager one where a caller needs every error up front.
 - :meth:`Sse.parse` decodes the whole stream at once and joins it with
-  :func:`prl.formats.sse_fast.join_chat_chunks` (C-level gathers over all chunks), falling back to
+  :func:`prl.formats.sse.fast.join_chat_chunks` (C-level gathers over all chunks), falling back to
   :func:`join_chunks` (per chunk, exact) for streams outside the common chat shape, which explains them.
 
 A stream cut before ``[DONE]``, or a choice that never got a ``finish_reason``, is ``truncated_stream``; an
@@ -41,10 +41,10 @@ import orjson
 
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.formats.fields import as_dict, as_list
-from prl.formats.sse_arrow import JoinedStream
-from prl.formats.sse_blocks import FIRST_KEY, FIRST_LINE_KEY, JOINED_KEY, TEXT_KEY, frame_blocks, with_lines
-from prl.formats.sse_fast import join_chat_chunks, join_chat_parts
-from prl.formats.sse_lines import (
+from prl.formats.sse.blocks import FIRST_KEY, FIRST_LINE_KEY, JOINED_KEY, TEXT_KEY, frame_blocks, with_lines
+from prl.formats.sse.bulk import JoinedStream
+from prl.formats.sse.fast import join_chat_chunks, join_chat_parts
+from prl.formats.sse.lines import (
     DONE_KEY,
     LINE_NUMBERS_KEY,
     LINES_KEY,
@@ -94,7 +94,7 @@ class Sse(Format):
 
     def frame_blocks(self, blocks: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
         """The records :meth:`frame` gives for the same lines, streams in the servers' layout framed whole and
-        joined in bulk (:func:`prl.formats.sse_blocks.frame_blocks`)."""
+        joined in bulk (:func:`prl.formats.sse.blocks.frame_blocks`)."""
         return frame_blocks(blocks)
 
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
@@ -149,7 +149,7 @@ def _join_lines(obj: dict[str, Any], options: ParseOptions) -> list[Sample | Qua
 
 
 def _bulk_record(first: dict[str, Any], joined: JoinedStream) -> dict[str, Any]:
-    """The joined ``chat.completion`` record (as :func:`prl.formats.sse_fast.join_chat_parts` shapes it) of
+    """The joined ``chat.completion`` record (as :func:`prl.formats.sse.fast.join_chat_parts` shapes it) of
     a stream joined in bulk, its lists as Arrow arrays; ``first`` is its first chunk."""
     record = {k: v for k, v in first.items() if k not in ("choices", "object", "usage")}
     record["object"] = "chat.completion"
@@ -250,7 +250,7 @@ def frame_decoded(lines: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
 
 def parse_chunks(chunks: list[Any], options: ParseOptions) -> list[Sample | Quarantined]:
     """Samples of one complete stream, given its decoded chunks in order: joined by
-    :func:`prl.formats.sse_fast.join_chat_chunks` when the stream is in the common chat shape, else by
+    :func:`prl.formats.sse.fast.join_chat_chunks` when the stream is in the common chat shape, else by
     :func:`join_chunks`, which explains what is wrong with it."""
     record = join_chat_chunks(chunks)
     if record is None:

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from prl import __version__
-from prl import thrift_compact as thrift
+from prl.shards import thrift_compact as thrift
 
 PAGE_SLOTS = 1 << 20
 """Leaf slots (values and nulls) per data page: about 4 MiB of float32 values, so a reader holds a few MiB per

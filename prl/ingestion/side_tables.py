@@ -34,15 +34,15 @@ import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from prl.assemble import list_column
 from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
-from prl.ingestion import new_quarantine_rows, quarantine_batches, quarantine_row
-from prl.locks import holding
+from prl.ingestion.assemble import list_column
+from prl.ingestion.traces import new_quarantine_rows, quarantine_batches, quarantine_row
+from prl.io.sources import LineReader, SourceFile, expand
 from prl.schema import REF_LOGPROBS, REWARDS
-from prl.sources import LineReader, SourceFile, expand
-from prl.store import Store, filesystem_for
+from prl.store.locks import holding
+from prl.store.tables import Store, filesystem_for
 
 KINDS = {"rewards": "rewards", "ref": "ref_logprobs"}
 BATCH_ROWS = 50_000

@@ -17,9 +17,12 @@ setup: $(STAMP)
 lint: setup
 	$(PY) -m ruff check prl tests bench scripts
 	$(PY) -m ruff format --check prl tests bench scripts
+	$(PY) -m mypy
 
 test: setup
 	$(PY) -m ruff check prl tests bench scripts
+	$(PY) -m ruff format --check prl tests bench scripts
+	$(PY) -m mypy
 	$(PY) -m pytest -n 2 --durations=15 tests
 
 demo: setup

@@ -112,8 +112,8 @@ def _check_fixed_k(
         nonfinite = lp_nulls | np.isnan(lp_PK) | (lp_PK == np.inf)
         report(nonfinite.any(axis=1), "heads_nonfinite")
         finite_lp = np.where(nonfinite, -np.inf, lp_PK)
-        report((np.diff(finite_lp, axis=1) > opts.head_atol).any(axis=1), "heads_not_sorted")
-        report((finite_lp > opts.positive_atol).any(axis=1), "heads_positive")
+        report((np.diff(finite_lp, axis=1) > opts.head_atol).any(axis=1), "heads_not_sorted")  # type: ignore[arg-type]
+        report((finite_lp > opts.positive_atol).any(axis=1), "heads_positive")  # type: ignore[arg-type]
         top = finite_lp.max(axis=1, keepdims=True)
         top_safe = np.where(np.isfinite(top), top, 0.0)
         mass = np.log(np.exp(finite_lp - top_safe).sum(axis=1)) + top_safe[:, 0]

@@ -218,12 +218,12 @@ class CheckTokenizer:
             return self._fast_tokenizer.apply_chat_template(
                 messages, tools=tools, chat_template=self.template, add_generation_prompt=True, tokenize=False
             )
-        rendered, _ = render_jinja_template(
+        rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
             conversations=[messages],
-            tools=tools,
+            tools=tools,  # type: ignore[arg-type]
             chat_template=self.template,
             add_generation_prompt=True,
-            **extra,
+            **extra,  # type: ignore[arg-type]
         )
         return rendered[0]
 

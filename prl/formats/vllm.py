@@ -57,7 +57,7 @@ def _version_candidates(obj: dict[str, Any], choice: dict[str, Any]) -> list[Any
     return [
         choice.get("weight_version"),
         metadata_of(obj).get("weight_version"),
-        sglext.get("weight_version"),
+        sglext.get("weight_version"),  # type: ignore[union-attr]
         obj.get("weight_version"),
         metadata_of(obj).get("policy_version"),
         obj.get("policy_version"),
@@ -154,7 +154,7 @@ class VllmChat(_OpenAIReader):
         if ids_raw is None and isinstance(psf, dict):
             ids_raw = psf.get("token_ids")
         if ids_raw is None:
-            ids_raw = message.get("generation_token_ids")
+            ids_raw = message.get("generation_token_ids")  # type: ignore[union-attr]
 
         logprobs_obj = choice.get("logprobs")
         content = logprobs_obj.get("content") if isinstance(logprobs_obj, dict) else None
@@ -184,7 +184,7 @@ class VllmChat(_OpenAIReader):
             finish_reason=finish_reason(choice.get("finish_reason")),
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
-            completion_text=message.get("content") if isinstance(message.get("content"), str) else None,
+            completion_text=message.get("content") if isinstance(message.get("content"), str) else None,  # type: ignore[union-attr]
             **_record_fields(obj, choice, options),
         )
 

@@ -127,7 +127,7 @@ def reward_events(row: dict[str, Any], now_ms: int) -> list[dict[str, Any]]:
         pairs = [(str(row["name"]), row["value"])]
     elif isinstance(row.get("rewards"), dict) or isinstance(row.get("components"), dict):
         components = row.get("rewards") if isinstance(row.get("rewards"), dict) else row["components"]
-        pairs = [(str(k), v) for k, v in components.items()]
+        pairs = [(str(k), v) for k, v in components.items()]  # type: ignore[union-attr]
         if not pairs:
             raise Quarantined("missing_value", "empty reward components")
     elif "reward" in row:

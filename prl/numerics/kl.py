@@ -95,7 +95,7 @@ def log_ratio_sums(
 
 def broadcast(values_N: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
     """Repeat each sample's value over its tokens: ``values_T``."""
-    return np.repeat(np.asarray(values_N), np.diff(np.asarray(offsets_N1, dtype=np.int64)))
+    return np.repeat(np.asarray(values_N), np.diff(np.asarray(offsets_N1, dtype=np.int64)))  # type: ignore[arg-type]
 
 
 def masked_log_ratio(

@@ -303,7 +303,7 @@ def _shard_metrics(path: str, with_kl: bool) -> dict[str, list[np.ndarray]]:
         lengths = pc.fill_null(pc.list_value_length(batch.column("loss_mask")), 0)
         out["completion_len"].append(lengths.to_numpy(zero_copy_only=False).astype(np.float32))
         if with_kl:
-            means = pl.from_arrow(batch.column("kl")).list.mean()
+            means = pl.from_arrow(batch.column("kl")).list.mean()  # type: ignore[union-attr]
             out["kl"].append(means.to_numpy().astype(np.float32))
     return out
 

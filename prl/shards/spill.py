@@ -41,7 +41,7 @@ class FlatList:
 
     def filled(self, dtype: type = np.float32) -> np.ndarray:
         """``values_T`` as ``dtype`` with NaN where a value is null (floats)."""
-        values = self.values_T.astype(dtype, copy=False)
+        values = self.values_T.astype(dtype, copy=False)  # type: ignore[var-annotated]
         return values if self.valid_T is None else np.where(self.valid_T, values, np.nan).astype(dtype)
 
     def to_arrow(self, value_type: pa.DataType) -> pa.ListArray:
@@ -70,7 +70,7 @@ def _read_ranges(fd: int, starts_R: ArrayLike, ends_R: ArrayLike) -> np.ndarray:
     ``preadv`` (which runs without the GIL) per run of ranges that follow each other in the file."""
     starts, ends = _runs(np.asarray(starts_R, dtype=np.int64), np.asarray(ends_R, dtype=np.int64))
     out = np.empty(sum(ends) - sum(starts), dtype=np.uint8)
-    view = memoryview(out)
+    view = memoryview(out)  # type: ignore[arg-type]
     pos = 0
     for start, end in zip(starts, ends, strict=True):
         while start < end:
@@ -183,7 +183,7 @@ class ScanSpill:
             try:
                 buffer = pa.py_buffer(mapped)
                 reader = pa.ipc.open_file(pa.BufferReader(buffer))
-                yield buffer, reader, fh.fileno(), lambda: _DROP is not None and mapped.madvise(_DROP)
+                yield buffer, reader, fh.fileno(), lambda: _DROP is not None and mapped.madvise(_DROP)  # type: ignore[func-returns-value, misc]
             finally:
                 del reader, buffer
                 if _DROP is not None:

@@ -159,7 +159,7 @@ class PendingCommit:
         )
         table = self.store.ensure(self.table)
         try:
-            table.create_write_transaction(self.adds, "append", TABLES[self.table], commit_properties=props)
+            table.create_write_transaction(self.adds, "append", TABLES[self.table], commit_properties=props)  # type: ignore[arg-type]
         except OSError as exc:
             raise RetryableIOError(
                 f"committing to {self.table} in {self.store.uri} failed: {describe_error(exc)}"
@@ -239,7 +239,7 @@ class Store:
         if version is not None and pinned is not None and pinned[0] == version:
             table = pinned[1]
         else:
-            table = self.open(name, version)
+            table = self.open(name, version)  # type: ignore[assignment]
             if table is None:
                 return None
         with self._pinned_lock:  # a DeltaTable object is used by one thread at a time

@@ -71,7 +71,7 @@ class _Stream:
         if self.stream_id is None and isinstance(chunk_id, (str, int)):
             self.stream_id = chunk_id
             match = _ID_FIRST.match(line) if isinstance(chunk_id, str) else None
-            if match is not None and match.group(1) == chunk_id.encode():
+            if match is not None and match.group(1) == chunk_id.encode():  # type: ignore[union-attr]
                 self.prefix = line[: match.end()]
 
     def record(self, done_line: bytes | None) -> RawRecord:
@@ -102,7 +102,7 @@ class LineFramer:
         after_prefix = len(prefix)
         add_line = add_number = list.append  # rebound to the current stream's lists
         if stream is not None:
-            add_line, add_number = stream.lines.append, stream.numbers.append
+            add_line, add_number = stream.lines.append, stream.numbers.append  # type: ignore[assignment]
         escapes = _ID_ESCAPES
         for line_no, raw in lines:
             if not raw:  # the blank line after every event
@@ -110,8 +110,8 @@ class LineFramer:
             line = raw.strip()
             if line.startswith(prefix) and line.find(b'"id"', after_prefix) < 0 and escapes not in line:
                 # its id, if it decodes at all, is the stream's: it cannot start a new stream
-                add_line(line)
-                add_number(line_no)
+                add_line(line)  # type: ignore[arg-type, call-arg]
+                add_number(line_no)  # type: ignore[arg-type, call-arg]
                 continue
             if line[:5] != b"data:":
                 if not line or line[:1] == b":" or line.startswith(_SKIPPED_FIELDS):
@@ -138,7 +138,7 @@ class LineFramer:
                 stream = None
             if stream is None:
                 stream = self.stream = _Stream(line_no)
-                add_line, add_number = stream.lines.append, stream.numbers.append
+                add_line, add_number = stream.lines.append, stream.numbers.append  # type: ignore[assignment]
             stream.add(line_no, line, chunk, error)
             prefix = stream.prefix
             after_prefix = len(prefix)

@@ -23,7 +23,7 @@ table's token data):
    not sum (a loss mask, a missing or non-finite logprob) are read for the batch mean log ratio. Advantages are
    then computed over exactly the rows that ship (:mod:`prl.numerics.advantages`), and each shard is assembled
    (:mod:`prl.numerics.kl` over cache-sized blocks of samples, :mod:`prl.numerics.heads`) and written. Shards are gathered,
-   assembled, written and hashed (:mod:`prl.shards.parquet_writer`) by :data:`WORKERS` threads while
+   assembled, written and hashed (:mod:`prl.shards.writer`, pyarrow) by :data:`WORKERS` threads while
    :data:`IO_THREADS` fsync and rename the files written; every value is computed per shard or per sample, so
    the bytes do not depend on the threads.
 6. **Publish**: parts are written as ``*.tmp``, fsynced and renamed; ``manifest.json`` is written last (temp file,
@@ -31,8 +31,8 @@ table's token data):
    rewritten from the manifests present. A reader that sees a set folder sees its manifest and every shard it names.
 
 The set id is derived from the source table versions, the options, the earlier sets whose samples were
-skipped and the Parquet writer (prl's version), and nothing in a set depends on the clock, so building the same
-inputs again with the same prl yields the same bytes.
+skipped and the Parquet writer (pyarrow's version), and nothing in a set depends on the clock, so building the same
+inputs again with the same pyarrow yields the same bytes.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from prl.errors import ExitCode, UsageError
 from prl.numerics import advantages as adv
 from prl.numerics import heads
 from prl.numerics import kl as klmod
-from prl.schema import SCHEMA_VERSION, SHARD, float_leaves
-from prl.shards import parquet_writer
+from prl.schema import SCHEMA_VERSION, SHARD
+from prl.shards import writer
 from prl.shards.options import ShardOptions
 from prl.shards.spill import FlatList, ScanSpill
 from prl.store.locks import holding, pid_alive, step_name
@@ -96,8 +96,6 @@ DROP_REASONS = (
 MANIFEST = "manifest.json"
 SAMPLES_FILE = "sample_ids.parquet"
 INDEX = "_index.json"
-FLOAT_LEAVES = tuple(float_leaves(SHARD))
-"""Parquet leaf columns written with byte-stream-split encoding."""
 SCAN_BATCH_ROWS = 1024
 WORKERS = 2
 IO_THREADS = 4
@@ -944,21 +942,15 @@ def _assemble(
     return pa.Table.from_arrays(arrays, schema=SHARD), kl_tok_sum, kl_tok_n
 
 
-SHARD_STATISTICS = ("staleness", "prompt_len", "reward", "advantage", "group_size")
-"""Shard columns whose min/max/null count a shard's footer carries."""
-
-
 def _write_shard(table: pa.Table, tmp: str) -> tuple[int, str]:
-    """Write a shard's bytes to ``tmp`` (not yet fsynced): one row group, zstd, byte-stream-split floats (see
-    :mod:`prl.shards.parquet_writer`); returns its size in bytes and hex sha256, hashed as written."""
-    return parquet_writer.write_table(table, tmp, byte_stream_split=FLOAT_LEAVES, statistics=SHARD_STATISTICS)
+    """Write a shard's bytes to ``tmp`` (not yet fsynced; :func:`prl.shards.writer.write_shard`); returns its size
+    in bytes and hex sha256, hashed as written."""
+    return writer.write_shard(table, tmp)
 
 
 def _write_samples(path: str, sample_ids: pa.Array) -> tuple[int, str]:
     """Write the set's sorted sample ids (fsynced, renamed into place); returns size and hex sha256."""
-    sealed = parquet_writer.write_table(
-        pa.table({"sample_id": sample_ids.take(pc.sort_indices(sample_ids))}), f"{path}.tmp"
-    )
+    sealed = writer.write_sample_ids(sample_ids.take(pc.sort_indices(sample_ids)), f"{path}.tmp")
     _publish_file(f"{path}.tmp", path)
     return sealed
 
@@ -1019,7 +1011,7 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
         json.dumps(
             {
                 "schema_version": SCHEMA_VERSION,
-                "writer": parquet_writer.CREATED_BY,  # the same inputs make the same bytes with the same writer
+                "writer": writer.WRITER,  # the same inputs make the same bytes with the same writer
                 "versions": versions,
                 "options": options.to_dict(),
                 "excluded_sets": sorted(m["set_id"] for m in prior),
@@ -1169,8 +1161,8 @@ def _write_shards(
     """Assemble and write every shard: ``(manifest entries, Σ per-token KL, KL token count)``, in shard order.
 
     Shard ``s`` holds the shipped rows ``bounds[s]:bounds[s + 1]`` of the final order. Each shard is gathered
-    from the spill files, assembled, and written and hashed (zstd, :mod:`prl.shards.parquet_writer`) by one of
-    :data:`WORKERS` threads; numpy, zstd and hashlib release the GIL for the heavy parts, so shards proceed side
+    from the spill files, assembled, and written and hashed (zstd, :mod:`prl.shards.writer`) by one of
+    :data:`WORKERS` threads; numpy, Arrow, zstd and hashlib release the GIL for the heavy parts, so shards proceed side
     by side and at most :data:`WORKERS` shards are in memory at once. Each written file is then fsynced and
     renamed into place on ``io``, so that waiting for the disk overlaps the next shard's work, and once every
     shard has been gathered, ``spill_dir`` is removed there too. Each shard is computed on its own, so the

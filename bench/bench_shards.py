@@ -141,11 +141,13 @@ import glob, os, shutil, statistics
 from concurrent.futures import ThreadPoolExecutor
 import pyarrow.parquet as pq
 from prl.store.tables import Store
-from prl.shards.build import build_shards, _publish_file, _write_shard
+from prl.shards.build import build_shards
+from prl.shards.publish import publish_file
+from prl.shards.writer import write_shard
 from prl.shards.options import ShardOptions
 options = ShardOptions(kl="advantages", kl_coef=0.05, target_tokens={target})
 t = time.perf_counter()
-res = build_shards(Store({store!r}), {out!r}, options)
+res = build_shards(Store({store!r}), {out!r}, options=options)
 seconds = time.perf_counter() - t
 build_peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the floor reads whole tables
 
@@ -163,8 +165,8 @@ def floor():
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
         def write(i, table):  # the same writer (hashing as it writes), then fsynced and renamed as a build does
             path = os.path.join({work!r}, f"floor-{{i}}.parquet")
-            sealed = _write_shard(table, path + ".tmp")
-            _publish_file(path + ".tmp", path)
+            sealed = write_shard(table, path + ".tmp")
+            publish_file(path + ".tmp", path)
             return sealed
         list(pool.map(write, range(len(tables)), tables))
     return read_s, time.perf_counter() - t
@@ -176,7 +178,7 @@ warm, floors = [], []
 for _ in range({rounds}):
     shutil.rmtree({out!r})
     t = time.perf_counter()
-    build_shards(Store({store!r}), {out!r}, options)
+    build_shards(Store({store!r}), {out!r}, options=options)
     warm.append(time.perf_counter() - t)
     floors.append(floor())
 best = min(range(len(floors)), key=lambda i: sum(floors[i]))
@@ -205,7 +207,8 @@ def ours():
     a = adv.compute_advantages(rewards, groups, "mean")
     d, k, valid = kl.masked_kl(lp, ref, mask, "k3")
     base = kl.broadcast(a.advantages_N, off) * mask
-    return kl.kl_into_token_advantages(base, d, valid, 0.05, kl.batch_mean_log_ratio(d, valid)), kl.segment_sum(k, off)
+    mean_d = kl.batch_mean_log_ratio(kl.segment_sum(d, off), kl.valid_counts(valid, off))
+    return kl.kl_into_token_advantages(base, d, valid, 0.05, mean_d), kl.segment_sum(k, off)
 
 def plain():
     d = lp - ref

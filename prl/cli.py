@@ -223,7 +223,9 @@ def build_shards_cmd(
     from prl.store.tables import Store
 
     _run(
-        lambda: build_shards(Store(store), out, _shard_options(recipe, overrides or []), rebuild, dry_run),
+        lambda: build_shards(
+            Store(store), out, options=_shard_options(recipe, overrides or []), rebuild=rebuild, dry_run=dry_run
+        ),
         report.render_shards,
         as_json,
     )

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from prl.shards.build import MANIFEST, SAMPLES_FILE
+from prl.shards.manifest import MANIFEST, SAMPLES_FILE
 from prl.shards.verify import verify_shards
 from prl.store.tables import Store
 from tests.records import vllm_chat

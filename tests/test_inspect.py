@@ -136,7 +136,7 @@ def test_store_inspection_projects_a_few_scalar_columns(tmp_path, monkeypatch):
 def test_shard_histograms_match_the_shards(tmp_path):
     store = random_store(str(tmp_path / "s"), n_groups=6, group_size=3, seed=4, with_ref=True)
     options = ShardOptions(kl="column", target_tokens=40)
-    built = build_shards(store, str(tmp_path / "out"), options)
+    built = build_shards(store, str(tmp_path / "out"), options=options)
     result = inspect(str(tmp_path / "out"))
     assert result.kind == "shards" and [s["set_id"] for s in result.sets] == [built.set_id]
     assert result.totals == {"rows": 18, "tokens": built.tokens, "shards": len(built.shards), "groups": 6}
@@ -163,7 +163,7 @@ def test_shard_histograms_match_the_shards(tmp_path):
 
 def test_shard_inspection_reads_only_scalar_mask_and_kl_columns(tmp_path, monkeypatch):
     store = random_store(str(tmp_path / "s"), n_groups=2, group_size=2, seed=1)
-    build_shards(store, str(tmp_path / "out"), ShardOptions())
+    build_shards(store, str(tmp_path / "out"), options=ShardOptions())
     asked: list[list[str]] = []
     real = pq.ParquetFile.iter_batches
 

@@ -44,14 +44,15 @@ def test_masked_kl_excludes_masked_and_missing_tokens():
 def test_reward_placement():
     k_T = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
     off = np.array([0, 2, 2, 5])
-    out = kl.kl_into_reward(np.array([1.0, 2.0, 3.0]), k_T, off, beta=0.5)
+    out = kl.kl_into_reward(np.array([1.0, 2.0, 3.0]), kl.segment_sum(k_T, off), beta=0.5)
     np.testing.assert_allclose(out, [1.0 - 0.5 * 0.3, 2.0, 3.0 - 0.5 * 1.2])
 
 
 def test_advantage_placement_tinker_style():
     d = np.array([0.2, -0.2, 0.6, 0.0])
     valid = np.array([True, True, True, False])
-    mean_d = kl.batch_mean_log_ratio(d, valid)
+    off = np.array([0, 2, 4])
+    mean_d = kl.batch_mean_log_ratio(kl.segment_sum(d, off), kl.valid_counts(valid, off))
     assert mean_d == pytest.approx(0.2)
     out = kl.kl_into_token_advantages(np.array([1.0, 1.0, -1.0, 0.0]), d, valid, 0.1, mean_d)
     np.testing.assert_allclose(out, [1.0, 1.0 + 0.1 * 0.4, -1.0 - 0.1 * 0.4, 0.0])
@@ -60,7 +61,8 @@ def test_advantage_placement_tinker_style():
 def test_empty_batch():
     off = np.array([0])
     assert kl.segment_sum(np.array([]), off).shape == (0,)
-    assert kl.batch_mean_log_ratio(np.array([]), np.array([], dtype=bool)) == 0.0
+    assert kl.batch_mean_log_ratio(np.array([]), np.array([], dtype=np.int64)) == 0.0
+    assert kl.valid_counts(np.array([], dtype=bool), off).shape == (0,)
     assert kl.broadcast(np.array([]), off).shape == (0,)
 
 
@@ -83,7 +85,7 @@ def test_matches_loop_reference(samples, estimator, beta):
     off = np.concatenate(([0], np.cumsum([len(s) for s in samples]))).astype(np.int64)
     d, k, valid = kl.masked_kl(lp, ref, mask, estimator)
     rewards = np.arange(len(samples), dtype=np.float64)
-    new_r = kl.kl_into_reward(rewards, k, off, beta)
+    new_r = kl.kl_into_reward(rewards, kl.segment_sum(k, off), beta)
     fn = {"k1": lambda x: x, "k2": lambda x: 0.5 * x * x, "k3": k3_loop}[estimator]
     total_d, count = 0.0, 0
     for i, s in enumerate(samples):
@@ -94,7 +96,9 @@ def test_matches_loop_reference(samples, estimator, beta):
                 total_d += a - b
                 count += 1
         assert new_r[i] == pytest.approx(rewards[i] - beta * acc, rel=1e-9, abs=1e-9)
-    mean_d = kl.batch_mean_log_ratio(d, valid)
+    counts = kl.valid_counts(valid, off)
+    assert counts.tolist() == [sum(1 for *_, m in s if m) for s in samples]
+    mean_d = kl.batch_mean_log_ratio(kl.log_ratio_sums(lp, ref, valid, off), counts)
     assert mean_d == pytest.approx(total_d / count if count else 0.0, rel=1e-9, abs=1e-12)
     adv_T = kl.kl_into_token_advantages(np.zeros(len(lp)), d, valid, beta, mean_d)
     expected = [beta * (mean_d - (a - b)) if m else 0.0 for s in samples for a, b, m in s]

@@ -19,8 +19,10 @@ from hypothesis import strategies as st
 from prl.errors import UsageError
 from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, SHARD, TRACES
 from prl.shards import build as shards
-from prl.shards.build import build_shards, parse_version
-from prl.shards.options import ShardOptions
+from prl.shards import gather, scan, scores
+from prl.shards.build import build_shards
+from prl.shards.options import ShardOptions, parse_version
+from prl.shards.scan import side_sums
 from tests.shards_fixtures import make_store, random_store, ref, reward, table, trace, varied_store, verdict
 
 
@@ -80,7 +82,7 @@ def test_polars_and_pyarrow_read_shards(tmp_path):
     res = build_shards(
         random_store(str(tmp_path / "s"), 10, 3, with_ref=True),
         str(tmp_path / "out"),
-        ShardOptions(kl="column", target_tokens=60),
+        options=ShardOptions(kl="column", target_tokens=60),
     )
     files = sorted(os.path.join(res.set_dir, s["file"]) for s in res.shards)
     assert len(files) > 1
@@ -98,9 +100,9 @@ def test_polars_and_pyarrow_read_shards(tmp_path):
 def test_rebuild_is_byte_identical(tmp_path):
     store = random_store(str(tmp_path / "s"), 12, 3, with_ref=True)
     opts = ShardOptions(kl="advantages", kl_coef=0.05, target_tokens=80, seed=7)
-    first = build_shards(store, str(tmp_path / "out"), opts)
-    again = build_shards(store, str(tmp_path / "out"), opts, rebuild=True)
-    other = build_shards(store, str(tmp_path / "out2"), opts)
+    first = build_shards(store, str(tmp_path / "out"), options=opts)
+    again = build_shards(store, str(tmp_path / "out"), options=opts, rebuild=True)
+    other = build_shards(store, str(tmp_path / "out2"), options=opts)
     assert first.set_id == again.set_id == other.set_id
     names = sorted(os.listdir(first.set_dir))
     assert names == sorted(os.listdir(other.set_dir))
@@ -151,7 +153,7 @@ def test_drops_counted_by_reason(tmp_path):
     checks = [verdict(t["sample_id"]) for t in traces if t["sample_id"] not in ("drift:0", "unchecked:0", "warn:0")]
     checks += [verdict("drift:0", "drift"), verdict("warn:0", "warn")]
     store = make_store(str(tmp_path / "s"), traces, rewards, checks)
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions(max_drop_rate=0.5))
+    res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(max_drop_rate=0.5))
     assert res.drops == {
         "duplicate_sample_id": 2,
         "finish_reason": 1,
@@ -168,9 +170,9 @@ def test_drops_counted_by_reason(tmp_path):
     # the later reward event (0.0 at t+5) superseded the earlier 1.0
     assert rows["ok2:0"]["reward"] == 0.0 and rows["ok:0"]["advantage"] == 0.5
     assert res.exit_code == 1  # 11 of 13 dropped > 0.5
-    warn_ok = build_shards(store, str(tmp_path / "out2"), ShardOptions(allow_warn=True))
+    warn_ok = build_shards(store, str(tmp_path / "out2"), options=ShardOptions(allow_warn=True))
     assert "verdict_warn" not in warn_ok.drops and warn_ok.rows == 3
-    lenient = build_shards(store, str(tmp_path / "out3"), ShardOptions(require_checks=False, allow_warn=True))
+    lenient = build_shards(store, str(tmp_path / "out3"), options=ShardOptions(require_checks=False, allow_warn=True))
     assert "unchecked" not in lenient.drops and lenient.rows == 4
 
 
@@ -183,11 +185,11 @@ def test_staleness_lengths_and_versions(tmp_path):
         trace("long:0", "g5", [1, 2, 3], [2], policy_version="step-120"),
     ]
     store = make_store(str(tmp_path / "s"), traces, [reward(t["sample_id"], 1.0) for t in traces])
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions(max_staleness=10, max_prompt_tokens=2))
+    res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(max_staleness=10, max_prompt_tokens=2))
     assert res.drops == {"prompt_too_long": 1, "unknown_version": 1, "stale": 1}
     rows = by_id(read_set(res))
     assert rows["new:0"]["staleness"] == 0 and rows["mid:0"]["staleness"] == 5
-    res2 = build_shards(store, str(tmp_path / "out2"), ShardOptions(current_version="step-130"))
+    res2 = build_shards(store, str(tmp_path / "out2"), options=ShardOptions(current_version="step-130"))
     assert by_id(read_set(res2))["old:0"]["staleness"] == 30 and res2.drops == {}
     assert parse_version("step-120") == 120 and parse_version("v3-rc") == 3 and parse_version("x") is None
 
@@ -196,7 +198,7 @@ def test_constant_groups_dropped(tmp_path):
     traces = [trace(f"{g}{i}:0", g, [1], [2]) for g in ("c", "v") for i in range(3)]
     rewards = [reward(t["sample_id"], 1.0 if t["group_id"] == "c" else float(i)) for i, t in enumerate(traces)]
     store = make_store(str(tmp_path / "s"), traces, rewards)
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions(drop_constant_groups=True))
+    res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(drop_constant_groups=True))
     assert res.drops == {"constant_group": 3} and res.rows == 3
     assert res.statistics["constant_groups_dropped"] == 1
     assert sorted(r["advantage"] for r in read_set(res).to_pylist()) == [-1.0, 0.0, 1.0]
@@ -211,7 +213,9 @@ def test_weighted_reward_components(tmp_path):
         reward("y:0", 1.0, "fmt"),
     ]
     store = make_store(str(tmp_path / "s"), traces, rewards)
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions.from_mapping({"rewards": {"acc": 1.0, "fmt": 0.5}}))
+    res = build_shards(
+        store, str(tmp_path / "out"), options=ShardOptions.from_mapping({"rewards": {"acc": 1.0, "fmt": 0.5}})
+    )
     rows = by_id(read_set(res))
     assert rows["x:0"]["reward"] == 2.0 and rows["y:0"]["reward"] == 0.5
     assert rows["x:0"]["advantage"] == 0.75
@@ -223,7 +227,7 @@ def test_kl_into_reward_matches_loop(tmp_path):
     traces = [trace(s, "g", [1], [5] * len(v), completion_logprobs=v) for s, v in lp.items()]
     refs = [ref(s, v) for s, v in rf.items()] + [ref("a:0", [0.0, 0.0], at=-5)]  # older row loses
     store = make_store(str(tmp_path / "s"), traces, [reward("a:0", 1.0), reward("b:0", 0.0)], refs=refs)
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions(kl="reward", kl_coef=0.1, kl_estimator="k3"))
+    res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(kl="reward", kl_coef=0.1, kl_estimator="k3"))
     rows = by_id(read_set(res))
 
     def k3(d):
@@ -249,7 +253,7 @@ def test_kl_into_token_advantages(tmp_path):
     ]
     refs = [ref("a:0", [-0.7, -0.4]), ref("b:0", [-0.9])]
     store = make_store(str(tmp_path / "s"), traces, [reward("a:0", 1.0), reward("b:0", 0.0)], refs=refs)
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions(kl="advantages", kl_coef=0.5))
+    res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(kl="advantages", kl_coef=0.5))
     rows = by_id(read_set(res))
     f = lambda v: float(np.float32(v))  # noqa: E731
     d = {"a:0": [f(-0.5) - f(-0.7), f(-1.0) - f(-0.4)], "b:0": [f(-0.2) - f(-0.9)]}
@@ -263,21 +267,21 @@ def test_kl_into_token_advantages(tmp_path):
 def test_kl_without_refs_is_usage_error(tmp_path):
     store = small_store(tmp_path)
     with pytest.raises(UsageError, match="no ref_logprobs table"):
-        build_shards(store, str(tmp_path / "out"), ShardOptions(kl="column"))
+        build_shards(store, str(tmp_path / "out"), options=ShardOptions(kl="column"))
     store.commit(
         "ref_logprobs", table(REF_LOGPROBS, [ref("a0:0", [-1.0, -1.0, -1.0]), ref("a1:0", [-1.0])]).to_batches()
     )
     with pytest.raises(UsageError, match=r"1 sample\(s\) have no reference logprobs \(e.g. b0:0\)"):
-        build_shards(store, str(tmp_path / "out"), ShardOptions(kl="column"))
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions(kl="column", missing_ref="drop"))
+        build_shards(store, str(tmp_path / "out"), options=ShardOptions(kl="column"))
+    res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(kl="column", missing_ref="drop"))
     assert res.drops == {"missing_ref": 1, "ref_length_mismatch": 1} and res.rows == 1
     assert not os.path.exists(tmp_path / "out" / ".staging")
 
 
 def test_groups_whole_target_and_seeded_shuffle(tmp_path):
     store = random_store(str(tmp_path / "s"), 30, 4)
-    a = build_shards(store, str(tmp_path / "a"), ShardOptions(target_tokens=100, seed=1))
-    b = build_shards(store, str(tmp_path / "b"), ShardOptions(target_tokens=100, seed=2))
+    a = build_shards(store, str(tmp_path / "a"), options=ShardOptions(target_tokens=100, seed=1))
+    b = build_shards(store, str(tmp_path / "b"), options=ShardOptions(target_tokens=100, seed=2))
     ta, tb = read_set(a), read_set(b)
     assert sorted(ta["sample_id"].to_pylist()) == sorted(tb["sample_id"].to_pylist())
     assert ta["sample_id"].to_pylist() != tb["sample_id"].to_pylist()
@@ -302,7 +306,7 @@ def test_heads_auto_and_explicit_k(tmp_path):
         trace("topp:0", "g", [1], [5], top_p=0.9, topk_ids=ids3, topk_logprobs=[[-0.1, -2.0, -3.0]]),
     ]
     store = make_store(str(tmp_path / "s"), traces, [reward(t["sample_id"], 1.0) for t in traces])
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions(topk="auto"))
+    res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(topk="auto"))
     assert res.drops == {"missing_heads": 1, "truncated_sampling": 1}
     rows = by_id(read_set(res))
     assert rows["h3:0"]["topk_ids"] == [[5, 6]] and rows["h2:0"]["topk_ids"] == [[5, 6], [6, 9]]
@@ -310,14 +314,16 @@ def test_heads_auto_and_explicit_k(tmp_path):
     assert [[float(np.float32(v)) for v in p] for p in ([-0.1, -2.0], [-0.2, -1.0])] == got
     manifest = json.loads(Path(os.path.join(res.set_dir, "manifest.json")).read_text())
     assert manifest["heads"]["k"] == 2 and manifest["heads"]["sampling"]["temperature"] == [1.0]
-    res3 = build_shards(store, str(tmp_path / "out3"), ShardOptions(topk=3))
+    res3 = build_shards(store, str(tmp_path / "out3"), options=ShardOptions(topk=3))
     assert res3.drops["heads_too_narrow"] == 1 and by_id(read_set(res3))["h3:0"]["topk_ids"] == ids3
 
 
 def test_null_logprobs_stay_null_and_skip_kl(tmp_path):
     traces = [trace("a:0", "g", [1], [5, 6], completion_logprobs=[None, -1.0])]
     store = make_store(str(tmp_path / "s"), traces, [reward("a:0", 1.0)], refs=[ref("a:0", [-1.0, -2.0])])
-    rows = by_id(read_set(build_shards(store, str(tmp_path / "out"), ShardOptions(kl="column", kl_estimator="k1"))))
+    rows = by_id(
+        read_set(build_shards(store, str(tmp_path / "out"), options=ShardOptions(kl="column", kl_estimator="k1")))
+    )
     assert rows["a:0"]["behavior_logprobs"] == [None, -1.0]
     assert rows["a:0"]["kl"] == [None, 1.0]
 
@@ -336,9 +342,9 @@ def test_dry_run_writes_nothing_and_empty_store(tmp_path):
 def test_dry_run_with_kl_plans_what_a_build_ships(tmp_path, kl):
     store = varied_store(str(tmp_path / "s"))
     opts = ShardOptions(kl=kl, kl_coef=0.1, missing_ref="drop", target_tokens=120)
-    planned = build_shards(store, str(tmp_path / "out"), opts, dry_run=True)
+    planned = build_shards(store, str(tmp_path / "out"), options=opts, dry_run=True)
     assert planned.status == "dry_run" and not os.path.exists(tmp_path / "out")
-    built = build_shards(store, str(tmp_path / "out"), opts)
+    built = build_shards(store, str(tmp_path / "out"), options=opts)
     assert (planned.rows, planned.tokens, planned.drops) == (built.rows, built.tokens, built.drops)
     assert planned.rows > 0 and planned.drops == {"missing_ref": planned.drops["missing_ref"]}
 
@@ -350,9 +356,9 @@ def test_singleton_baseline_field_and_none(tmp_path):
         trace("c:0", "g3", [1], [2], model="m2"),
     ]
     store = make_store(str(tmp_path / "s"), traces, [reward("a:0", 1.0), reward("b:0", 3.0), reward("c:0", 5.0)])
-    rows = by_id(read_set(build_shards(store, str(tmp_path / "o1"), ShardOptions(singleton_baseline="model"))))
+    rows = by_id(read_set(build_shards(store, str(tmp_path / "o1"), options=ShardOptions(singleton_baseline="model"))))
     assert [rows[s]["advantage"] for s in ("a:0", "b:0", "c:0")] == [-1.0, 1.0, 0.0]
-    res = build_shards(store, str(tmp_path / "o2"), ShardOptions(singleton_baseline="none"))
+    res = build_shards(store, str(tmp_path / "o2"), options=ShardOptions(singleton_baseline="none"))
     assert {r["advantage"] for r in read_set(res).to_pylist()} == {0.0}
     assert res.statistics["groups_of_one_without_baseline"] == 3
 
@@ -389,20 +395,23 @@ def test_options_round_trip_and_cli_strings():
 def test_bytes_do_not_depend_on_batches_blocks_or_threads(tmp_path, monkeypatch, kl):
     store = varied_store(str(tmp_path / "s"))
     opts = ShardOptions(kl=kl, kl_coef=0.1, missing_ref="drop", topk="auto", target_tokens=120, seed=3)
-    first = build_shards(store, str(tmp_path / "a"), opts)
-    monkeypatch.setattr(shards, "SCAN_BATCH_ROWS", 2)  # many spilled batches per shard
-    monkeypatch.setattr(shards, "BLOCK_TOKENS", 5)  # many numeric blocks per shard
+    first = build_shards(store, str(tmp_path / "a"), options=opts)
+    monkeypatch.setattr(scan, "SCAN_BATCH_ROWS", 2)  # many spilled batches per shard
+    monkeypatch.setattr(gather, "BLOCK_TOKENS", 5)  # many numeric blocks per shard
     monkeypatch.setattr(shards, "WORKERS", 1)
-    second = build_shards(store, str(tmp_path / "b"), opts)
+    monkeypatch.setattr(scores, "WORKERS", 1)
+    second = build_shards(store, str(tmp_path / "b"), options=opts)
     assert len(first.shards) >= 3
     assert [s["sha256"] for s in first.shards] == [s["sha256"] for s in second.shards]
     assert first.statistics == second.statistics
 
 
 def test_rows_gathered_from_spill_match_the_store(tmp_path, monkeypatch):
-    monkeypatch.setattr(shards, "SCAN_BATCH_ROWS", 3)
+    monkeypatch.setattr(scan, "SCAN_BATCH_ROWS", 3)
     store = varied_store(str(tmp_path / "s"), seed=1)
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions(kl="column", missing_ref="drop", target_tokens=90))
+    res = build_shards(
+        store, str(tmp_path / "out"), options=ShardOptions(kl="column", missing_ref="drop", target_tokens=90)
+    )
     got = by_id(read_set(res))
     traces = {r["sample_id"]: r for r in store.read("traces").to_pylist()}
     refs = {r["sample_id"]: r for r in store.read("ref_logprobs").to_pylist()}
@@ -426,7 +435,9 @@ def test_mean_log_ratio_over_mixed_samples_matches_numpy(tmp_path):
     either side) read again: the batch mean and every token advantage match a direct numpy computation."""
     store = varied_store(str(tmp_path / "s"), seed=2)
     beta = 0.25
-    res = build_shards(store, str(tmp_path / "out"), ShardOptions(kl="advantages", kl_coef=beta, missing_ref="drop"))
+    res = build_shards(
+        store, str(tmp_path / "out"), options=ShardOptions(kl="advantages", kl_coef=beta, missing_ref="drop")
+    )
     got = by_id(read_set(res))
     traces = {r["sample_id"]: r for r in store.read("traces").to_pylist()}
     refs = {r["sample_id"]: r for r in store.read("ref_logprobs").to_pylist()}
@@ -462,15 +473,13 @@ def test_side_sums_of_a_scan_batch(rows, masks, cut):
     masks = (masks + [None] * len(rows))[: len(rows)]
     lists = pa.array(rows, pa.list_(pa.float32())).slice(min(cut, len(rows)))  # batches can be slices
     mask_lists = pa.array(masks, pa.list_(pa.bool_())).slice(min(cut, len(rows)))
-    sums, simple = shards._side_sums(lists, mask_lists)
+    sums, simple = side_sums(lists, mask_lists)
     for i, (row, mask) in enumerate(zip(rows[cut:], masks[cut:], strict=True)):
         finite = all(v is not None and math.isfinite(v) for v in row)
         assert simple[i] == (finite and (mask is None or all(m is True for m in mask)))
         if finite:
             assert sums[i] == pytest.approx(math.fsum(float(np.float32(v)) for v in row), abs=1e-9)
-    assert shards._side_sums(lists)[1].tolist() == [
-        all(v is not None and math.isfinite(v) for v in row) for row in rows[cut:]
-    ]
+    assert side_sums(lists)[1].tolist() == [all(v is not None and math.isfinite(v) for v in row) for row in rows[cut:]]
 
 
 def k3(d: float) -> float:
@@ -483,7 +492,7 @@ def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
 
     store = random_store(str(tmp_path / "s"), 40, 4)  # 160 samples, several shards
     out = tmp_path / "out"
-    real, calls = shards._write_shard, []
+    real, calls = shards.write_shard, []
 
     def disk_full_on_the_third(table, tmp):
         calls.append(tmp)
@@ -492,13 +501,13 @@ def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(table, tmp)
 
-    monkeypatch.setattr(shards, "_write_shard", disk_full_on_the_third)
+    monkeypatch.setattr(shards, "write_shard", disk_full_on_the_third)
     with pytest.raises(OSError, match="No space left on device"):
-        build_shards(store, str(out), ShardOptions(target_tokens=50))
+        build_shards(store, str(out), options=ShardOptions(target_tokens=50))
     assert len(calls) >= 3
     assert sorted(os.listdir(out)) == []  # no set, no staging folder, no index
-    monkeypatch.setattr(shards, "_write_shard", real)
-    result = build_shards(store, str(out), ShardOptions(target_tokens=50))
+    monkeypatch.setattr(shards, "write_shard", real)
+    result = build_shards(store, str(out), options=ShardOptions(target_tokens=50))
     assert (result.status, result.rows) == ("built", 160)
     from prl.shards.verify import verify_shards
 

@@ -21,7 +21,7 @@ runner = CliRunner()
 @pytest.fixture
 def built(tmp_path):
     store = random_store(str(tmp_path / "s"), n_groups=5, group_size=2, seed=7)
-    result = build_shards(store, str(tmp_path / "out"), ShardOptions(target_tokens=30))
+    result = build_shards(store, str(tmp_path / "out"), options=ShardOptions(target_tokens=30))
     assert len(result.shards) >= 3
     return result
 

@@ -19,7 +19,6 @@ tokens are skipped and counted.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -29,7 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prl.errors import UsageError
-from prl.shards.build import sha256_file
+from prl.shards.manifest import MANIFEST, Manifest, ManifestError
+from prl.shards.publish import sha256_file
 
 
 @dataclass
@@ -107,19 +107,20 @@ def export_tinker(shard_dir: str, out_jsonl: str, verify: bool = True) -> Export
     Shards are read in manifest order, one record batch at a time. With ``verify`` each shard's sha256 is checked
     against the manifest first. The output appears atomically (written to a temp file, then renamed).
     """
-    manifest_path = os.path.join(shard_dir, "manifest.json")
-    if not os.path.isfile(manifest_path):
-        raise UsageError(f"{shard_dir} is not a shard set (no manifest.json)")
-    with open(manifest_path, encoding="utf-8") as fh:
-        manifest = json.load(fh)
+    if not os.path.isfile(os.path.join(shard_dir, MANIFEST)):
+        raise UsageError(f"{shard_dir} is not a shard set (no {MANIFEST})")
+    try:
+        manifest = Manifest.read(shard_dir)
+    except ManifestError as exc:
+        raise UsageError(str(exc)) from None
     rows = skipped = 0
     tmp = f"{out_jsonl}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as out:
-            for entry in manifest["shards"]:
-                path = os.path.join(shard_dir, entry["file"])
+            for entry in manifest.shards:
+                path = os.path.join(shard_dir, entry.file)
                 if verify:
-                    if sha256_file(path) != entry["sha256"]:
+                    if sha256_file(path) != entry.sha256:
                         raise UsageError(f"{path} does not match the sha256 in its manifest")
                 columns = ["input_ids", "prompt_len", "behavior_logprobs", "token_advantages"]
                 for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=columns):
@@ -150,4 +151,4 @@ def export_tinker(shard_dir: str, out_jsonl: str, verify: bool = True) -> Export
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    return ExportResult(out=out_jsonl, rows=rows, skipped=skipped, shards=len(manifest["shards"]))
+    return ExportResult(out=out_jsonl, rows=rows, skipped=skipped, shards=len(manifest.shards))

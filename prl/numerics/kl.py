@@ -126,15 +126,31 @@ def masked_kl(
     return d_T, kl_estimate(d_T, estimator), valid_T  # every estimator is +0.0 where d is 0.0
 
 
-def kl_into_reward(rewards_N: np.ndarray, kl_T: np.ndarray, offsets_N1: np.ndarray, beta: float) -> np.ndarray:
-    """``rewards_N − β·Σ_t kl_t`` (``kl_T`` already 0 on invalid tokens)."""
-    return np.asarray(rewards_N, dtype=np.float64) - beta * segment_sum(kl_T, offsets_N1)
+def valid_counts(valid_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
+    """Number of valid tokens per sample: ``count_N`` (int64)."""
+    offsets_N1 = np.asarray(offsets_N1, dtype=np.int64)
+    lengths_N = np.diff(offsets_N1)
+    if valid_T.all():
+        return lengths_N
+    counts_N = np.zeros(len(lengths_N), dtype=np.int64)
+    nonempty_N = lengths_N > 0
+    if nonempty_N.any():
+        counts_N[nonempty_N] = np.add.reduceat(valid_T, offsets_N1[:-1][nonempty_N], dtype=np.int64)
+    return counts_N
 
 
-def batch_mean_log_ratio(d_T: np.ndarray, valid_T: np.ndarray) -> float:
-    """``mean_batch(d)`` over valid tokens (0.0 when there are none)."""
-    count = int(np.count_nonzero(valid_T))
-    return float(np.sum(d_T, where=valid_T, dtype=np.float64) / count) if count else 0.0
+def kl_into_reward(rewards_N: np.ndarray, kl_sum_N: np.ndarray, beta: float) -> np.ndarray:
+    """``rewards_N − β·Σ_t kl_t`` (float64), with ``kl_sum_N`` each sample's KL summed over its valid tokens
+    (:func:`segment_sum` of the ``kl_T`` that :func:`masked_kl` returns, 0 on invalid tokens)."""
+    return np.asarray(rewards_N, dtype=np.float64) - beta * np.asarray(kl_sum_N, dtype=np.float64)
+
+
+def batch_mean_log_ratio(d_sum_N: np.ndarray, count_N: np.ndarray) -> float:
+    """``mean_batch(d)`` over the valid tokens of a batch, from each sample's ``Σ_t d_t`` (:func:`log_ratio_sums`)
+    and valid-token count (:func:`valid_counts`); 0.0 when no token is valid. The sums are added in sample order,
+    so the mean does not depend on how the samples were gathered."""
+    count = int(np.sum(count_N, dtype=np.int64))
+    return float(np.sum(d_sum_N, dtype=np.float64) / count) if count else 0.0
 
 
 def kl_into_token_advantages(

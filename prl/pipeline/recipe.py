@@ -27,7 +27,7 @@ A recipe has up to six tables; a step runs when its table is present (``[store]`
     sample_rate = 1.0           # fraction of samples checked, picked by sample_id hash
     allow_warn = true           # false: warn verdicts count as problems
 
-    [shards]                    # prl build-shards: exactly the options of prl.recipe_shards.ShardOptions
+    [shards]                    # prl build-shards: exactly the options of prl.shards.options.ShardOptions
     advantage = "mean"
 
 Relative paths (``uri``, ``out``, ``sources``, ``tokenizer``, ``chat_template``) are relative to the recipe

@@ -162,7 +162,7 @@ def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:
     from prl.shards.build import build_shards
 
     assert recipe.shards is not None and recipe.store.out is not None
-    return build_shards(store, recipe.store.out, recipe.shards, rebuild=False, dry_run=dry_run)
+    return build_shards(store, recipe.store.out, options=recipe.shards, dry_run=dry_run)
 
 
 STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], Any]] = {

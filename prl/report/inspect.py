@@ -13,7 +13,6 @@ per-sample mean) among the list columns are read, and only the per-sample scalar
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ import pyarrow.parquet as pq
 
 from prl.errors import ExitCode, UsageError
 from prl.schema import TABLES
-from prl.shards.build import INDEX, MANIFEST
+from prl.shards.manifest import INDEX, MANIFEST, Manifest
 from prl.shards.verify import set_dirs
 from prl.store.tables import Store, is_remote
 
@@ -269,25 +268,22 @@ def _check_summary(checks: pl.LazyFrame) -> list[dict[str, Any]]:
 
 
 # --- shard sets ----------------------------------------------------------------------------------------------
-def _set_line(manifest: dict[str, Any]) -> dict[str, Any]:
-    options = manifest.get("options", {})
-    totals = manifest.get("totals", {})
-    stats = manifest.get("statistics", {})
+def _set_line(manifest: Manifest) -> dict[str, Any]:
     return {
-        "set_id": manifest.get("set_id"),
-        "rows": totals.get("rows"),
-        "groups": totals.get("groups"),
-        "tokens": totals.get("tokens"),
-        "completion_tokens": totals.get("completion_tokens"),
-        "shards": totals.get("shards"),
-        "source_versions": manifest.get("source", {}).get("versions"),
-        "current_version": manifest.get("source", {}).get("current_version"),
-        "excluded_sets": len(manifest.get("excluded_sets", [])),
-        "advantage": options.get("advantage"),
-        "kl": options.get("kl"),
-        "topk": manifest.get("heads", {}).get("k"),
-        "groups_of_one": stats.get("groups_of_one"),
-        "dropped": sum((manifest.get("drops") or {}).values()),
+        "set_id": manifest.set_id,
+        "rows": manifest.totals.rows,
+        "groups": manifest.totals.groups,
+        "tokens": manifest.totals.tokens,
+        "completion_tokens": manifest.totals.completion_tokens,
+        "shards": manifest.totals.shards,
+        "source_versions": manifest.source_versions,
+        "current_version": manifest.current_version,
+        "excluded_sets": len(manifest.excluded_sets),
+        "advantage": manifest.options.get("advantage"),
+        "kl": manifest.kl,
+        "topk": manifest.topk,
+        "groups_of_one": manifest.statistics.get("groups_of_one"),
+        "dropped": sum(manifest.drops.values()),
     }
 
 
@@ -314,14 +310,12 @@ def inspect_shards(path: str) -> ShardsInspection:
     result = ShardsInspection(path=path)
     values: dict[str, list[np.ndarray]] = {m: [] for m in METRICS}
     for folder in set_dirs(path):
-        with open(os.path.join(folder, MANIFEST), encoding="utf-8") as fh:
-            manifest = json.load(fh)
+        manifest = Manifest.read(folder)
         result.sets.append(_set_line(manifest))
-        for reason, count in (manifest.get("drops") or {}).items():
-            result.drops[reason] = result.drops.get(reason, 0) + int(count)
-        with_kl = manifest.get("options", {}).get("kl", "none") != "none"
-        for entry in manifest.get("shards", []):
-            for name, parts in _shard_metrics(os.path.join(folder, entry["file"]), with_kl).items():
+        for reason, count in manifest.drops.items():
+            result.drops[reason] = result.drops.get(reason, 0) + count
+        for entry in manifest.shards:
+            for name, parts in _shard_metrics(os.path.join(folder, entry.file), manifest.kl != "none").items():
                 values[name].extend(parts)
     result.drops = dict(sorted(result.drops.items(), key=lambda kv: (-kv[1], kv[0])))
     for name in METRICS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -18,6 +19,18 @@ from prl.errors import UsageError
 from prl.numerics.advantages import METHODS
 from prl.numerics.kl import ESTIMATORS, PLACEMENTS
 from prl.schema import FINISH_REASONS
+
+VERSION_RE = r"(\d+)\D*$"
+"""The integer a policy version string ends with (``"step-120"`` → 120), as polars and :mod:`re` read it."""
+
+
+def parse_version(version: str | int | None) -> int | None:
+    """The integer in a policy version string: ``"step-120"`` → 120, ``"120"`` → 120, none → None."""
+    if version is None:
+        return None
+    match = re.search(VERSION_RE, str(version))
+    return int(match.group(1)) if match else None
+
 
 BASELINE_FIELDS = ("request_id", "session_id", "model", "policy_version", "source_uri", "source_format")
 """Trace columns a singleton group may take its baseline from (besides ``batch`` and ``none``)."""
@@ -142,8 +155,6 @@ class ShardOptions:
         if self.min_completion_tokens < 1:
             raise bad("min_completion_tokens", f"must be ≥ 1, got {self.min_completion_tokens}")
         if self.current_version is not None:
-            from prl.shards.build import parse_version  # local: shards imports this module
-
             if parse_version(self.current_version) is None:
                 raise bad("current_version", f"no integer version in {self.current_version!r}")
         if self.topk is not None and self.topk != "auto" and (isinstance(self.topk, str) or self.topk < 1):

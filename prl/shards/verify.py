@@ -9,7 +9,6 @@ Leftover ``*.tmp`` files inside a published set are reported too. Any problem â†
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,7 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prl.errors import ExitCode, UsageError
-from prl.shards.build import MANIFEST, SAMPLES_FILE, sha256_file
+from prl.shards.manifest import INDEX, MANIFEST, SAMPLES_FILE, FileEntry, Manifest, ManifestError
+from prl.shards.publish import sha256_file
 
 BATCH_ROWS = 1024
 
@@ -68,7 +68,7 @@ def set_dirs(path: str) -> list[str]:
             for name in sorted(os.listdir(path))
             if not name.startswith(".") and os.path.isfile(os.path.join(path, name, MANIFEST))
         ]
-        if sets or os.path.isfile(os.path.join(path, "_index.json")):
+        if sets or os.path.isfile(os.path.join(path, INDEX)):
             return sets
         raise UsageError(f"{path} holds no shard set (no {MANIFEST} in it or in its subfolders)")
     raise UsageError(f"{path} is not a shard set or a folder of shard sets")
@@ -83,60 +83,63 @@ def _count_tokens(path: str) -> tuple[int, int]:
     return parquet.metadata.num_rows, tokens
 
 
-def _check_file(set_id: str, folder: str, entry: dict[str, Any], result: VerifyResult) -> bool:
+def _check_file(set_id: str, folder: str, entry: FileEntry, result: VerifyResult) -> bool:
     """Existence, size and sha256 of one file the manifest names; appends problems, True when all match."""
-    name = entry["file"]
-    path = os.path.join(folder, name)
+    path = os.path.join(folder, entry.file)
     if not os.path.isfile(path):
-        result.problems.append(Problem(set_id, name, "missing"))
+        result.problems.append(Problem(set_id, entry.file, "missing"))
         return False
     size = os.path.getsize(path)
-    if size != entry.get("bytes"):
-        result.problems.append(Problem(set_id, name, f"size {size} != manifest {entry.get('bytes')}"))
+    if size != entry.bytes:
+        result.problems.append(Problem(set_id, entry.file, f"size {size} != manifest {entry.bytes}"))
         return False
     digest = sha256_file(path)
-    if digest != entry.get("sha256"):
-        result.problems.append(Problem(set_id, name, f"sha256 {digest} != manifest {entry.get('sha256')}"))
+    if digest != entry.sha256:
+        result.problems.append(Problem(set_id, entry.file, f"sha256 {digest} != manifest {entry.sha256}"))
         return False
     return True
+
+
+def _check_shard(set_id: str, folder: str, entry: FileEntry, result: VerifyResult) -> None:
+    """A shard's bytes, then its Parquet row count and Î£ len(input_ids) against the manifest."""
+    if not _check_file(set_id, folder, entry, result):
+        return
+    result.bytes += entry.bytes
+    try:
+        rows, tokens = _count_tokens(os.path.join(folder, entry.file))
+    except (OSError, ValueError) as exc:
+        result.problems.append(Problem(set_id, entry.file, f"unreadable Parquet: {exc}"))
+        return
+    result.rows += rows
+    result.tokens += tokens
+    if rows != entry.rows:
+        result.problems.append(Problem(set_id, entry.file, f"rows {rows} != manifest {entry.rows}"))
+    if tokens != entry.tokens:
+        result.problems.append(Problem(set_id, entry.file, f"tokens {tokens} != manifest {entry.tokens}"))
 
 
 def verify_set(folder: str, result: VerifyResult) -> None:
     """Verify one shard set folder into ``result``."""
     try:
-        with open(os.path.join(folder, MANIFEST), encoding="utf-8") as fh:
-            manifest = json.load(fh)
-    except (OSError, ValueError) as exc:
+        manifest = Manifest.read(folder)
+    except (OSError, ManifestError) as exc:
         result.problems.append(Problem(os.path.basename(folder), MANIFEST, f"unreadable: {exc}"))
         return
     set_id = os.path.basename(folder)
     result.sets.append(set_id)
-    if manifest.get("set_id") != set_id:
-        result.problems.append(Problem(set_id, MANIFEST, f"set_id {manifest.get('set_id')!r} != folder name"))
+    if manifest.set_id != set_id:
+        result.problems.append(Problem(set_id, MANIFEST, f"set_id {manifest.set_id!r} != folder name"))
     for name in sorted(os.listdir(folder)):
         if ".tmp" in name:
             result.problems.append(Problem(set_id, name, "leftover temporary file in a published set"))
-    for entry in manifest.get("shards", []):
+    for entry in manifest.shards:
         result.shards += 1
-        if not _check_file(set_id, folder, entry, result):
-            continue
-        result.bytes += entry["bytes"]
-        try:
-            rows, tokens = _count_tokens(os.path.join(folder, entry["file"]))
-        except (OSError, ValueError) as exc:
-            result.problems.append(Problem(set_id, entry["file"], f"unreadable Parquet: {exc}"))
-            continue
-        result.rows += rows
-        result.tokens += tokens
-        if rows != entry.get("rows"):
-            result.problems.append(Problem(set_id, entry["file"], f"rows {rows} != manifest {entry.get('rows')}"))
-        if tokens != entry.get("tokens"):
-            result.problems.append(Problem(set_id, entry["file"], f"tokens {tokens} != manifest {entry.get('tokens')}"))
-    samples = manifest.get("samples")
-    if samples and _check_file(set_id, folder, samples, result):
-        rows = pq.ParquetFile(os.path.join(folder, samples["file"])).metadata.num_rows
-        if rows != samples.get("rows"):
-            result.problems.append(Problem(set_id, samples["file"], f"rows {rows} != manifest {samples.get('rows')}"))
+        _check_shard(set_id, folder, entry, result)
+    samples = manifest.samples
+    if _check_file(set_id, folder, samples, result):
+        rows = pq.ParquetFile(os.path.join(folder, samples.file)).metadata.num_rows
+        if rows != samples.rows:
+            result.problems.append(Problem(set_id, samples.file, f"rows {rows} != manifest {samples.rows}"))
 
 
 def _shipped_twice(folders: list[str], result: VerifyResult) -> None:

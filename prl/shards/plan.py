@@ -1,0 +1,302 @@
+"""The plan of a build: which samples ship, in which order and shard, and why the others do not (design.md §5–6).
+
+:func:`make_plan` runs the plan scans (:mod:`prl.shards.scan`) side by side, leaves out samples an earlier set in
+``OUT`` shipped, joins the latest reward per component, verdict and reference row, scores each sample, and names
+each dropped sample's first failed filter (:data:`DROP_REASONS`, in order). :func:`pack` then sorts the groups,
+shuffles them with ``options.seed`` and lays them out back to back: a group belongs to the shard in whose
+``target_tokens`` window its first token falls, so groups stay whole and shards hold about ``target_tokens``
+tokens; within a group, samples follow ``sample_id``. Each shard is a run of the final order.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from prl.errors import UsageError
+from prl.numerics import advantages as adv
+from prl.shards.manifest import Manifest
+from prl.shards.options import VERSION_RE, ShardOptions, parse_version
+from prl.shards.scan import latest_rewards, latest_verdicts, scan_refs, scan_traces
+from prl.shards.spill import ScanSpill
+from prl.store.tables import Store
+
+DROP_REASONS = (
+    "duplicate_sample_id",
+    "finish_reason",
+    "empty_completion",
+    "too_short",
+    "prompt_too_long",
+    "completion_too_long",
+    "too_long",
+    "mask_length_mismatch",
+    "unknown_version",
+    "stale",
+    "unchecked",
+    "verdict_warn",
+    "verdict_drift",
+    "verdict_invalid",
+    "missing_reward",
+    "nonfinite_reward",
+    "missing_ref",
+    "ref_length_mismatch",
+    "missing_heads",
+    "heads_too_narrow",
+    "truncated_sampling",
+    "constant_group",
+)
+"""Why a sample did not ship, in the order they are tested (a sample counts under its first reason)."""
+
+
+def drop_reasons(options: ShardOptions, with_ref: bool) -> pl.Expr:
+    """One expression naming each sample's first failed filter (null when it passes them all)."""
+    o = options
+    c = pl.col
+    rules: list[tuple[str, pl.Expr]] = [
+        ("duplicate_sample_id", c("sample_id").is_duplicated()),
+        ("finish_reason", ~c("finish_reason").is_in(list(o.finish_reasons))),
+        ("empty_completion", c("completion_len") == 0),
+        ("too_short", c("completion_len") < o.min_completion_tokens),
+    ]
+    if o.max_prompt_tokens is not None:
+        rules.append(("prompt_too_long", c("prompt_len") > o.max_prompt_tokens))
+    if o.max_completion_tokens is not None:
+        rules.append(("completion_too_long", c("completion_len") > o.max_completion_tokens))
+    if o.max_total_tokens is not None:
+        rules.append(("too_long", c("prompt_len") + c("completion_len") > o.max_total_tokens))
+    rules.append(("mask_length_mismatch", c("mask_len") != c("completion_len")))
+    if o.max_staleness is not None:
+        rules.append(("unknown_version", c("staleness").is_null()))
+        rules.append(("stale", c("staleness") > o.max_staleness))
+    if o.require_checks:
+        rules.append(("unchecked", c("verdict").is_null()))
+    if not o.allow_warn:
+        rules.append(("verdict_warn", c("verdict") == "warn"))
+    rules.append(("verdict_drift", c("verdict") == "drift"))
+    rules.append(("verdict_invalid", c("verdict") == "invalid"))
+    rules.append(("missing_reward", c("_score_missing")))
+    rules.append(("nonfinite_reward", ~c("score").is_finite()))
+    if with_ref:
+        rules.append(("missing_ref", c("ref_row").is_null()))
+        rules.append(("ref_length_mismatch", c("ref_len") != c("completion_len")))
+    if o.topk is not None:
+        rules.append(("missing_heads", c("head_width") < 0))
+        if o.topk != "auto":
+            rules.append(("heads_too_narrow", c("head_width") < int(o.topk)))
+        rules.append(
+            (
+                "truncated_sampling",
+                (c("top_p").fill_null(1.0) < 1.0) | (c("top_k").fill_null(-1) > 0),
+            )
+        )
+    expr: Any = pl
+    for name, cond in rules:
+        expr = expr.when(cond.fill_null(False)).then(pl.lit(name))
+    return expr.otherwise(pl.lit(None, dtype=pl.String))
+
+
+@dataclass
+class Plan:
+    """The shipped samples in final order, with their shard numbers, and what was dropped."""
+
+    ship: pl.DataFrame
+    """Columns: row, sample_id, group_id, policy_version, staleness, prompt_len, completion_len, has_mask, score,
+    shard, (ref_row), (baseline_key), temperature, top_p, top_k, logprobs_mode, head_width, and in a build with
+    ``kl = "advantages"`` each side's logprob sum and whether it covers every token (lp_sum, lp_simple, ref_sum,
+    ref_simple; :func:`prl.shards.scan.side_sums`)."""
+    considered: int
+    already_shipped: int
+    drops: dict[str, int]
+    current_version: int | None
+    k: int | None
+    reward_names_seen: list[str]
+    constant_groups: int = 0
+
+
+def shipped_ids(out: str, prior: list[Manifest]) -> pa.Array | None:
+    """The sample ids earlier sets in ``out`` shipped, as one Arrow string array (None when there are none):
+    read column-wise from each set's ``sample_ids`` file, never as Python strings."""
+    columns = [
+        pq.read_table(os.path.join(out, m.set_id, m.samples.file), columns=["sample_id"])
+        .column("sample_id")
+        .combine_chunks()
+        .cast(pa.string())
+        for m in prior
+    ]
+    columns = [c for c in columns if len(c)]
+    return pa.concat_arrays(columns) if columns else None
+
+
+@dataclass
+class _Inputs:
+    """What the plan scans read: per-sample trace scalars, latest rewards and verdicts, winning reference rows."""
+
+    traces: pl.DataFrame
+    rewards: pl.DataFrame
+    verdicts: pl.DataFrame
+    refs: pl.DataFrame | None
+
+
+def _read_inputs(
+    store: Store,
+    versions: dict[str, int | None],
+    options: ShardOptions,
+    exclude: pa.Array | None,
+    trace_spill: ScanSpill | None,
+    ref_spill: ScanSpill | None,
+) -> _Inputs:
+    """The four reads, side by side in threads (decoding and polars release the GIL); the spills are closed
+    when they end, however they end."""
+    try:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            traces_f = pool.submit(scan_traces, store, versions["traces"], options, trace_spill, exclude)
+            rewards_f = pool.submit(latest_rewards, store, versions["rewards"], list(options.rewards))
+            verdicts_f = pool.submit(latest_verdicts, store, versions["checks"], options.tokenizer_fingerprint)
+            refs_f = None
+            if options.kl != "none":
+                refs_f = pool.submit(scan_refs, store, versions["ref_logprobs"], options, ref_spill, exclude)
+            return _Inputs(
+                traces_f.result(),
+                rewards_f.result(),
+                verdicts_f.result(),
+                refs_f.result() if refs_f is not None else None,
+            )
+    finally:
+        for spill in (trace_spill, ref_spill):
+            if spill is not None:
+                spill.close()
+
+
+def _with_staleness(traces: pl.DataFrame, options: ShardOptions) -> tuple[pl.DataFrame, int | None]:
+    """``traces`` with ``staleness = current − version`` and the current version (the option, else the newest)."""
+    traces = traces.with_columns(pl.col("policy_version").str.extract(VERSION_RE, 1).cast(pl.Int64).alias("_v"))
+    current = parse_version(options.current_version) if options.current_version else traces["_v"].max()
+    traces = traces.with_columns((pl.lit(current, dtype=pl.Int64) - pl.col("_v")).alias("staleness"))
+    return traces, current  # type: ignore[return-value]
+
+
+def _scored(inputs: _Inputs, traces: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
+    """One row per considered sample (scan order) with its joins, ``score`` and first failed filter ``drop``."""
+    plan = traces.join(inputs.rewards, on="sample_id", how="left").join(inputs.verdicts, on="sample_id", how="left")
+    if inputs.refs is not None:
+        plan = plan.join(inputs.refs, on="sample_id", how="left")
+    plan = plan.sort("row")
+    names = list(options.rewards)
+    components = {n: plan[f"r::{n}"].to_numpy().astype(np.float64) for n in names}
+    missing = np.zeros(plan.height, dtype=bool)
+    for n in names:
+        missing |= plan[f"r::{n}"].is_null().to_numpy()
+    score = adv.combine_rewards(components, options.rewards)
+    plan = plan.with_columns(pl.Series("score", np.where(missing, np.nan, score)), pl.Series("_score_missing", missing))
+    plan = plan.with_columns(drop_reasons(options, inputs.refs is not None).alias("drop"))
+    if inputs.refs is not None and options.missing_ref == "error":
+        _refuse_missing_refs(plan, options)
+    return plan
+
+
+def _refuse_missing_refs(plan: pl.DataFrame, options: ShardOptions) -> None:
+    """With ``missing_ref = "error"``: a :class:`UsageError` naming a few samples that lack reference logprobs."""
+    lacking = plan.filter(pl.col("drop") == "missing_ref")
+    if lacking.height:
+        examples = ", ".join(lacking["sample_id"].head(3).to_list())
+        raise UsageError(
+            f"KL is requested (kl = {options.kl!r}) but {lacking.height} sample(s) have no reference logprobs"
+            + (f" for ref_model {options.ref_model!r}" if options.ref_model else "")
+            + f" (e.g. {examples}); ingest them with `prl ingest --kind ref`, set missing_ref = 'drop',"
+            " or set kl = 'none'"
+        )
+
+
+def _drop_constant_groups(plan: pl.DataFrame, keep: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """Mark the kept samples of constant-score groups ``constant_group``: ``(plan, keep, groups dropped)``."""
+    gidx, num_g = adv.dense_index(keep["group_id"].to_arrow())
+    const_G = adv.constant_groups(keep["score"].to_numpy(), gidx, num_g)
+    const_N = const_G[gidx]
+    const_rows = np.isin(plan["row"].to_numpy(), keep["row"].to_numpy()[const_N])
+    plan = plan.with_columns(
+        pl.when(pl.col("drop").is_null() & pl.Series(const_rows))
+        .then(pl.lit("constant_group"))
+        .otherwise(pl.col("drop"))
+        .alias("drop")
+    )
+    return plan, keep.filter(pl.Series(~const_N)), int(const_G.sum())
+
+
+def _drop_counts(plan: pl.DataFrame) -> dict[str, int]:
+    """Samples per drop reason, in :data:`DROP_REASONS` order, reasons with none left out."""
+    counts = plan.group_by("drop").len().drop_nulls("drop")
+    found = dict(zip(counts["drop"].to_list(), counts["len"].to_list(), strict=True))
+    return {r: int(found[r]) for r in DROP_REASONS if found.get(r)}
+
+
+def _head_k(keep: pl.DataFrame, options: ShardOptions) -> int | None:
+    """k of the shipped heads: the option, or with ``auto`` the narrowest head kept (None without heads)."""
+    k = None
+    if options.topk == "auto" and keep.height:
+        k = int(keep["head_width"].min())  # type: ignore[arg-type]
+    elif isinstance(options.topk, int):
+        k = options.topk
+    if options.topk is not None and k is not None and k >= np.iinfo(np.int64).max:
+        k = None  # heads present but no positions anywhere: nothing to fix
+    return k
+
+
+def make_plan(
+    store: Store,
+    versions: dict[str, int | None],
+    options: ShardOptions,
+    shipped: pa.Array | None,
+    trace_spill: ScanSpill | None = None,
+    ref_spill: ScanSpill | None = None,
+) -> Plan:
+    """Scan, join, filter and pack (see the module docstring). With spills, the scans also keep the token
+    columns of every row not shipped before (``shipped``), for the shards to be assembled from."""
+    inputs = _read_inputs(store, versions, options, shipped, trace_spill, ref_spill)
+    if inputs.traces.is_empty():
+        return Plan(inputs.traces, 0, 0, {}, None, None, [])
+    traces, current = _with_staleness(inputs.traces, options)
+    already = 0
+    if shipped is not None:
+        is_shipped = pl.Series(pc.is_in(traces["sample_id"].to_arrow(), value_set=shipped.cast(pa.large_string())))
+        already = int(is_shipped.sum())
+        traces = traces.filter(~is_shipped)
+    plan = _scored(inputs, traces, options)
+    keep = plan.filter(pl.col("drop").is_null())
+    constant = 0
+    if options.drop_constant_groups and keep.height:
+        plan, keep, constant = _drop_constant_groups(plan, keep)
+    seen = [n for n in options.rewards if plan[f"r::{n}"].is_not_null().any()]
+    ship = pack(keep, options)
+    return Plan(
+        ship, plan.height + already, already, _drop_counts(plan), current, _head_k(keep, options), seen, constant
+    )
+
+
+def pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
+    """Order ``keep`` into shuffled whole groups and number the shards (``shard`` column)."""
+    if keep.is_empty():
+        return keep.with_columns(pl.lit(0, dtype=pl.Int32).alias("shard"))
+    keep = keep.sort(["group_id", "sample_id"])
+    gidx, num_g = adv.dense_index(keep["group_id"].to_arrow())  # sorted → group numbers increase with group_id
+    perm_G = np.random.default_rng(options.seed).permutation(num_g)
+    rank_G = np.empty(num_g, dtype=np.int64)
+    rank_G[perm_G] = np.arange(num_g)
+    tokens = (keep["prompt_len"] + keep["completion_len"]).to_numpy()
+    group_tokens_G = np.bincount(gidx, weights=tokens, minlength=num_g)
+    start_by_rank = np.concatenate(([0.0], np.cumsum(group_tokens_G[perm_G])[:-1]))
+    window_G = (start_by_rank // options.target_tokens).astype(np.int64)[rank_G]
+    order = np.lexsort((np.arange(len(gidx)), rank_G[gidx]))
+    keep = keep[order]
+    _, shard = np.unique(window_G[gidx][order], return_inverse=True)
+    return keep.with_columns(pl.Series("shard", shard.astype(np.int32)))
+
+
+__all__ = ["DROP_REASONS", "Plan", "drop_reasons", "make_plan", "pack", "shipped_ids"]

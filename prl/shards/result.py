@@ -1,0 +1,66 @@
+"""What :func:`prl.shards.build.build_shards` returns: a typed :class:`ShardResult` with its exit code and JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from prl.errors import ExitCode
+from prl.shards.options import ShardOptions
+from prl.shards.plan import Plan
+
+
+@dataclass
+class ShardResult:
+    """What :func:`build_shards` did. ``status``: ``built``, ``nothing_new`` or ``dry_run``."""
+
+    out: str
+    status: str
+    set_id: str | None = None
+    set_dir: str | None = None
+    rows: int = 0
+    tokens: int = 0
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    considered: int = 0
+    already_shipped: int = 0
+    drops: dict[str, int] = field(default_factory=dict)
+    statistics: dict[str, Any] = field(default_factory=dict)
+    source_versions: dict[str, int | None] = field(default_factory=dict)
+    drop_rate_exceeded: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return int(ExitCode.DATA_PROBLEMS if self.drop_rate_exceeded else ExitCode.OK)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "command": "build-shards",
+            "out": self.out,
+            "status": self.status,
+            "set_id": self.set_id,
+            "set_dir": self.set_dir,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "shards": self.shards,
+            "considered": self.considered,
+            "already_shipped": self.already_shipped,
+            "dropped": sum(self.drops.values()),
+            "drops": self.drops,
+            "statistics": self.statistics,
+            "source_versions": self.source_versions,
+            "exit_code": self.exit_code,
+        }
+
+    def count(self, plan: Plan, options: ShardOptions) -> None:
+        """Copy the plan's counts and flag a drop rate above ``options.max_drop_rate``."""
+        self.considered = plan.considered
+        self.already_shipped = plan.already_shipped
+        self.drops = plan.drops
+        dropped = sum(plan.drops.values())
+        denominator = plan.considered - plan.already_shipped
+        self.drop_rate_exceeded = bool(
+            options.max_drop_rate is not None and denominator and dropped / denominator > options.max_drop_rate
+        )
+
+
+__all__ = ["ShardResult"]

@@ -1,0 +1,266 @@
+"""The plan scans of a build: one streaming pass over ``traces`` (and ``ref_logprobs``) at pinned versions that keeps
+a few scalars per sample and spills the token columns, plus the latest reward and verdict per sample.
+
+Every scan reads its table at the version the build pinned (``store.versions()``, read once). While the batches go
+by, the token columns of every row not shipped before are appended in scan order to a
+:class:`~prl.shards.spill.ScanSpill`, so token data is decoded once per build; with ``kl = "advantages"`` each
+side's logprobs are also summed per row (:func:`side_sums`), so the batch mean log ratio rarely needs a second
+read. A dry run spills nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from prl.numerics import heads
+from prl.numerics import kl as klmod
+from prl.shards.options import ShardOptions
+from prl.shards.spill import ScanSpill
+from prl.store.tables import Store
+
+SCAN_BATCH_ROWS = 1024
+"""Rows per scanned batch while spilling (eight times as many in a dry run, which keeps no token data)."""
+
+
+HEAD_COLUMNS = ("topk_ids", "topk_logprobs")
+
+
+_PLAN_TRACE_SCALARS = (
+    "sample_id",
+    "group_id",
+    "policy_version",
+    "finish_reason",
+    "temperature",
+    "top_p",
+    "top_k",
+    "logprobs_mode",
+)
+"""Trace columns the plan keeps as they are, per sample."""
+
+
+def frame(table: pa.Table) -> pl.DataFrame:
+    """``table`` as a polars DataFrame (one conversion)."""
+    out = pl.from_arrow(table)
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
+def _lengths(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64())
+
+
+def _rows_all(flags_T: np.ndarray, offsets_N1: np.ndarray) -> np.ndarray:
+    """Per row of a flat bool array: are all its flags True (an empty row: True)."""
+    lengths_N = np.diff(offsets_N1)
+    out_N = np.ones(len(lengths_N), dtype=bool)
+    nonempty_N = lengths_N > 0
+    if nonempty_N.any():
+        out_N[nonempty_N] = np.logical_and.reduceat(flags_T[: offsets_N1[-1]], offsets_N1[:-1][nonempty_N])
+    return out_N
+
+
+def side_sums(lists: pa.ListArray, masks: pa.ListArray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(sums_N, simple_N)`` of a batch's logprob lists: each row's float64 sum (:func:`prl.numerics.kl.segment_sum`) and
+    whether every value of the row counts in a log ratio on its side alone: finite, not null, and inside the
+    row's ``masks`` (a null mask covers the whole row)."""
+    offsets_N1 = lists.offsets.to_numpy().astype(np.int64)
+    values_T = lists.values.slice(int(offsets_N1[0]), int(offsets_N1[-1] - offsets_N1[0]))
+    offsets_N1 -= offsets_N1[0]
+    values_T = values_T.to_numpy(zero_copy_only=False)  # nulls → NaN
+    simple_N = _rows_all(np.isfinite(values_T), offsets_N1)
+    if masks is not None and masks.null_count < len(masks):
+        mask_off = masks.offsets.to_numpy().astype(np.int64)
+        mask_vals = masks.values.slice(int(mask_off[0]), int(mask_off[-1] - mask_off[0]))
+        mask_T = pc.fill_null(mask_vals, False).to_numpy(zero_copy_only=False)
+        simple_N &= _rows_all(mask_T, mask_off - mask_off[0]) | ~masks.is_valid().to_numpy(zero_copy_only=False)
+    return klmod.segment_sum(values_T, offsets_N1), simple_N
+
+
+def _spill_rows(
+    spill: ScanSpill, batch: pa.RecordBatch, columns: list[str], first_row: int, exclude: pa.Array | None
+) -> None:
+    """Spill ``columns`` of the rows of ``batch`` (scan rows from ``first_row``) whose sample is not excluded."""
+    rows = np.arange(first_row, first_row + batch.num_rows, dtype=np.int64)
+    part = batch.select(columns)
+    if exclude is not None and len(exclude):
+        keep = pc.invert(pc.is_in(batch["sample_id"], value_set=exclude))
+        if not pc.all(keep).as_py():
+            part = part.filter(keep)
+            rows = rows[keep.to_numpy(zero_copy_only=False)]
+    spill.write(part, rows)
+
+
+def _side_sums_wanted(options: ShardOptions, spill: ScanSpill | None) -> bool:
+    """Whether the plan scans sum each side's logprobs per row: for KL into the advantages, in a real build (a dry
+    run computes no KL)."""
+    return options.kl == "advantages" and spill is not None
+
+
+def _scanned(
+    store: Store,
+    name: str,
+    columns: list[str],
+    version: int | None,
+    spill: ScanSpill | None,
+    spill_columns: list[str],
+    exclude: pa.Array | None,
+    filter: ds.Expression | None = None,
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(first scan row number, batch)`` of table ``name`` at ``version``; with ``spill``, ``spill_columns`` of
+    every row whose sample is not in ``exclude`` are spilled as the batches go by."""
+    row = 0
+    batch_rows = SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8
+    for batch in store.scan(name, columns=columns, filter=filter, batch_size=batch_rows, version=version):
+        if spill is not None:
+            _spill_rows(spill, batch, spill_columns, row, exclude)
+        yield row, batch
+        row += batch.num_rows
+
+
+def trace_spill_columns(options: ShardOptions) -> list[str]:
+    cols = ["prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
+    return cols + (list(HEAD_COLUMNS) if options.topk is not None else [])
+
+
+def scan_traces(
+    store: Store,
+    version: int | None,
+    options: ShardOptions,
+    spill: ScanSpill | None = None,
+    exclude: pa.Array | None = None,
+) -> pl.DataFrame:
+    """Per-sample scalars of every trace row, with its scan row number (``row``). With ``spill``, the token
+    columns of every row whose ``sample_id`` is not in ``exclude`` are spilled as they are decoded."""
+    columns = [*_PLAN_TRACE_SCALARS, "prompt_token_ids", "completion_token_ids", "completion_mask"]
+    baseline = options.singleton_baseline
+    if baseline not in ("batch", "none") and baseline not in columns:
+        columns.append(baseline)
+    if options.topk is not None:
+        columns.append("topk_ids")
+    with_sums = _side_sums_wanted(options, spill)
+    if with_sums:
+        columns.append("completion_logprobs")
+    spill_columns = trace_spill_columns(options)
+    if spill is not None:
+        columns += [c for c in spill_columns if c not in columns]
+    frames = []
+    for row, batch in _scanned(store, "traces", columns, version, spill, spill_columns, exclude):
+        n = batch.num_rows
+        completion_len = _lengths(batch["completion_token_ids"])
+        has_mask = pc.is_valid(batch["completion_mask"])
+        cols = {
+            "row": pa.array(np.arange(row, row + n, dtype=np.int64)),
+            **{c: batch[c] for c in _PLAN_TRACE_SCALARS},
+            "prompt_len": _lengths(batch["prompt_token_ids"]),
+            "completion_len": completion_len,
+            "has_mask": has_mask,
+            "mask_len": pc.if_else(has_mask, _lengths(batch["completion_mask"]), completion_len),
+        }
+        if baseline not in ("batch", "none"):
+            cols["baseline_key"] = batch[baseline].cast(pa.string())
+        if options.topk is not None:
+            cols["head_width"] = pa.array(heads.min_head_width(batch["topk_ids"]))
+        if with_sums:
+            lp_sum, lp_simple = side_sums(batch["completion_logprobs"], batch["completion_mask"])
+            cols["lp_sum"], cols["lp_simple"] = pa.array(lp_sum), pa.array(lp_simple)
+        frames.append(pa.table(cols))  # one conversion to polars at the end, not one per batch
+    if not frames:
+        return pl.DataFrame()
+    return frame(pa.concat_tables(frames))
+
+
+def latest_rewards(store: Store, version: int | None, names: list[str]) -> pl.DataFrame:
+    """``sample_id`` + one float64 column ``r::<name>`` per component (latest event per sample and name)."""
+    cols = ["sample_id", "name", "value", "created_at", "ingested_at", "source_uri", "source_line"]
+    out = pl.DataFrame({"sample_id": pl.Series([], dtype=pl.String)})
+    if version is None:
+        return out.with_columns([pl.lit(None, dtype=pl.Float64).alias(f"r::{n}") for n in names])
+    table = store.read("rewards", columns=cols, filter=pc.field("name").isin(names), version=version)
+    latest = (
+        frame(table)
+        .sort(["sample_id", "name", "created_at", "ingested_at", "source_uri", "source_line"])
+        .unique(subset=["sample_id", "name"], keep="last", maintain_order=True)
+    )
+    wide = latest.select("sample_id").unique()
+    for name in names:
+        part = latest.filter(pl.col("name") == name).select("sample_id", pl.col("value").alias(f"r::{name}"))
+        wide = wide.join(part, on="sample_id", how="left")
+    return wide
+
+
+def latest_verdicts(store: Store, version: int | None, fingerprint: str | None) -> pl.DataFrame:
+    if version is None:
+        return pl.DataFrame({"sample_id": pl.Series([], dtype=pl.String), "verdict": pl.Series([], dtype=pl.String)})
+    flt = pc.field("tokenizer_fingerprint") == fingerprint if fingerprint else None
+    table = store.read(
+        "checks",
+        columns=["sample_id", "verdict", "checked_at", "tokenizer_fingerprint"],
+        filter=flt,
+        version=version,
+    )
+    severity = {"ok": 0, "warn": 1, "drift": 2, "invalid": 3}
+    return (
+        frame(table)
+        .with_columns(pl.col("verdict").replace_strict(severity, default=4).alias("_sev"))
+        .sort(["sample_id", "checked_at", "_sev", "tokenizer_fingerprint"])
+        .unique(subset=["sample_id"], keep="last", maintain_order=True)
+        .select("sample_id", "verdict")
+    )
+
+
+def _ref_filter(options: ShardOptions) -> ds.Expression | None:
+    return pc.field("ref_model") == options.ref_model if options.ref_model else None
+
+
+def scan_refs(
+    store: Store,
+    version: int | None,
+    options: ShardOptions,
+    spill: ScanSpill | None = None,
+    exclude: pa.Array | None = None,
+) -> pl.DataFrame:
+    """The winning reference row per sample (latest ingest) with its scan row number (``ref_row``) and length.
+    With ``spill``, ``ref_logprobs`` of every row whose ``sample_id`` is not in ``exclude`` is spilled."""
+    frames = []
+    with_sums = _side_sums_wanted(options, spill)
+    columns = ["sample_id", "ingested_at", "source_uri", "source_line", "ref_logprobs"]
+    spilled = ["ref_logprobs"]
+    for row, batch in _scanned(store, "ref_logprobs", columns, version, spill, spilled, exclude, _ref_filter(options)):
+        n = batch.num_rows
+        cols = {
+            "ref_row": pa.array(np.arange(row, row + n, dtype=np.int64)),
+            **{c: batch[c] for c in columns[:-1]},  # sample_id and what picks the latest row
+            "ref_len": _lengths(batch["ref_logprobs"]),
+        }
+        if with_sums:
+            ref_sum, ref_simple = side_sums(batch["ref_logprobs"])
+            cols["ref_sum"], cols["ref_simple"] = pa.array(ref_sum), pa.array(ref_simple)
+        frames.append(pa.table(cols))
+    keep = ["sample_id", "ref_row", "ref_len"] + (["ref_sum", "ref_simple"] if with_sums else [])
+    if not frames:
+        empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64, "ref_sum": pl.Float64}
+        return pl.DataFrame(schema={c: empty.get(c, pl.Boolean) for c in keep})
+    return (
+        frame(pa.concat_tables(frames))
+        .sort(["sample_id", "ingested_at", "source_uri", "source_line", "ref_row"])
+        .unique(subset=["sample_id"], keep="last", maintain_order=True)
+        .select(keep)
+    )
+
+
+__all__ = [
+    "HEAD_COLUMNS",
+    "SCAN_BATCH_ROWS",
+    "latest_rewards",
+    "latest_verdicts",
+    "scan_refs",
+    "scan_traces",
+    "side_sums",
+    "trace_spill_columns",
+]

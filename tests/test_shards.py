@@ -366,7 +366,7 @@ def test_singleton_baseline_field_and_none(tmp_path):
 @pytest.mark.parametrize(
     ("mapping", "message"),
     [
-        ({"advantge": "mean"}, "unknown \\[shards\\] option"),
+        ({"advantge": "mean"}, "unknown key\\(s\\) in \\[shards\\]: advantge; known keys: advantage, allow_warn"),
         ({"advantage": "gae"}, "advantage: expected one of"),
         ({"kl": "reward"}, "needs kl_coef > 0"),
         ({"kl_coef": "x"}, "kl_coef: expected a number"),
@@ -376,12 +376,48 @@ def test_singleton_baseline_field_and_none(tmp_path):
         ({"rewards": {"a": float("nan")}}, "finite number"),
         ({"current_version": "latest"}, "no integer version"),
         ({"singleton_baseline": "prompt"}, "singleton_baseline"),
-        ({"max_drop_rate": 2}, "within \\[0, 1\\]"),
+        ({"max_drop_rate": 2}, "max_drop_rate: expected a number in \\[0, 1\\], got 2"),
+        ({"max_drop_rate": "lots"}, "max_drop_rate: expected a number in \\[0, 1\\], got 'lots'"),
+        ({"kl_coef": -0.5}, "kl_coef: expected a number ≥ 0, got -0.5"),
+        ({"kl_coef": float("inf")}, "kl_coef: expected a number ≥ 0, got inf"),
+        ({"seed": -1}, "seed: expected an integer ≥ 0, got -1"),
+        ({"seed": "1.5"}, "seed: expected an integer ≥ 0, got '1.5'"),
+        ({"target_tokens": 0}, "target_tokens: expected an integer ≥ 1, got 0"),
+        ({"min_completion_tokens": 0}, "min_completion_tokens: expected an integer ≥ 1, got 0"),
+        ({"max_staleness": -2}, "max_staleness: expected an integer ≥ 0, got -2"),
+        ({"allow_warn": "maybe"}, "allow_warn: expected true or false, got 'maybe'"),
+        ({"allow_warn": 1}, "allow_warn: expected true or false, got 1"),
+        ({"topk": "all"}, "topk: expected 'auto', an integer ≥ 1 or nothing, got 'all'"),
+        ({"topk": True}, "topk: expected an integer ≥ 1, got True"),
+        ({"finish_reasons": []}, "finish_reasons: keep at least one finish reason"),
+        ({"finish_reasons": "stop,halt"}, "finish_reasons: expected names from stop, length"),
+        ({"rewards": {}}, "rewards: expected a table of name = weight"),
+        ({"rewards": "a=1,b=x"}, "rewards: expected NAME=WEIGHT pairs"),
+        ({"rewards": {"a": True}}, "rewards.a: expected a finite number, got True"),
+        ({"rewards": 3}, "rewards: expected a table of name = weight"),
+        ({"ref_model": ""}, "ref_model: expected a non-empty string"),
+        ({"tokenizer_fingerprint": 7}, "tokenizer_fingerprint: expected a non-empty string, got 7"),
+        ({"current_version": True}, "current_version: expected a version string or integer, got True"),
+        ({"kl": None}, "kl: expected one of none, column, reward, advantages, got None"),
+        ({"missing_ref": "skip"}, "missing_ref: expected one of error, drop, got 'skip'"),
     ],
 )
 def test_options_validation(mapping, message):
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(UsageError, match=message) as info:
         ShardOptions.from_mapping(mapping)
+    assert str(info.value).startswith(("[shards] ", "unknown key(s) in [shards]"))
+    with pytest.raises(UsageError, match=r"^r\.toml: "):
+        ShardOptions.from_mapping(mapping, where="r.toml")
+
+
+def test_options_built_in_code_are_checked_by_the_same_rules():
+    with pytest.raises(UsageError, match="advantage: expected one of mean, loo, std, got 'gae'"):
+        ShardOptions(advantage="gae")
+    with pytest.raises(UsageError, match="seed: expected an integer ≥ 0"):
+        ShardOptions(seed=-3)
+    assert ShardOptions(topk="7").topk == 7 and ShardOptions(finish_reasons=("stop", "stop")).finish_reasons == (
+        "stop",
+    )
 
 
 def test_options_round_trip_and_cli_strings():

@@ -42,15 +42,15 @@ and the key.
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
 from prl.errors import UsageError
 from prl.shards.options import ShardOptions
+from prl.validation import Validator
 
 STEPS = ("ingest", "rewards", "ref", "check", "shards")
 """Steps in the order ``prl run`` takes them; each is named by its recipe table."""
@@ -162,46 +162,44 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
             raise UsageError(f"{where}: [{name}] must be a table, got {type(value).__name__}")
     if "store" not in doc:
         raise UsageError(f"{where}: a recipe needs a [store] table with uri = the trace store")
-    base_dir = os.path.abspath(base_dir)
-    v = _Validator(where, base_dir)
-    store = v.section("store", doc["store"], StoreSection, {"uri": v.location, "out": v.opt_location})
+    paths = _Paths(os.path.abspath(base_dir))
+    store = _section(where, "store", doc["store"], StoreSection, {"uri": paths.location, "out": paths.location})
     ingest = rewards = ref = check = shards = None
     if "ingest" in doc:
-        ingest = v.section(
+        ingest = _section(
+            where,
             "ingest",
             doc["ingest"],
             IngestSection,
             {
-                "sources": v.sources,
-                "format": v.string,
-                "policy_version": v.opt_string,
-                "group_field": v.opt_string,
-                "finish_reason": v.opt_string,
-                "max_quarantine_rate": v.rate,
+                "sources": paths.sources,
+                "format": Validator.string,
+                "policy_version": Validator.string,
+                "group_field": Validator.string,
+                "finish_reason": Validator.string,
+                "max_quarantine_rate": Validator.rate,
             },
         )
     if "rewards" in doc:
-        rewards = v.section("rewards", doc["rewards"], SideSection, {"sources": v.sources})
+        rewards = _section(where, "rewards", doc["rewards"], SideSection, {"sources": paths.sources})
     if "ref" in doc:
-        ref = v.section("ref", doc["ref"], SideSection, {"sources": v.sources})
+        ref = _section(where, "ref", doc["ref"], SideSection, {"sources": paths.sources})
     if "check" in doc:
-        check = v.section(
+        check = _section(
+            where,
             "check",
             doc["check"],
             CheckSection,
             {
-                "tokenizer": v.resource,
-                "chat_template": v.opt_resource,
-                "max_drift_rate": v.rate,
-                "sample_rate": v.sample_rate,
-                "allow_warn": v.boolean,
+                "tokenizer": paths.resource,
+                "chat_template": paths.resource,
+                "max_drift_rate": Validator.rate,
+                "sample_rate": _sample_rate,
+                "allow_warn": Validator.boolean,
             },
         )
     if "shards" in doc:
-        try:
-            shards = ShardOptions.from_mapping(doc["shards"])
-        except UsageError as exc:
-            raise UsageError(f"{where}: {exc}") from None
+        shards = ShardOptions.from_mapping(doc["shards"], where=where)
     return Recipe(store=store, ingest=ingest, rewards=rewards, ref=ref, check=check, shards=shards, path=path)
 
 
@@ -230,92 +228,60 @@ def resolve_package_path(spec: str) -> str:
     return target
 
 
-class _Validator:
-    """Type checks of recipe values, with messages naming file, table and key."""
+Check = Callable[[Validator, str, Any], Any]
+"""A recipe key's check: ``check(validator, key, value) -> value as loaded``."""
 
-    def __init__(self, where: str, base_dir: str) -> None:
-        self.where = where
+
+def _sample_rate(v: Validator, key: str, value: Any) -> float:
+    return v.number(key, value, 0.0, 1.0, above_minimum=True)
+
+
+class _Paths:
+    """Path-valued recipe keys, resolved relative to the recipe's folder ``base_dir``."""
+
+    def __init__(self, base_dir: str) -> None:
         self.base_dir = base_dir
 
-    def section(self, table: str, values: Mapping[str, Any], cls: type, checks: dict[str, Any]) -> Any:
-        unknown = sorted(set(values) - set(checks))
-        if unknown:
-            raise UsageError(
-                f"{self.where}: unknown key(s) in [{table}]: {', '.join(unknown)}; known keys: {', '.join(checks)}"
-            )
-        required = [
-            f.name
-            for f in fields(cls)
-            if f.default is MISSING and f.default_factory is MISSING and f.name not in values
-        ]
-        if required:
-            raise UsageError(f"{self.where}: [{table}] needs {', '.join(required)}")
-        return cls(**{key: checks[key](table, key, value) for key, value in values.items()})
-
-    def bad(self, table: str, key: str, expected: str, value: Any) -> UsageError:
-        return UsageError(f"{self.where}: [{table}] {key}: expected {expected}, got {value!r}")
-
-    # --- scalar kinds ---
-    def string(self, table: str, key: str, value: Any) -> str:
-        if not isinstance(value, str) or not value:
-            raise self.bad(table, key, "a non-empty string", value)
-        return value
-
-    def opt_string(self, table: str, key: str, value: Any) -> str | None:
-        return self.string(table, key, value)
-
-    def boolean(self, table: str, key: str, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise self.bad(table, key, "true or false", value)
-        return value
-
-    def rate(self, table: str, key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-            raise self.bad(table, key, "a number in [0, 1]", value)
-        return float(value)
-
-    def sample_rate(self, table: str, key: str, value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-            raise self.bad(table, key, "a number in (0, 1]", value)
-        if not math.isfinite(value):  # pragma: no cover - excluded by the range test
-            raise self.bad(table, key, "a finite number", value)
-        return float(value)
-
-    # --- paths ---
     def path(self, value: str) -> str:
         """A local path relative to the recipe folder, or a URI as it is."""
         if "://" in value:
             return value.rstrip("/") if value.startswith("s3://") else value
         return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(value)))
 
-    def location(self, table: str, key: str, value: Any) -> str:
-        return self.path(self.string(table, key, value))
+    def location(self, v: Validator, key: str, value: Any) -> str:
+        return self.path(v.string(key, value))
 
-    def opt_location(self, table: str, key: str, value: Any) -> str | None:
-        return self.location(table, key, value)
-
-    def sources(self, table: str, key: str, value: Any) -> tuple[str, ...]:
+    def sources(self, v: Validator, key: str, value: Any) -> tuple[str, ...]:
         if isinstance(value, str):
             value = [value]
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-            raise self.bad(table, key, "a path or a non-empty list of paths", value)
-        return tuple(self.path(v) for v in value)
+        if not isinstance(value, list) or not value or not all(isinstance(x, str) and x for x in value):
+            raise v.bad(key, "a path or a non-empty list of paths", value)
+        return tuple(self.path(x) for x in value)
 
-    def resource(self, table: str, key: str, value: Any) -> str:
+    def resource(self, v: Validator, key: str, value: Any) -> str:
         """A file or folder: ``package:NAME[/PATH]`` or a path relative to the recipe; it must exist."""
-        text = self.string(table, key, value)
+        text = v.string(key, value)
         if text.startswith(PACKAGE_PREFIX):
             try:
                 return resolve_package_path(text)
             except UsageError as exc:
-                raise UsageError(f"{self.where}: [{table}] {key}: {exc}") from None
+                raise v.fail(key, str(exc)) from None
         resolved = self.path(text)
         if "://" not in resolved and not os.path.exists(resolved):
-            raise UsageError(f"{self.where}: [{table}] {key}: {resolved} does not exist")
+            raise v.fail(key, f"{resolved} does not exist")
         return resolved
 
-    def opt_resource(self, table: str, key: str, value: Any) -> str | None:
-        return self.resource(table, key, value)
+
+def _section(where: str, table: str, values: Mapping[str, Any], cls: type, checks: dict[str, Check]) -> Any:
+    """A recipe table as ``cls``: unknown keys, missing required keys and bad values are :class:`UsageError`."""
+    v = Validator(table, where)
+    v.known(values, checks)
+    required = [
+        f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING and f.name not in values
+    ]
+    if required:
+        raise UsageError(f"{where}: [{table}] needs {', '.join(required)}")
+    return cls(**{key: checks[key](v, key, value) for key, value in values.items()})
 
 
 def resolve_steps(names: list[str] | tuple[str, ...] | None, recipe: Recipe) -> tuple[str, ...]:

@@ -1,7 +1,9 @@
 """Options of ``prl build-shards``: the ``[shards]`` table of a recipe, validated with clear messages.
 
 Every option has a default; :meth:`ShardOptions.from_mapping` takes a recipe's ``[shards]`` table (or CLI overrides)
-and rejects unknown keys and bad values with a :class:`~prl.errors.UsageError` that names the key.
+and rejects unknown keys and bad values with a :class:`~prl.errors.UsageError` that names the key. Values are
+checked by the same :class:`prl.validation.Validator` the rest of a recipe is (one rule per option,
+:data:`_RULES`), also when options are built in code; strings from the command line are parsed.
 :meth:`ShardOptions.to_dict` is the canonical JSON form recorded in each manifest and hashed into the shard set id.
 """
 
@@ -9,9 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -19,6 +20,7 @@ from prl.errors import UsageError
 from prl.numerics.advantages import METHODS
 from prl.numerics.kl import ESTIMATORS, PLACEMENTS
 from prl.schema import FINISH_REASONS
+from prl.validation import Validator
 
 VERSION_RE = r"(\d+)\D*$"
 """The integer a policy version string ends with (``"step-120"`` → 120), as polars and :mod:`re` read it."""
@@ -82,23 +84,22 @@ class ShardOptions:
     """Exit 1 when more than this fraction of considered samples was dropped."""
 
     def __post_init__(self) -> None:
-        self._validate()
+        self._validate(Validator("shards", text=True))
 
     # --- construction -------------------------------------------------------------------------------------
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any] | None) -> ShardOptions:
-        """Options from a recipe's ``[shards]`` table; unknown keys and bad values raise :class:`UsageError`."""
+    def from_mapping(cls, mapping: Mapping[str, Any] | None, where: str | None = None) -> ShardOptions:
+        """Options from a recipe's ``[shards]`` table (``where``: the recipe file, for messages); unknown keys
+        and bad values raise :class:`UsageError` naming the key."""
         mapping = dict(mapping or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(mapping) - known)
-        if unknown:
-            raise UsageError(
-                f"unknown [shards] option(s): {', '.join(unknown)}; known options: {', '.join(sorted(known))}"
-            )
-        values: dict[str, Any] = {}
-        for key, value in mapping.items():
-            values[key] = _coerce(key, value)
-        return cls(**values)
+        v = Validator("shards", where, text=True)
+        v.known(mapping, sorted(f.name for f in fields(cls)))
+        try:
+            return cls(**mapping)
+        except UsageError as exc:
+            if where is None:
+                raise
+            raise UsageError(f"{v.prefix()}{exc}") from None
 
     def replace(self, **changes: Any) -> ShardOptions:
         """A copy with ``changes`` applied (validated like :meth:`from_mapping`)."""
@@ -117,149 +118,87 @@ class ShardOptions:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
 
     # --- validation ---------------------------------------------------------------------------------------
-    def _validate(self) -> None:
-        object.__setattr__(self, "finish_reasons", tuple(sorted(set(self.finish_reasons))))
-        object.__setattr__(self, "rewards", dict(sorted(self.rewards.items())))
-
-        def bad(key: str, message: str) -> UsageError:
-            return UsageError(f"[shards] {key}: {message}")
-
-        if not self.rewards:
-            raise bad("rewards", "name at least one reward component")
-        for name, weight in self.rewards.items():
-            if not isinstance(name, str) or not name:
-                raise bad("rewards", f"component names must be non-empty strings, got {name!r}")
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-                raise bad("rewards", f"weight of {name!r} must be a finite number, got {weight!r}")
-        _choice("advantage", self.advantage, METHODS)
-        if self.singleton_baseline not in ("batch", "none", *BASELINE_FIELDS):
-            raise bad(
-                "singleton_baseline",
-                f"expected batch, none or one of {', '.join(BASELINE_FIELDS)}; got {self.singleton_baseline!r}",
-            )
-        _choice("kl", self.kl, PLACEMENTS)
-        _choice("kl_estimator", self.kl_estimator, ESTIMATORS)
-        _choice("missing_ref", self.missing_ref, ("error", "drop"))
-        if not math.isfinite(self.kl_coef) or self.kl_coef < 0:
-            raise bad("kl_coef", f"must be a finite number ≥ 0, got {self.kl_coef!r}")
+    def _validate(self, v: Validator) -> None:
+        """Check and normalize every field with its rule (:data:`_RULES`), then the rules across fields."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None or f.name not in _OPTIONAL:
+                object.__setattr__(self, f.name, _RULES[f.name](v, f.name, value))
         if self.kl in ("reward", "advantages") and self.kl_coef == 0:
-            raise bad("kl_coef", f"kl = {self.kl!r} needs kl_coef > 0 (or kl = 'column' for the column only)")
-        for reason in self.finish_reasons:
-            _choice("finish_reasons", reason, FINISH_REASONS)
-        if not self.finish_reasons:
-            raise bad("finish_reasons", "keep at least one finish reason")
-        for key in ("max_staleness", "max_prompt_tokens", "max_completion_tokens", "max_total_tokens"):
-            value = getattr(self, key)
-            if value is not None and value < 0:
-                raise bad(key, f"must be ≥ 0, got {value}")
-        if self.min_completion_tokens < 1:
-            raise bad("min_completion_tokens", f"must be ≥ 1, got {self.min_completion_tokens}")
-        if self.current_version is not None:
-            if parse_version(self.current_version) is None:
-                raise bad("current_version", f"no integer version in {self.current_version!r}")
-        if self.topk is not None and self.topk != "auto" and (isinstance(self.topk, str) or self.topk < 1):
-            raise bad("topk", f"expected 'auto', an integer ≥ 1 or nothing; got {self.topk!r}")
-        if self.target_tokens < 1:
-            raise bad("target_tokens", f"must be ≥ 1, got {self.target_tokens}")
-        if self.max_drop_rate is not None and not 0.0 <= self.max_drop_rate <= 1.0:
-            raise bad("max_drop_rate", f"must be within [0, 1], got {self.max_drop_rate}")
+            raise v.fail("kl_coef", f"kl = {self.kl!r} needs kl_coef > 0 (or kl = 'column' for the column only)")
 
 
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise UsageError(f"[shards] {key}: expected one of {', '.join(choices)}; got {value!r}")
+def _finish_reasons(v: Validator, key: str, value: Any) -> tuple[str, ...]:
+    reasons = tuple(sorted(set(v.names(key, value, FINISH_REASONS))))
+    if not reasons:
+        raise v.fail(key, "keep at least one finish reason")
+    return reasons
 
 
-_INT_KEYS = {
+def _current_version(v: Validator, key: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise v.bad(key, "a version string or integer", value)
+    if parse_version(value) is None:
+        raise v.fail(key, f"no integer version in {value!r}")
+    return str(value)
+
+
+def _topk(v: Validator, key: str, value: Any) -> int | str:
+    if value == "auto":
+        return value
+    if isinstance(value, str) and not value.strip().isdigit():
+        raise v.bad(key, "'auto', an integer ≥ 1 or nothing", value)
+    return v.integer(key, value, minimum=1)
+
+
+def _rewards(v: Validator, key: str, value: Any) -> dict[str, float]:
+    return dict(sorted(v.weights(key, value).items()))
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Validator, str, Any], str]:
+    return lambda v, key, value: v.string(key, value, choices)
+
+
+def _count(minimum: int | None) -> Callable[[Validator, str, Any], int]:
+    return lambda v, key, value: v.integer(key, value, minimum)
+
+
+_RULES: dict[str, Callable[[Validator, str, Any], Any]] = {
+    "rewards": _rewards,
+    "advantage": _choice(METHODS),
+    "singleton_baseline": _choice(("batch", "none", *BASELINE_FIELDS)),
+    "drop_constant_groups": Validator.boolean,
+    "kl": _choice(PLACEMENTS),
+    "kl_estimator": _choice(ESTIMATORS),
+    "kl_coef": lambda v, key, value: v.number(key, value, minimum=0.0),
+    "ref_model": Validator.string,
+    "missing_ref": _choice(("error", "drop")),
+    "max_staleness": _count(0),
+    "current_version": _current_version,
+    "finish_reasons": _finish_reasons,
+    "min_completion_tokens": _count(1),
+    "max_prompt_tokens": _count(0),
+    "max_completion_tokens": _count(0),
+    "max_total_tokens": _count(0),
+    "allow_warn": Validator.boolean,
+    "require_checks": Validator.boolean,
+    "tokenizer_fingerprint": Validator.string,
+    "topk": _topk,
+    "target_tokens": _count(1),
+    "seed": _count(0),
+    "max_drop_rate": Validator.rate,
+}
+"""One check per option: ``rule(validator, key, value) -> normalized value`` (raises :class:`UsageError`)."""
+
+_OPTIONAL = {
+    "ref_model",
     "max_staleness",
-    "min_completion_tokens",
+    "current_version",
     "max_prompt_tokens",
     "max_completion_tokens",
     "max_total_tokens",
-    "target_tokens",
-    "seed",
+    "tokenizer_fingerprint",
+    "topk",
+    "max_drop_rate",
 }
-_BOOL_KEYS = {"drop_constant_groups", "allow_warn", "require_checks"}
-_STR_KEYS = {"advantage", "singleton_baseline", "kl", "kl_estimator", "missing_ref"}
-_OPT_STR_KEYS = {"ref_model", "tokenizer_fingerprint"}
-
-
-def _coerce(key: str, value: Any) -> Any:
-    """Type-check one option value from TOML/JSON/CLI (strings from the CLI are parsed)."""
-
-    def bad(expected: str) -> UsageError:
-        return UsageError(f"[shards] {key}: expected {expected}, got {value!r}")
-
-    if key in _INT_KEYS:
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-            return int(value)
-        if value is None and key.startswith("max_"):
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("an integer")
-        return value
-    if key in _BOOL_KEYS:
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes")
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if key in _STR_KEYS:
-        if not isinstance(value, str):
-            raise bad("a string")
-        return value
-    if key in _OPT_STR_KEYS:
-        if value is not None and (not isinstance(value, str) or not value):
-            raise bad("a non-empty string")
-        return value
-    if key == "current_version":
-        if isinstance(value, bool) or not isinstance(value, (str, int, type(None))):
-            raise bad("a version string or integer")
-        return None if value is None else str(value)
-    if key == "kl_coef":
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise bad("a number") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad("a number")
-        return float(value)
-    if key == "max_drop_rate":
-        if value is None:
-            return None
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise bad("a number in [0, 1]") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad("a number in [0, 1]")
-        return float(value)
-    if key == "rewards":
-        if isinstance(value, str) and "=" in value:  # command line: "correct=1,format=0.2"
-            pairs = [part.partition("=") for part in value.split(",") if part.strip()]
-            try:
-                return {name.strip(): float(weight) for name, _, weight in pairs}
-            except ValueError:
-                raise bad("NAME=WEIGHT pairs separated by commas") from None
-        if isinstance(value, str):
-            return {value.strip(): 1.0}
-        if isinstance(value, Mapping):
-            return {str(k): v for k, v in value.items()}
-        raise bad("a reward name or a table of name = weight")
-    if key == "finish_reasons":
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise bad("a list of finish reasons")
-        return tuple(value)
-    if key == "topk":
-        if value is None or value == "auto":
-            return value
-        if isinstance(value, str) and value.isdigit():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("'auto' or an integer ≥ 1")
-        return value
-    raise bad("a known option")  # pragma: no cover - from_mapping filters unknown keys
+"""Options whose value may be None (nothing set)."""

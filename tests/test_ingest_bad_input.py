@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import gzip
 import json
+from typing import Any
 
 import polars as pl
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prl.errors import ExitCode, UsageError
+from prl.formats import registry
 from prl.ingestion.traces import RAW_KEEP, ingest
 from prl.schema import RAW_LIMIT
 from tests.records import sglang_generate, vllm_chat
@@ -101,9 +104,9 @@ def sample_ids(store) -> list[str]:
             },
             "token_mismatch",
         ),
-        ({"id": 5, "object": "chat.completion", "choices": []}, "missing_request_id"),
-        ({"id": "e", "object": "chat.completion", "choices": []}, "no_choices"),
-        ({"id": "w", "object": "chat.completion", "choices": "oops"}, "bad_shape"),
+        ({"id": 5, "object": "chat.completion", "prompt_token_ids": [1], "choices": []}, "missing_request_id"),
+        ({"id": "e", "object": "chat.completion", "prompt_token_ids": [1], "choices": []}, "no_choices"),
+        ({"id": "w", "object": "chat.completion", "prompt_token_ids": [1], "choices": "oops"}, "bad_shape"),
     ],
 )
 def test_bad_record_is_quarantined_good_one_lands(store, write_trace, bad, reason):
@@ -275,3 +278,161 @@ def test_quarantine_rate_must_be_a_fraction(store, write_trace, rate):
     with pytest.raises(UsageError, match="must be a fraction in"):
         ingest([str(path)], store, max_quarantine_rate=rate)
     assert store.version("traces") is None
+
+
+# --- poison records: one record never blocks its file ----------------------------------------------------
+
+GOOD_TEXT = json.dumps(GOOD)
+
+
+def _poison(old: str, new: str) -> str:
+    assert old in GOOD_TEXT
+    return GOOD_TEXT.replace(old, new, 1).replace('"id": "good"', '"id": "poison"', 1)
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (_poison('"choices": [', '"deep": ' + "[" * 1500 + "]" * 1500 + ', "choices": ['), "too_deep"),
+        ("[" * 100_000 + "]" * 100_000, "too_deep"),
+        (_poison('"index": 0', f'"index": {2**70}'), "out_of_range"),
+        (_poison('"index": 0', f'"index": {2**63}'), "out_of_range"),
+        (_poison('"created": 1764460800', f'"turn": {2**40}'), "out_of_range"),
+        (_poison('"prompt_token_ids": [1, 2]', f'"prompt_token_ids": [1, {2**64 - 1}]'), "bad_token_id"),
+        (_poison('"prompt_token_ids": [1, 2]', f'"prompt_token_ids": [1, {2**70}]'), "bad_token_id"),
+        (_poison('"deepseek-v4"', '"\\ud83d"'), "bad_string"),
+        (_poison('"id": "good"', '"id": "\\udc00x"'), "bad_string"),
+        (_poison('"content": "text"', '"content": "\\ud83d"'), "bad_string"),
+        (_poison('"logprob": -0.5', '"logprob": false'), "bad_logprob"),
+        (_poison('"logprob": -0.5', '"logprob": true'), "bad_logprob"),
+    ],
+)
+def test_poison_record_is_quarantined_and_the_file_lands(store, tmp_path, line, reason):
+    path = tmp_path / "poison.jsonl"
+    path.write_text("\n".join([GOOD_TEXT, line, json.dumps(GOOD | {"id": "good2"})]) + "\n")
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    assert (result.samples, result.quarantined) == (2, {reason: 1})
+    assert sample_ids(store) == ["good#0", "good2#0"]
+    assert reasons(store) == [(2, reason)]
+    assert ingest([str(path)], store).files[0].status == "unchanged"  # consumed, not retried forever
+
+
+def test_logprob_false_in_a_completions_list_is_bad_logprob(store, write_trace):
+    from tests.records import vllm_completion
+
+    record = vllm_completion("f", [1], [2, 3], [-1.0, -0.5])
+    record["choices"][0]["logprobs"]["token_logprobs"] = [-1.0, False]
+    result = ingest([str(write_trace("f.jsonl", [record]))], store, max_quarantine_rate=None)
+    assert result.quarantined == {"bad_logprob": 1}
+
+
+def test_only_the_vllm_floor_becomes_null(store, write_trace):
+    record = vllm_chat("floor", [1], [([2, 3, 4], [-9999.0, -10000.0, -1e30])])
+    ingest([str(write_trace("floor.jsonl", [record]))], store)
+    (logprobs,) = pl.read_delta(store.table_uri("traces"))["completion_logprobs"].to_list()
+    assert logprobs == [None, -10000.0, pytest.approx(-1e30, rel=1e-6)]
+
+
+def test_a_line_over_the_record_limit_is_quarantined(store, tmp_path, monkeypatch):
+    from prl.formats import base
+
+    monkeypatch.setattr(base, "MAX_RECORD_BYTES", 4096)
+    tokens = list(range(3, 1003))
+    huge = json.dumps(vllm_chat("huge", [1], [(tokens, [-1.0] * len(tokens))]))
+    assert len(huge) > 4096
+    path = tmp_path / "huge.jsonl"
+    path.write_text("\n".join([GOOD_TEXT, huge, json.dumps(GOOD | {"id": "good2"})]) + "\n")
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    assert (result.samples, result.quarantined) == (2, {"line_too_long": 1})
+    row = pl.read_delta(store.table_uri("quarantine")).row(0, named=True)
+    assert (row["source_line"], row["raw_truncated"], row["raw"]) == (2, True, huge[:RAW_LIMIT])
+    assert f"{len(huge)} bytes, over the 4096-byte record limit" in row["message"]
+
+
+POISON_VALUES = st.sampled_from(
+    [
+        "__DEEP__",
+        2**63,
+        2**64,
+        2**70,
+        -(2**70),
+        "\ud83d",
+        "\udc00",
+        False,
+        True,
+        -9999.0,
+        -1e300,
+        1e300,
+        "token_id:99999999999999999999",
+        [],
+        {},
+        None,
+    ]
+)
+
+
+def _fuzzed_line(record: Any, data: st.DataObject) -> bytes:
+    """A fixture record with up to three values replaced by poison, as one JSON line (``__DEEP__`` becomes a
+    nesting 2000 levels deep, which no JSON library writes)."""
+    from tests.formats_helpers import json_paths
+
+    record = copy.deepcopy(record)
+    for _ in range(data.draw(st.integers(1, 3))):
+        paths = [p for p in json_paths(record) if p]
+        if not paths:
+            break
+        path = data.draw(st.sampled_from(paths))
+        parent = record
+        for part in path[:-1]:
+            parent = parent[part]
+        parent[path[-1]] = data.draw(POISON_VALUES)
+    text = json.dumps(record)  # surrogates come out as \\uXXXX escapes, as Python-written JSONL has them
+    return text.replace('"__DEEP__"', "[" * 2000 + "]" * 2000).encode()
+
+
+def _fixture_records() -> list[Any]:
+    from tests.formats_helpers import FIXTURES
+
+    records = []
+    for path in sorted(FIXTURES.glob("*/*.jsonl")):
+        records.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return records
+
+
+FIXTURE_RECORDS = _fixture_records()
+
+
+def _decoded(line: bytes) -> Any:
+    try:
+        return json.loads(line)
+    except RecursionError:
+        return None
+
+
+@pytest.mark.slow
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_real_records_never_crash_ingest(tmp_path_factory, data):
+    """Fixture records of every format with poison values, through the whole ingest: it never raises, and
+    every line ends as a row of traces or quarantine, or is counted as a repeat of a sample already read."""
+    from prl.store.tables import Store
+
+    tmp = tmp_path_factory.mktemp("poison")
+    count = data.draw(st.integers(1, 6))
+    lines = [_fuzzed_line(data.draw(st.sampled_from(FIXTURE_RECORDS)), data) for _ in range(count)]
+    path = tmp / "fuzz.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    store = Store(str(tmp / "store"))
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    if result.files[0].status == "failed":  # no line is of any known format: not a trace file, said so
+        assert "no known format matches" in (result.files[0].error or "")
+        assert all(registry.detect_record(_decoded(line)) is None for line in lines)
+        return
+    assert result.records == len(lines)
+    landed = set()
+    if store.version("traces") is not None:
+        landed |= set(pl.read_delta(store.table_uri("traces"))["source_line"].to_list())
+    if store.version("quarantine") is not None:
+        landed |= set(pl.read_delta(store.table_uri("quarantine"))["source_line"].to_list())
+    unaccounted = [number for number in range(1, len(lines) + 1) if number not in landed]
+    assert len(unaccounted) <= result.already_present  # a repeat of an earlier sample adds nothing, and says so

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from operator import methodcaller
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,6 +26,8 @@ class Quarantined(Exception):
     """A record (or one choice of it) that must go to quarantine, with a reason code and a readable message."""
 
     def __init__(self, reason: str, message: str, choice_index: int | None = None) -> None:
+        # a message quoting the record may quote a lone surrogate: escape it, the quarantine row must be UTF-8
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(f"{reason}: {message}")
         self.reason = reason
         self.message = message
@@ -96,6 +99,11 @@ class Format:
         """Whether a decoded record looks like this format."""
         raise NotImplementedError
 
+    def reader(self, obj: Any) -> Format:
+        """The format that reads one decoded record of a file in this format: itself, except for a file whose
+        records are detected one by one (:class:`prl.formats.registry.PerRecord`)."""
+        return self
+
     def sniff(self, head: list[RawRecord]) -> bool:
         """Whether a file whose first framed records are ``head`` is in this format."""
         decoded = [r.obj for r in head if r.error is None]
@@ -118,23 +126,58 @@ class Format:
         raise NotImplementedError
 
 
+MAX_RECORD_BYTES = 64 * 1024 * 1024
+"""Longest record (one JSON line) prl decodes: 64 MiB. Decoding JSON into Python objects takes about ten times
+a line's size, so a longer line is quarantined as ``line_too_long`` (its first bytes kept) instead of taking
+gigabytes. (The largest records real servers write, a 32k-token chat completion with top-20 heads, take
+about 40 MiB.)"""
+
+
 def decode_json(raw: bytes | str) -> Any:
     """Decode one JSON document. orjson first; the standard library (which accepts NaN / Infinity, as
-    Python-written JSONL often holds) only for what orjson refuses, so such values reach validation and get
-    their own reason code instead of ``malformed_json``."""
+    Python-written JSONL often holds, and lone surrogate escapes) only for what orjson refuses, so such values
+    reach validation and get their own reason code instead of ``malformed_json``.
+
+    Raises :class:`Quarantined` ``too_deep`` for nesting beyond orjson's limit (1024 levels), and ``ValueError``
+    for text that is not JSON."""
     try:
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:
+    except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc) or "recursion" in str(exc).lower():
+            raise Quarantined("too_deep", f"JSON nested beyond {DEPTH_LIMIT} levels") from None
         import json
 
-        return json.loads(raw)
+        try:
+            return json.loads(raw)
+        except RecursionError:
+            raise Quarantined("too_deep", f"JSON nested beyond {DEPTH_LIMIT} levels") from None
+
+
+DEPTH_LIMIT = 1024
+"""orjson's nesting limit: deeper documents are ``too_deep``."""
 
 
 def decode_json_line(line_no: int, raw: bytes) -> RawRecord:
+    """One framed line decoded, or its quarantine signal (``line_too_long``, ``too_deep``, ``malformed_json``)."""
+    if len(raw) > MAX_RECORD_BYTES:
+        return RawRecord(
+            line_no,
+            raw[:RAW_PREFIX],
+            None,
+            Quarantined(
+                "line_too_long", f"the line has {len(raw)} bytes, over the {MAX_RECORD_BYTES}-byte record limit"
+            ),
+        )
     try:
         return RawRecord(line_no, raw, decode_json(raw))
+    except Quarantined as q:
+        return RawRecord(line_no, raw, None, q)
     except (ValueError, UnicodeDecodeError) as exc:
         return RawRecord(line_no, raw, None, Quarantined("malformed_json", f"not valid JSON: {exc}"))
+
+
+RAW_PREFIX = 64 * 1024
+"""Bytes of an over-long line kept for its quarantine row."""
 
 
 # --- strict converters -----------------------------------------------------------------------------------
@@ -192,9 +235,27 @@ def parse_token_id_strings(strings: pa.Array, what: str) -> pa.Array:
         raise Quarantined("bad_token_id", f"{what} has a malformed 'token_id:N' entry") from None
 
 
+def reject_booleans(values: Any, what: str, key: str | None = None) -> None:
+    """``bad_logprob`` when a JSON list of logprobs (or of objects, their ``key`` field) holds ``true`` /
+    ``false``: Arrow would read them as 1.0 / 0.0 when they mix with numbers, and a 0.0 logprob reads as
+    "certain". The check is ``set(map(type, ...))``: C-level iteration, no per-token Python."""
+    if not isinstance(values, list):
+        return
+    if key is None:
+        types = set(map(type, values))
+    else:
+        try:
+            types = set(map(type, map(methodcaller("get", key), values)))
+        except (AttributeError, TypeError):  # entries that are not objects: the converters refuse them
+            types = {type(entry.get(key)) for entry in values if type(entry) is dict}
+    if bool in types:
+        raise Quarantined("bad_logprob", f"{what} holds booleans, expected numbers")
+
+
 def logprob_array(values: Any, what: str) -> pa.Array:
     """Logprobs as float64 (nulls kept) from a JSON list of numbers and nulls. Booleans and strings are
     ``bad_logprob``; NaN, infinities and positive values pass through to validation."""
+    reject_booleans(values, what)
     array = json_list(values, what, "bad_logprob", "a list of numbers")
     if pa.types.is_null(array.type):
         return pa.nulls(len(array), pa.float64())

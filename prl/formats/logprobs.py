@@ -13,6 +13,7 @@ entry removed, so every position holds the sampler's top k.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from prl.formats.base import (
     drop_extra_sampled,
     logprob_array,
     parse_token_id_strings,
+    reject_booleans,
     require_map_entries,
     sort_heads_descending,
 )
@@ -171,6 +173,7 @@ def build_heads(
 def content_logprobs(content: Any, what: str, sampled_ids: pa.Array | None = None) -> TokenColumns:
     """OpenAI chat-style ``logprobs.content`` entries → columns. ``sampled_ids`` (from the choice's own
     ``token_ids``) take precedence over IDs spelled in the entries for aligning heads."""
+    reject_booleans(content, what, "logprob")
     rows = struct_rows(content, what)
     if len(rows) == 0:
         return TokenColumns.empty()
@@ -264,6 +267,9 @@ def dict_logprobs(entries: Any, sampled_ids: pa.Array, what: str) -> TokenColumn
         return TokenColumns.empty()
     ranks = None
     require_map_entries(entries, "bad_logprob", what)
+    values = list(chain.from_iterable(map(dict.values, filter(None, entries))))
+    reject_booleans(values, what)
+    reject_booleans(values, what, "logprob")
     try:
         maps = pa.array(entries, type=_RANKED)
         values = maps.items

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from prl.errors import FormatDetectionError, UsageError
-from prl.formats.base import Format, RawRecord
+from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.formats.envelopes import LiteLLMLog, OpenAIBatch, ProxyCapture
 from prl.formats.openai_text import OpenAIText
 from prl.formats.rollouts import PrimeRL, SkyRL, Slime, Verl
@@ -56,6 +56,43 @@ def detect_record(obj: Any) -> Format | None:
     return None
 
 
+class PerRecord(Format):
+    """A JSON-lines file read record by record: each record by the first format that detects it, so a proxy
+    log mixing endpoints (chat and text completions, SGLang routes, envelopes) keeps every record.
+    ``first`` is the format its first records are in; :meth:`reader` names the format of each record."""
+
+    name: ClassVar[str] = "jsonl"
+    description: ClassVar[str] = "one JSON record per line, format detected per record"
+
+    def __init__(self, first: Format | None) -> None:
+        self.first = first
+
+    def detect(self, obj: Any) -> bool:
+        return detect_record(obj) is not None
+
+    def reader(self, obj: Any) -> Format:
+        """The format of one record; ``unknown_format`` when none detects it."""
+        fmt = detect_record(obj)
+        if fmt is None:
+            raise Quarantined("unknown_format", f"no known format matches this record (tried: {', '.join(names())})")
+        return fmt
+
+    def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
+        return self.reader(obj).parse(obj, options)
+
+
+UNREADABLE_JSON = frozenset({"too_deep", "line_too_long"})
+"""Decode failures of lines that are JSON lines, only too large or too deep to decode."""
+
+
+def per_record(fmt: Format) -> Format:
+    """How an auto-detected file is read: a format framing one JSON document per line as :class:`PerRecord`
+    (every record detected again); one with its own framing (SSE) as itself."""
+    if isinstance(fmt, PerRecord) or type(fmt).frame is not Format.frame:
+        return fmt
+    return PerRecord(fmt)
+
+
 def detect_file(uri: str, lines: list[tuple[int, bytes]]) -> Format:
     """The format of a file, from its first lines: each format frames them and sniffs the result.
 
@@ -69,6 +106,11 @@ def detect_file(uri: str, lines: list[tuple[int, bytes]]) -> Format:
         head = framed[framing]
         if head and fmt.sniff(head):
             return fmt
+    json_head = framed.get(Format.frame, [])
+    if any(r.error is None and detect_record(r.obj) is not None for r in json_head):
+        return PerRecord(None)  # JSON lines whose first record is of no known format, but a later one is
+    if json_head and all(r.error is not None and r.error.reason in UNREADABLE_JSON for r in json_head):
+        return PerRecord(None)  # JSON lines too big or too deep to decode: each is quarantined with its reason
     raise FormatDetectionError(
         f"{uri}: no known format matches its first records (tried: {', '.join(names())}); pass --format to force one"
     )

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from prl.formats.base import Format, ParseOptions, Quarantined, Sample
+from prl.formats.base import Format, ParseOptions, Quarantined, Sample, reject_booleans
 from prl.formats.fields import as_dict, as_list, derived_request_id, finish_reason, group_key_of, opt_str
 from prl.formats.logprobs import build_heads, float_field, int_field, list_offsets, struct_rows
 
@@ -41,6 +41,7 @@ class _Sequence:
     def __init__(self, seq: dict[str, Any], what: str) -> None:
         prefill = seq.get("prefill")
         self.prompt_ids = _ids(struct_rows([] if prefill is None else prefill, f"{what}.prefill"), f"{what}.prefill")
+        reject_booleans(seq.get("tokens"), f"{what}.tokens", "logprob")
         rows = struct_rows(seq.get("tokens"), f"{what}.tokens")
         self.ids = _ids(rows, f"{what}.tokens")
         self.logprobs = float_field(rows, "logprob", f"{what}.tokens") if len(rows) else pa.array([], pa.float64())

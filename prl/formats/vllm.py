@@ -28,6 +28,7 @@ from prl.formats.base import (
     drop_extra_sampled,
     logprob_array,
     parse_token_id_strings,
+    reject_booleans,
     sort_heads_descending,
     token_id_array,
     typed_array,
@@ -164,6 +165,7 @@ class VllmChat(_OpenAIReader):
             raise Quarantined("no_logprobs", "choice has token_ids but no logprobs (request logprobs=true)")
         if not isinstance(content, pa.Array):  # an SSE stream joined in bulk gives the entries converted
             content = as_list(content, "logprobs.content")
+            reject_booleans(content, "logprobs.content", "logprob")
         entries = typed_array(content, CHAT_CONTENT_ENTRY, "bad_logprob", "logprobs.content")
         tokens = pc.struct_field(entries, "token")
         logprobs = pc.struct_field(entries, "logprob")

@@ -43,7 +43,7 @@ class Located:
 
 
 def _floor_to_null(logprobs: pa.Array) -> pa.Array:
-    floored = pc.less_equal(logprobs, VLLM_LOGPROB_FLOOR)
+    floored = pc.equal(logprobs, VLLM_LOGPROB_FLOOR)  # the floor exactly: -10000.0 is a value, kept as sampled
     if pc.any(floored).as_py():
         return pc.if_else(floored, pa.scalar(None, pa.float64()), logprobs)
     return logprobs

@@ -29,6 +29,7 @@ import pyarrow.dataset as ds
 from prl.errors import ExitCode, FormatDetectionError, UsageError
 from prl.formats import registry
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
+from prl.formats.guard import as_quarantined, read_record
 from prl.ingestion.assemble import Located, assemble, record_digest, sample_id_of, validate
 from prl.io.sources import LineReader, SourceFile, expand, first_lines, lines_of
 from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
@@ -64,6 +65,8 @@ class FileReport:
     bytes: int = 0
     sha256: str | None = None
     error: str | None = None
+    formats: dict[str, int] = field(default_factory=dict)
+    """Decoded records per format that read them (detection is per record: a proxy log may mix formats)."""
 
 
 @dataclass
@@ -187,7 +190,7 @@ def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterat
             break
     if len(head) < HEAD_LINES and not any(line.strip() for _, line in head) and not reader.truncated:
         raise _EmptySource(uri)
-    fmt = registry.detect_file(uri, head) if fmt_name == "auto" else registry.by_name(fmt_name)
+    fmt = registry.per_record(registry.detect_file(uri, head)) if fmt_name == "auto" else registry.by_name(fmt_name)
     return fmt, fmt.frame_blocks(itertools.chain(read, blocks))
 
 
@@ -319,14 +322,15 @@ def _ingest_file(
         report.status, report.error = "failed", str(exc)
         return
     report.format = fmt.name
+    formats: Counter[str] = Counter()
     rows: list[Located] = []
     raws: list[bytes] = []
     tokens = 0
     last_progress = 0
 
-    def quarantine(line: int, raw: bytes, q: Quarantined, sample_id: str | None = None) -> None:
+    def quarantine(line: int, raw: bytes, q: Quarantined, sample_id: str | None = None, name: str = fmt.name) -> None:
         counts[q.reason] += 1
-        state.quarantine_rows.append(quarantine_row(src.uri, line, fmt.name, raw, q, now_ms, sample_id))
+        state.quarantine_rows.append(quarantine_row(src.uri, line, name, raw, q, now_ms, sample_id))
 
     def flush() -> Iterator[pa.RecordBatch]:
         nonlocal rows, raws, tokens
@@ -344,25 +348,20 @@ def _ingest_file(
                 record.error = Quarantined("truncated_line", "the file's last line is incomplete")
             quarantine(record.line, record.raw, record.error)
             continue
-        try:
-            parsed = fmt.parse(record.obj, options)
-        except Quarantined as q:
-            quarantine(record.line, record.raw, q)
-            continue
-        except Exception as exc:  # a reader bug must not lose the record: quarantine it with the error
-            quarantine(record.line, record.raw, Quarantined("parse_error", f"{type(exc).__name__}: {exc}"))
-            continue
+        name, parsed = read_record(fmt, record.obj, options)  # never raises: a poison record is quarantined
+        formats[name] += 1
         for item in parsed:
             if isinstance(item, Quarantined):
-                quarantine(record.line, record.raw, item)
+                quarantine(record.line, record.raw, item, name=name)
                 continue
             try:
                 sample = validate(_apply_options(item, options))
-            except Quarantined as q:
+            except Exception as exc:  # whatever fails on one sample quarantines that sample
+                q = as_quarantined(exc)
                 q.choice_index = item.choice_index
-                quarantine(record.line, record.raw, q, sample_id_of(item))
+                quarantine(record.line, record.raw, q, sample_id_of(item), name=name)
                 continue
-            rows.append(Located(sample, src.uri, record.line, fmt.name))
+            rows.append(Located(sample, src.uri, record.line, name))
             raws.append(record.raw[:RAW_KEEP])
             tokens += len(sample.prompt_token_ids) + len(sample.completion_token_ids)
         if tokens >= batch_tokens:
@@ -374,9 +373,14 @@ def _ingest_file(
     if progress is not None:
         progress(reader.bytes_read - last_progress)
     report.quarantined = dict(counts)
+    report.formats = dict(formats)
+    if len(formats) == 1:
+        report.format = next(iter(formats))
+    elif len(formats) > 1:
+        report.format = "mixed"
     if reader.truncated:
         _record_truncation(src, reader, report, state, now_ms, fmt.name)
-    state.ledger.append(_ledger_entry(src, reader, fmt.name, report))
+    state.ledger.append(_ledger_entry(src, reader, report.format, report))
 
 
 def _apply_options(sample: Sample, options: ParseOptions) -> Sample:

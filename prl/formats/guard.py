@@ -1,0 +1,202 @@
+"""One record in, rows or reasons out, never an exception: the per-record guard every ingest path calls.
+
+:func:`read_record` runs a format's reader on one decoded record and turns whatever goes wrong into a
+:class:`Quarantined` for that record, so a poison record never blocks the rest of its file:
+
+| reason | when |
+|---|---|
+| ``too_deep`` | nesting beyond what the JSON parser or the converters handle (``RecursionError``) |
+| ``out_of_range`` | an integer beyond 64 bits anywhere, or a scalar prl stores (choice index, turn, top-k) beyond int32, a sampling setting beyond float32 |
+| ``bad_string`` | a string prl stores (IDs, model, messages, text) holding a lone UTF-16 surrogate (``"\\ud83d"``: valid JSON, not valid Unicode) |
+| ``no_token_ids`` | the record holds no token IDs at all: this reason wins over any other the reader gave |
+| ``parse_error`` | any other exception a reader raised (a reader bug), with its type and message |
+
+Scalar checks run on each :class:`Sample` the reader returns, so a value that would only fail when a batch of
+rows is assembled (and take the whole batch with it) is caught on its own record.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prl.formats.base import Format, ParseOptions, Quarantined, Sample
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def as_quarantined(exc: BaseException) -> Quarantined:
+    """The quarantine reason for an exception raised while turning one record into rows."""
+    if isinstance(exc, Quarantined):
+        return exc
+    text = f"{type(exc).__name__}: {exc}"[:500]
+    if isinstance(exc, RecursionError):
+        return Quarantined("too_deep", f"the record nests too deeply to read ({text})")
+    if isinstance(exc, OverflowError) or (
+        isinstance(exc, (pa.ArrowInvalid, pa.ArrowTypeError, ValueError))
+        and any(word in str(exc).lower() for word in ("overflow", "out of bounds", "out of range", "too large"))
+    ):
+        return Quarantined("out_of_range", f"a number in the record is out of range ({text})")
+    if isinstance(exc, UnicodeError) or "surrogates not allowed" in str(exc):
+        return Quarantined("bad_string", f"a string in the record is not valid Unicode ({text})")
+    return Quarantined("parse_error", text)
+
+
+def read_record(fmt: Format, obj: Any, options: ParseOptions) -> tuple[str, list[Sample | Quarantined]]:
+    """(name of the format that read it, its samples or quarantine signals) for one decoded record.
+
+    ``fmt`` is the file's format (:meth:`Format.reader` picks the one for this record: detection is per
+    record). Never raises: every exception becomes a :class:`Quarantined` (see the module table); a reason
+    other than ``no_token_ids`` on a record that holds no token IDs anywhere is replaced by ``no_token_ids``."""
+    reader = fmt
+    try:
+        reader = fmt.reader(obj)
+        items = reader.parse(obj, options)
+        out = [check_sample(item) if isinstance(item, Sample) else item for item in items]
+    except BaseException as exc:  # KeyboardInterrupt / SystemExit are re-raised below
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)):
+            raise
+        out = [as_quarantined(exc)]
+    if (
+        type(reader).frame is Format.frame  # a decoded JSON record (SSE framers hand over their own objects)
+        and any(isinstance(item, Quarantined) and item.reason != "no_token_ids" for item in out)
+        and _text_only(obj)
+    ):
+        out = [_no_ids(item) if isinstance(item, Quarantined) else item for item in out]
+    return reader.name, out
+
+
+def _no_ids(q: Quarantined) -> Quarantined:
+    if q.reason == "no_token_ids":
+        return q
+    return Quarantined("no_token_ids", f"the record holds no token IDs (also: {q.reason}: {q.message})", q.choice_index)
+
+
+def check_sample(sample: Sample) -> Sample | Quarantined:
+    """``sample`` if every scalar prl stores fits its column (see the module table), else its reason."""
+    try:
+        for name in ("choice_index", "turn", "top_k"):
+            value = getattr(sample, name)
+            if value is not None and not INT32_MIN <= value <= INT32_MAX:
+                raise Quarantined("out_of_range", f"{name} {value} does not fit in int32")
+        for name in ("temperature", "top_p"):
+            value = getattr(sample, name)
+            if value is not None and math.isfinite(value) and abs(value) > FLOAT32_MAX:
+                raise Quarantined("out_of_range", f"{name} {value} does not fit in float32")
+        for name, values in (
+            ("completion_logprobs", sample.completion_logprobs),
+            ("topk_logprobs", sample.topk_logprobs),
+        ):
+            _check_float32(name, values)
+        for name in _STRING_FIELDS:
+            value = getattr(sample, name)
+            if value is not None and not _is_unicode(value):
+                raise Quarantined("bad_string", f"{name} holds a lone UTF-16 surrogate: not valid Unicode")
+        if sample.policy_version_spans is not None:
+            from prl.schema import VERSION_SPAN
+
+            pa.array([sample.policy_version_spans], pa.list_(VERSION_SPAN))
+    except Exception as exc:  # any failure here is the record's, reported with its reason
+        signal = as_quarantined(exc)
+        signal.choice_index = sample.choice_index if isinstance(sample.choice_index, int) else None
+        return signal
+    return sample
+
+
+def _check_float32(name: str, values: pa.Array | None) -> None:
+    """Finite logprobs beyond float32's range would be stored as infinities: ``out_of_range``."""
+    if values is None or len(values) == 0:
+        return
+    if pa.types.is_list(values.type):
+        values = pc.list_flatten(values)
+    if not pa.types.is_floating(values.type):
+        return
+    bounds = pc.min_max(pc.abs(pc.if_else(pc.is_finite(values), values, 0.0))).as_py()
+    if bounds["max"] is not None and bounds["max"] > FLOAT32_MAX:
+        raise Quarantined("out_of_range", f"{name} holds {bounds['max']:g} in magnitude, beyond float32")
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_STRING_FIELDS = (
+    "request_id",
+    "session_id",
+    "group_key",
+    "policy_version",
+    "model",
+    "finish_reason",
+    "logprobs_mode",
+    "messages",
+    "completion_text",
+)
+
+# --- text-only records ---------------------------------------------------------------------------------
+
+ID_KEYS = frozenset(
+    {
+        "prompt_token_ids",
+        "token_ids",
+        "input_ids",
+        "output_ids",
+        "generation_token_ids",
+        "response_ids",
+        "completion_ids",
+        "prompt_ids",
+        "output_token_logprobs",
+        "prefill",
+        "tokens",
+    }
+)
+_WALK_LIMIT = 20_000
+"""Containers visited at most when looking for token IDs: a record this large is not text-only."""
+
+
+def _text_only(obj: Any) -> bool:
+    """Whether a decoded record holds no token IDs anywhere: no ID-list key (:data:`ID_KEYS`) with a list of
+    integers (or of objects carrying an integer ``id``, TGI's tokens), and no ``"token_id:N"`` string. A
+    bounded, iterative walk (never recursion: records may nest deeply)."""
+    stack = [obj]
+    visited = 0
+    while stack:
+        node = stack.pop()
+        visited += 1
+        if visited > _WALK_LIMIT:
+            return False
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ID_KEYS and isinstance(value, list) and _ids_like(value):
+                    return False
+                if isinstance(value, (dict, list)):
+                    stack.append(value)
+                elif isinstance(value, str) and value.startswith("token_id:"):
+                    return False
+        elif isinstance(node, list):
+            for value in node:
+                if isinstance(value, (dict, list)):
+                    stack.append(value)
+                elif isinstance(value, str) and value.startswith("token_id:"):
+                    return False
+    return True
+
+
+def _ids_like(values: list[Any]) -> bool:
+    first = values[0] if values else None
+    if first is None:
+        return False
+    if type(first) is int or (isinstance(first, str) and first.startswith("token_id:")):
+        return True
+    if isinstance(first, dict):
+        return type(first.get("id")) is int or type(first.get("token_id")) is int
+    if isinstance(first, list):  # batches (SkyRL), SGLang triples [lp, id, text]
+        return any(type(v) is int for v in first[:3]) or _ids_like(first)
+    return False

@@ -1,7 +1,7 @@
-"""The per-chunk SSE reader the fast path must agree with: the eager framer (every chunk decoded while
+"""The eager SSE reader the lazy and bulk paths must agree with: the eager framer (every chunk decoded while
 framing) and the per-chunk join, kept here as the reference for equivalence tests.
 
-:func:`reference_items` and :func:`fast_items` give what ingest would see for a list of numbered lines:
+:func:`reference_items` and :func:`lazy_items` give what ingest would see for a list of numbered lines:
 ``(line, item)`` pairs where an item is a :func:`sample_key` tuple or ``(reason, message, choice_index)``.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 from typing import Any
-from unittest import mock
 
 import pyarrow as pa
 
@@ -112,11 +111,10 @@ def _items(records: Iterable[RawRecord], options: ParseOptions) -> list[tuple[in
 
 def reference_items(lines: list[tuple[int, bytes]], options: ParseOptions | None = None) -> list[tuple[int, tuple]]:
     """What the eager framer and the per-chunk join make of ``lines``."""
-    with mock.patch("prl.formats.sse.exact.join_chat_chunks", return_value=None):
-        return _items(reference_frame(iter(lines)), options or ParseOptions())
+    return _items(reference_frame(iter(lines)), options or ParseOptions())
 
 
-def fast_items(lines: list[tuple[int, bytes]], options: ParseOptions | None = None) -> list[tuple[int, tuple]]:
+def lazy_items(lines: list[tuple[int, bytes]], options: ParseOptions | None = None) -> list[tuple[int, tuple]]:
     """What :class:`prl.formats.sse.exact.Sse` makes of ``lines``, as ingest calls it."""
     return _items(Sse().frame(iter(lines)), options or ParseOptions())
 

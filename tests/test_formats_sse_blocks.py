@@ -19,7 +19,7 @@ from prl.formats.sse.bulk import UNJOINED, join_streams, payloads
 from prl.formats.sse.exact import JOINED_KEY, TEXT_KEY, Sse
 from tests.formats_helpers import FIXTURES, lines_of
 from tests.sse_reference import as_blocks, block_items, reference_items
-from tests.test_formats_sse_fast import PROPS, _line, capture_lines, mutate, responses, streams
+from tests.test_formats_sse_exact import PROPS, _line, capture_lines, mutate, responses, streams
 
 
 def _canonical(chunks: list[dict[str, Any]], done: bool = True) -> list[bytes]:

@@ -8,7 +8,7 @@ joined choice as Arrow arrays: completion ``token_ids`` (int64), ``logprobs.cont
 ``CHAT_CONTENT_ENTRY`` struct the chat reader reads), text, finish reason, prompt IDs.
 
 It accepts a stream only where the result equals the per-chunk join's
-(:func:`prl.formats.sse.fast.join_chat_parts`), and returns None for it otherwise, so the exact reader
+(:func:`prl.formats.sse.exact.join_chunks`), and returns None for it otherwise, so the exact reader
 judges it: payloads that are not UTF-8, hold ``NaN``/``Infinity``, non-finite or oversized logprobs, fail
 to parse, parse to another number of rows than lines, use an ``index`` other than 0, carry a null or
 missing ``delta`` or choice, or give a value to a key whose absence and null differ to that reader

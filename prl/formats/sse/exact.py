@@ -20,9 +20,9 @@ A stream holds one token per chunk, so the hot path avoids per-chunk Python:
   only the lines that could start a new stream. Errors of the other lines surface from :meth:`Sse.parse`,
   with the reason and message the eager framer (:func:`frame_decoded`) gives them; :func:`resolve` turns a
   lazy record into the eager one where a caller needs every error up front.
-- :meth:`Sse.parse` decodes the whole stream at once and joins it with
-  :func:`prl.formats.sse.fast.join_chat_chunks` (C-level gathers over all chunks), falling back to
-  :func:`join_chunks` (per chunk, exact) for streams outside the common chat shape, which explains them.
+- :meth:`Sse.parse` decodes the whole stream at once (one ``orjson`` pass over its lines) and joins it with
+  :func:`join_chunks` (per chunk, exact), which also explains what is wrong with a stream outside the common
+  chat shape.
 
 A stream cut before ``[DONE]``, or a choice that never got a ``finish_reason``, is ``truncated_stream``; an
 ``error`` object inside a stream is ``upstream_error``; an undecodable chunk makes the stream
@@ -31,9 +31,7 @@ A stream cut before ``[DONE]``, or a choice that never got a ``finish_reason``, 
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterable, Iterator
-from itertools import repeat
 from operator import itemgetter
 from typing import Any, ClassVar
 
@@ -43,7 +41,6 @@ from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sampl
 from prl.formats.fields import as_dict, as_list
 from prl.formats.sse.blocks import FIRST_KEY, FIRST_LINE_KEY, JOINED_KEY, TEXT_KEY, frame_blocks, with_lines
 from prl.formats.sse.bulk import JoinedStream
-from prl.formats.sse.fast import join_chat_chunks, join_chat_parts
 from prl.formats.sse.lines import (
     DONE_KEY,
     LINE_NUMBERS_KEY,
@@ -117,31 +114,8 @@ class Sse(Format):
 
 
 def _parse_lines(obj: dict[str, Any], options: ParseOptions) -> list[Sample | Quarantined]:
-    """Decode, join and read a lazily framed stream with the cyclic garbage collector paused.
-
-    A stream's decoded chunks are many small, acyclic containers that live only while the stream is joined;
-    left running, the collector would traverse them again and again as they age, costing about as much as
-    decoding them. They are freed (by reference counting, when :func:`_join_lines` returns or its signal's
-    traceback is dropped) before the collector resumes, so it never sees them. Its previous state is kept."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _join_lines(obj, options)
-    except Quarantined as q:
-        raise q.with_traceback(None) from None  # drop the frames that hold the chunks
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _join_lines(obj: dict[str, Any], options: ParseOptions) -> list[Sample | Quarantined]:
-    parts = _decoded_parts(obj.get(LINES_KEY))
-    if parts is not None:
-        if not obj.get(DONE_KEY):
-            raise Quarantined("truncated_stream", "the stream ended before 'data: [DONE]'")
-        record = join_chat_parts(*parts)
-        if record is not None:
-            return read_joined(record, options)
+    """Decode, join and read a lazily framed stream (its chunks decoded in one pass, see
+    :func:`_decoded_lines`)."""
     chunks = _decoded_lines(obj)
     if not obj.get(DONE_KEY):
         raise Quarantined("truncated_stream", "the stream ended before 'data: [DONE]'")
@@ -149,8 +123,7 @@ def _join_lines(obj: dict[str, Any], options: ParseOptions) -> list[Sample | Qua
 
 
 def _bulk_record(first: dict[str, Any], joined: JoinedStream) -> dict[str, Any]:
-    """The joined ``chat.completion`` record (as :func:`prl.formats.sse.fast.join_chat_parts` shapes it) of
-    a stream joined in bulk, its lists as Arrow arrays; ``first`` is its first chunk."""
+    """The joined ``chat.completion`` record (as :func:`join_chunks` shapes it) of a stream joined in bulk, its lists as Arrow arrays; ``first`` is its first chunk."""
     record = {k: v for k, v in first.items() if k not in ("choices", "object", "usage")}
     record["object"] = "chat.completion"
     if joined.prompt_token_ids is not None:
@@ -170,37 +143,6 @@ def _bulk_record(first: dict[str, Any], joined: JoinedStream) -> dict[str, Any]:
         if choice.finish_reason is None:
             record["_truncated"].append(0)
     return record
-
-
-_CHOICES_KEY = b'"choices":'
-
-
-def _decoded_parts(lines: Any) -> tuple[list[Any], list[Any]] | None:
-    """``(heads, choice lists)`` of a stream whose lines after the first all begin with the same bytes up to
-    their top-level ``"choices":`` and end with the ``}`` closing the chunk, as servers write them (id,
-    object, created and model repeat in every chunk): those bytes are decoded once (as the shared head) and
-    each line only from there on. The first line is decoded whole. None when the lines are not like that or
-    one does not decode; the stream is then decoded line by line.
-
-    A line that is ``prefix + V + "}"``, with ``prefix + "0}"`` a JSON object and ``V`` a JSON value, is the
-    object ``prefix + "0}"`` with ``choices`` set to ``V``: the same chunk a whole decode gives."""
-    if type(lines) is not list or len(lines) < 2 or not set(map(type, lines)) <= {bytes}:
-        return None
-    end = lines[1].find(_CHOICES_KEY)
-    if end < 0:
-        return None
-    prefix = lines[1][: end + len(_CHOICES_KEY)]
-    rest = lines[1:]
-    if not (all(map(bytes.startswith, rest, repeat(prefix))) and all(map(bytes.endswith, rest, repeat(b"}")))):
-        return None
-    try:
-        head = orjson.loads(prefix[5:] + b"0}")
-        first = orjson.loads(lines[0][5:])
-        choice_lists = list(map(orjson.loads, map(itemgetter(slice(len(prefix), -1)), rest)))
-    except (ValueError, RecursionError):
-        return None
-    first_choices = first.get("choices") if type(first) is dict else None
-    return [first, *repeat(head, len(rest))], [first_choices, *choice_lists]
 
 
 def _decoded_lines(obj: dict[str, Any]) -> list[Any]:
@@ -249,13 +191,9 @@ def frame_decoded(lines: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
 
 
 def parse_chunks(chunks: list[Any], options: ParseOptions) -> list[Sample | Quarantined]:
-    """Samples of one complete stream, given its decoded chunks in order: joined by
-    :func:`prl.formats.sse.fast.join_chat_chunks` when the stream is in the common chat shape, else by
-    :func:`join_chunks`, which explains what is wrong with it."""
-    record = join_chat_chunks(chunks)
-    if record is None:
-        record = join_chunks(chunks)
-    return read_joined(record, options)
+    """Samples of one complete stream, given its decoded chunks in order, joined by :func:`join_chunks`
+    (which explains what is wrong with a stream it cannot join)."""
+    return read_joined(join_chunks(chunks), options)
 
 
 def read_joined(record: dict[str, Any], options: ParseOptions) -> list[Sample | Quarantined]:

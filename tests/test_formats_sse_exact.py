@@ -1,9 +1,9 @@
-"""SSE fast path: lazy framing, one-pass decoding and the gathered join agree with the per-chunk reader
-(:mod:`tests.sse_reference`) on fixtures, generated streams, mutated chunks and hostile lines."""
+"""The exact SSE path: lazy framing and one-pass decoding agree with the eager per-chunk reader
+(:mod:`tests.sse_reference`) on fixtures, generated streams and hostile lines, and a streamed response gives the
+samples of the same response not streamed. The generators here serve the bulk path's tests too."""
 
 from __future__ import annotations
 
-import copy
 import gc
 import itertools
 import json
@@ -14,11 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prl.formats.base import ParseOptions, Quarantined, Sample
-from prl.formats.sse.exact import Sse, frame_decoded, join_chunks, resolve
-from prl.formats.sse.fast import join_chat_chunks
+from prl.formats.sse.exact import Sse, resolve
 from prl.formats.vllm import VllmChat
 from tests.formats_helpers import FIXTURES, json_paths, lines_of
-from tests.sse_reference import fast_items, reference_frame, reference_items, sample_key
+from tests.sse_reference import lazy_items, reference_frame, reference_items, sample_key
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -121,25 +120,7 @@ def _non_streamed(response: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _slow(chunks: list[Any]) -> dict[str, Any] | Quarantined:
-    try:
-        record = join_chunks(copy.deepcopy(chunks))
-    except Quarantined as q:
-        return q
-    record["_truncated"] = sorted(record["_truncated"])
-    return record
-
-
-# --- the join ---------------------------------------------------------------------------------------------
-
-
-@PROPS
-@given(data=st.data())
-def test_gathered_join_equals_the_per_chunk_join(data):
-    chunks = data.draw(streams(data.draw(responses())))
-    fast = join_chat_chunks(copy.deepcopy(chunks))
-    assert fast is not None  # the common shape takes the fast path
-    assert fast == _slow(chunks)
+# --- mutations (used by the bulk path's tests) --------------------------------------------------------------
 
 
 scalars = st.none() | st.booleans() | st.integers(-3, 3) | st.floats(-2, 2) | st.text(max_size=3)
@@ -163,19 +144,6 @@ def mutate(data: Any, chunks: list[dict[str, Any]]) -> None:
             parent[path[-1]] = data.draw(json_values)
 
 
-@PROPS
-@given(data=st.data())
-def test_mutated_chunks_are_joined_alike_or_left_to_the_per_chunk_join(data):
-    chunks = data.draw(streams(data.draw(responses())))
-    mutate(data, chunks)
-    slow = _slow(chunks)
-    fast = join_chat_chunks(copy.deepcopy(chunks))
-    if isinstance(slow, Quarantined) or slow["_bad"]:
-        assert fast is None
-    elif fast is not None:
-        assert fast == slow
-
-
 # --- samples ----------------------------------------------------------------------------------------------
 
 
@@ -185,7 +153,7 @@ def test_streamed_and_non_streamed_responses_give_the_same_samples(data):
     response = data.draw(responses(min_tokens=1))
     chunks = data.draw(streams(response))
     lines = [(i, _line(c, 0)) for i, c in enumerate(chunks, start=1)] + [(len(chunks) + 1, b"data: [DONE]")]
-    streamed = [item for _, item in fast_items(lines)]
+    streamed = [item for _, item in lazy_items(lines)]
     whole = []
     for item in VllmChat().parse(_non_streamed(response), ParseOptions()):
         if isinstance(item, Sample) and item.finish_reason is None:
@@ -202,19 +170,9 @@ def test_streamed_and_non_streamed_responses_give_the_same_samples(data):
 
 def test_fixture_streams_read_alike():
     lines = lines_of(FIXTURES / "sse/streams.sse")
-    fast, reference = fast_items(lines), reference_items(lines)
-    assert fast == reference
-    assert [line for line, _ in fast] == [3, 23, 23, 31, 33, 39]
-
-
-def test_fixture_chat_streams_take_the_fast_join():
-    for record in frame_decoded(iter(lines_of(FIXTURES / "sse/streams.sse"))):
-        chunks = record.obj["sse_chunks"]
-        fast = join_chat_chunks(copy.deepcopy(chunks))
-        if chunks[0]["object"] == "chat.completion.chunk" and None not in chunks:
-            assert fast == _slow(chunks)
-        else:
-            assert fast is None  # text_completion chunks
+    lazy, reference = lazy_items(lines), reference_items(lines)
+    assert lazy == reference
+    assert [line for line, _ in lazy] == [3, 23, 23, 31, 33, 39]
 
 
 # --- framing --------------------------------------------------------------------------------------------
@@ -283,7 +241,7 @@ def test_lazy_frames_resolve_to_the_eager_frames(lines):
 @PROPS
 @given(lines=capture_lines())
 def test_captures_read_alike(lines):
-    assert fast_items(lines) == reference_items(lines)
+    assert lazy_items(lines) == reference_items(lines)
 
 
 def test_a_malformed_chunk_mid_stream_quarantines_the_stream_as_before():
@@ -297,24 +255,23 @@ def test_a_malformed_chunk_mid_stream_quarantines_the_stream_as_before():
     lines = list(enumerate([good[0], b"", bad, b"", good[1], b"data: [DONE]"], start=1))
     (record,) = Sse().frame(iter(lines))
     assert record.error is None  # found when the stream is decoded
-    out = fast_items(lines)
+    out = lazy_items(lines)
     assert out == reference_items(lines)
     ((line, (reason, message, index)),) = out
     assert (line, reason, index) == (1, "malformed_json", None)
     assert message.startswith("line 3: not valid JSON: ")
     # without the bad line the stream is one sample
-    assert [item[0] for _, item in fast_items([lines[0], lines[4], lines[5]])] == [("request_id", "c")]
+    assert [item[0] for _, item in lazy_items([lines[0], lines[4], lines[5]])] == [("request_id", "c")]
 
 
-def test_parse_leaves_the_collector_as_it_found_it():
+def test_parse_never_switches_the_collector_off(monkeypatch):
+    def disable() -> None:
+        raise AssertionError("the SSE reader switched the garbage collector off")
+
+    monkeypatch.setattr(gc, "disable", disable)
     lines = lines_of(FIXTURES / "sse/streams.sse")
-    for enabled in (True, False):
-        (gc.enable if enabled else gc.disable)()
-        try:
-            fast_items(lines)
-            assert gc.isenabled() is enabled
-        finally:
-            gc.enable()
+    assert lazy_items(lines) == reference_items(lines)
+    assert gc.isenabled()
 
 
 def test_framed_lines_that_are_not_bytes_are_bad_shape():

@@ -46,3 +46,8 @@ class RetryableIOError(PrlError):
     """Storage or network trouble (exit 5); a rerun resumes safely."""
 
     exit_code = ExitCode.RETRYABLE_IO
+
+
+class LockLostError(LockedError):
+    """The run's lock was taken over by another run (after a stall past its stale time): the run stops before
+    its next commit (exit 3, as for any lock another run holds)."""

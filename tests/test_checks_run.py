@@ -14,6 +14,7 @@ from prl.errors import UsageError
 from prl.report.checks import render
 from prl.store.tables import Store
 from tests.checks_helpers import EOS, TRACES_SCHEMA_TABLE, chat_prompt, enc, make_store, row, tokenizer_dir
+from tests.delta_log import commit_infos
 
 PROMPT = chat_prompt("Greet")
 GOOD = [*enc("Hello world."), EOS]
@@ -36,7 +37,7 @@ def test_incremental_runs_check_only_new_samples(tmp_path):
     third = check_tokens(store, tokenizer_dir())
     assert (third.checked, third.skipped_existing, third.verdicts["ok"]) == (2, 4, 2)
     assert store.read("checks").num_rows == 6
-    info = store.commit_info("checks", 1)[0]
+    info = commit_infos(store, "checks", 1)[0]
     assert info["prl.tokenizer_fingerprint"] == third.fingerprint
     assert info["prl.traces_version"] == 2
 

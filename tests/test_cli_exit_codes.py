@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -92,10 +93,10 @@ def test_ingest_codes(tmp_path, monkeypatch):
 def test_ingest_permission_denied_is_retryable(tmp_path, monkeypatch):
     clean = fresh(tmp_path)
 
-    def denied(src, dst, *args, **kwargs):
-        raise PermissionError(13, "Permission denied", dst)
+    def denied(fd, operation):
+        raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(os, "link", denied)  # the lock file cannot be created
+    monkeypatch.setattr(fcntl, "flock", denied)  # the lock cannot be taken
     code, summary = invoke(["ingest", str(clean.root / "traces"), "--store", str(tmp_path / "store")])
     assert code == 5 and "Permission denied" in summary["error"]
 

@@ -12,6 +12,7 @@ import pytest
 
 from prl.errors import ExitCode
 from prl.ingestion.traces import ingest
+from tests.delta_log import commit_infos
 from tests.records import sglang_generate, vllm_chat, vllm_completion
 
 
@@ -151,7 +152,7 @@ def test_rerun_adds_nothing_and_changed_file_adds_only_new(store, write_trace):
 def test_commit_metadata_is_a_ledger(store, write_trace):
     path = write_trace("l.jsonl", [vllm_chat("l", [1], [([2], [-1.0])])])
     ingest([str(path)], store)
-    info = store.commit_info("traces", limit=1)[0]
+    info = commit_infos(store, "traces", limit=1)[0]
     (entry,) = info["prl.sources"]
     assert entry["uri"] == str(path)
     assert entry["size"] == os.path.getsize(path)

@@ -1,5 +1,6 @@
-"""The lock contract, the same for local folders (``O_EXCL`` files) and ``s3://`` stores (conditional puts):
-one holder per step, a LockedError that names the holder, heartbeats, stale takeover with exactly one winner."""
+"""The lock contract, the same for local folders (a kernel ``flock``) and ``s3://`` stores (conditional puts):
+one holder per step, a LockedError that names the holder, one lock per resolved location, and a run whose lock
+was lost commits nothing more. S3 only: heartbeats, stale takeover with exactly one winner."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import time
 
 import pytest
 
-from prl.errors import LockedError
-from prl.store import locks
+from prl.errors import LockedError, LockLostError
+from prl.schema import REWARDS
+from prl.store import holder, locks
 from prl.store.locks import LocalLock, lock_for
 from prl.store.s3lock import S3Lock
-from prl.store.tables import filesystem_for
+from prl.store.tables import Store, filesystem_for
 from tests.s3_server import moto_endpoint, s3  # noqa: F401
+from tests.shards_fixtures import reward, table
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -43,7 +46,7 @@ def test_lock_for_picks_the_store_kind(store_uri):
         assert lock.path == f"{store_uri}/_locks/ingest.lock"
     else:
         assert isinstance(lock, LocalLock)
-        assert lock.path == os.path.join(store_uri, "_locks", "ingest.lock")
+        assert lock.path == os.path.join(os.path.realpath(store_uri), "_locks", "ingest.lock")
 
 
 def test_one_holder_per_step_and_error_names_it(store_uri):
@@ -86,19 +89,29 @@ def test_context_manager_releases_on_error(store_uri):
     assert lock_info(lock) is None
 
 
-def test_heartbeat_keeps_a_live_lock_fresh(store_uri, monkeypatch):
-    monkeypatch.setattr(locks, "HEARTBEAT_SECONDS", 0.2)
-    with lock_for(store_uri, "ingest", stale_after=1.0) as holder:
+def hang(lock: S3Lock) -> None:
+    """The holder hangs: no more heartbeats, no release."""
+    assert lock._heartbeat is not None
+    lock._heartbeat.stop()
+
+
+@pytest.mark.s3
+def test_heartbeat_keeps_a_live_lock_fresh(s3, monkeypatch):  # noqa: F811
+    store_uri = s3.url("store")
+    monkeypatch.setattr(holder, "HEARTBEAT_SECONDS", 0.2)
+    with lock_for(store_uri, "ingest", stale_after=1.0) as live:
         time.sleep(2.5)  # well past stale_after: only the heartbeat keeps it alive
-        with pytest.raises(LockedError, match=holder.run_id):
+        with pytest.raises(LockedError, match=live.run_id):
             lock_for(store_uri, "ingest", stale_after=1.0).acquire()
-        assert lock_info(holder)["run_id"] == holder.run_id
+        assert lock_info(live)["run_id"] == live.run_id
 
 
-def test_stale_lock_is_taken_over_and_old_holder_cannot_delete_it(store_uri):
-    dead = lock_for(store_uri, "ingest")
+@pytest.mark.s3
+def test_stale_lock_is_taken_over_and_old_holder_cannot_delete_it(s3):  # noqa: F811
+    store_uri = s3.url("store")
+    dead = S3Lock(store_uri, "ingest")
     dead.acquire()
-    dead._stop.set()  # the holder hangs: no more heartbeats, no release
+    hang(dead)
     time.sleep(2.2)
     breaker = lock_for(store_uri, "ingest", stale_after=1.0)
     breaker.acquire()
@@ -113,10 +126,12 @@ def test_stale_lock_is_taken_over_and_old_holder_cannot_delete_it(store_uri):
     assert lock_info(breaker) is None
 
 
-def test_two_breakers_cannot_both_win(store_uri):
-    dead = lock_for(store_uri, "ingest")
+@pytest.mark.s3
+def test_two_breakers_cannot_both_win(s3):  # noqa: F811
+    store_uri = s3.url("store")
+    dead = S3Lock(store_uri, "ingest")
     dead.acquire()
-    dead._stop.set()
+    hang(dead)
     time.sleep(2.2)
     breakers = [lock_for(store_uri, "ingest", stale_after=1.0) for _ in range(4)]
     outcomes: dict[int, str] = {}
@@ -146,7 +161,7 @@ def test_s3_holder_learns_it_lost_the_lock(s3):  # noqa: F811
     store_uri = s3.url("store")
     dead = S3Lock(store_uri, "ingest")
     dead.acquire()
-    dead._stop.set()
+    hang(dead)
     time.sleep(2.2)
     with S3Lock(store_uri, "ingest", stale_after=1.0) as breaker:
         assert dead.heartbeat() is False
@@ -179,3 +194,80 @@ def test_s3_release_when_unreachable_logs_and_does_not_raise(s3, monkeypatch, ca
     assert "releasing the ingest lock" in caplog.text and "goes stale after 60 s" in caplog.text
     assert "testing" not in caplog.text
     assert s3.keys("store/_locks/") == ["store/_locks/ingest.lock"]
+
+
+def other_spellings(store_uri: str, tmp_path) -> list[str]:
+    """Other names of the same store: a trailing slash, doubled slashes and (local) a symlink to the folder."""
+    if store_uri.startswith("s3://"):
+        bucket, _, key = store_uri[len("s3://") :].partition("/")
+        return [f"{store_uri}/", f"s3://{bucket}//{key}//"]
+    os.makedirs(store_uri, exist_ok=True)
+    os.symlink(store_uri, tmp_path / "alias")
+    head, tail = os.path.split(store_uri)
+    return [f"{store_uri}/", f"{head}//{tail}", str(tmp_path / "alias"), f"file://{tmp_path / 'alias'}"]
+
+
+def test_two_spellings_of_one_store_take_one_lock(store_uri, tmp_path):
+    with lock_for(store_uri, "ingest") as first:
+        for spelling in other_spellings(store_uri, tmp_path):
+            other = lock_for(spelling, "ingest")
+            assert other.path == first.path
+            with pytest.raises(LockedError, match=first.run_id):
+                other.acquire()
+
+
+def test_step_names_follow_the_resolved_location(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(out, tmp_path / "link")
+    name = locks.step_name("build-shards", str(out))
+    assert locks.step_name("build-shards", str(tmp_path / "link")) == name
+    assert locks.step_name("build-shards", f"{out}/") == name
+    assert locks.step_name("build-shards", f"{tmp_path}//out") == name
+    assert locks.step_name("build-shards", str(tmp_path / "elsewhere")) != name
+    s3_name = locks.step_name("build-shards", "s3://b/runs/out")
+    assert locks.step_name("build-shards", "s3://b//runs/out/") == s3_name != name
+
+
+def reward_batch(sample_id: str):
+    return table(REWARDS, [reward(sample_id, 1.0)]).to_batches()
+
+
+def take_over(lock) -> LocalLock | S3Lock:
+    """Another run takes the lock from its holder: on S3 after the holder stalled past the stale time; locally
+    after someone removed the lock file (the only way a kernel lock changes hands while its holder lives)."""
+    if isinstance(lock, S3Lock):
+        hang(lock)
+        time.sleep(2.2)
+        thief = S3Lock(lock.store_uri, lock.step, stale_after=1.0)
+    else:
+        os.unlink(lock.path)
+        thief = LocalLock(lock.path, lock.step)
+    thief.acquire()
+    return thief
+
+
+def test_a_run_whose_lock_was_taken_over_commits_nothing_more(store_uri):
+    store = Store(store_uri)
+    with locks.holding(store, "ingest-rewards") as lock:
+        assert store.commit("rewards", reward_batch("a:0")).version == 1
+        thief = take_over(lock)
+        with pytest.raises(LockLostError, match="taken over by another run") as caught:
+            store.commit("rewards", reward_batch("b:0"))
+        assert caught.value.exit_code == 3
+        with pytest.raises(LockLostError):  # every commit path: the pending files of write_files too
+            store.write_files("rewards", reward_batch("c:0")).commit()
+    assert store.version("rewards") == 1
+    assert store.read("rewards").column("sample_id").to_pylist() == ["a:0"]
+    assert lock_info(thief)["run_id"] == thief.run_id  # the loser's release left the new holder's lock alone
+    thief.release()
+
+
+def test_a_commit_through_another_spelling_is_checked_too(store_uri, tmp_path):
+    store = Store(store_uri)
+    with locks.holding(store_uri, "ingest-rewards") as lock:
+        alias = Store(other_spellings(store_uri, tmp_path)[1])
+        take_over(lock).release()
+        with pytest.raises(LockLostError):
+            alias.commit("rewards", reward_batch("a:0"))
+    assert store.version("rewards") is None

@@ -1,15 +1,16 @@
-"""Local step locks beyond the shared contract (tests/test_locks.py): dead holders on this host, racing processes,
-interrupted acquires, unusable lock folders, ``holding`` and ``step_name``."""
+"""Local step locks beyond the shared contract (tests/test_locks.py): the kernel drops a lock with its process
+(killed, never hung), racing processes, interrupted acquires, unusable lock folders, ``holding`` and
+``step_name``."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
 import os
+import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -36,8 +37,8 @@ def dead_pid() -> int:
 
 
 def locks_left(folder) -> list[str]:
-    """Lock files (not the ``.guard`` files of the judging flock) in a ``_locks`` folder."""
-    return sorted(n for n in os.listdir(folder) if not n.endswith(".guard"))
+    """Lock files in a ``_locks`` folder."""
+    return sorted(os.listdir(folder))
 
 
 def test_holding_releases_only_its_own_lock(tmp_path):
@@ -74,10 +75,32 @@ def test_an_interrupted_acquire_leaves_no_lock(tmp_path, monkeypatch):
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    monkeypatch.setattr(LocalLock, "_write_record", interrupted)
     with pytest.raises(KeyboardInterrupt):
         lock_for(str(tmp_path), "ingest").acquire()
     assert locks_left(tmp_path / "_locks") == []
+    monkeypatch.undo()
+    with holding(str(tmp_path), "ingest"):  # and nothing of it blocks the next run
+        pass
+
+
+HOLD = "import sys, time; from prl.store.locks import lock_for; lock_for(sys.argv[1], 'ingest').acquire(); "
+HOLD += "print('held', flush=True); time.sleep(600)"
+
+
+def test_a_hung_holder_keeps_its_lock_and_a_killed_one_loses_it_at_once(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+        proc.send_signal(signal.SIGSTOP)  # hung, however long: still its lock
+        time.sleep(0.5)
+        with pytest.raises(LockedError, match=rf"{socket.gethostname()}:{proc.pid} "):
+            lock_for(str(tmp_path), "ingest").acquire()
+    finally:
+        proc.kill()
+        proc.wait()
+    with holding(str(tmp_path), "ingest") as lock:  # killed: the kernel dropped its flock, no waiting
+        assert json.loads(Path(lock_path(str(tmp_path))).read_text())["run_id"] == lock.run_id
 
 
 def test_an_unusable_lock_folder_is_retryable_io(tmp_path):
@@ -137,10 +160,24 @@ def test_many_processes_breaking_one_stale_lock_only_one_wins(tmp_path):
     ],
 )
 def test_stale_after_from_the_environment(monkeypatch, raw, expected):
-    from prl.store.locks import STALE_ENV, _stale_after_from_env
+    from prl.store.holder import STALE_ENV, stale_after_from_env
 
     if raw is None:
         monkeypatch.delenv(STALE_ENV, raising=False)
     else:
         monkeypatch.setenv(STALE_ENV, raw)
-    assert _stale_after_from_env() == expected
+    assert stale_after_from_env() == expected
+
+
+def test_two_builds_into_one_out_spelled_two_ways_never_run_at_once(tmp_path):
+    from prl.shards.build import build_shards
+    from prl.store.tables import Store
+
+    out = tmp_path / "out"
+    out.mkdir()
+    os.symlink(out, tmp_path / "out-link")
+    store = str(tmp_path / "store")
+    with holding(store, step_name("build-shards", str(out))) as held:
+        for spelling in (tmp_path / "out-link", f"{out}/", f"{tmp_path}//out"):
+            with pytest.raises(LockedError, match=held.run_id):
+                build_shards(Store(store), str(spelling))

@@ -26,6 +26,7 @@ from prl.io.sources import _read_ahead, expand
 from prl.schema import REWARDS
 from prl.store.s3lock import S3Lock
 from prl.store.tables import Store, filesystem_for
+from tests.delta_log import commit_infos
 from tests.records import sglang_generate, vllm_chat, vllm_completion
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 
@@ -100,7 +101,7 @@ def test_ingest_s3_prefix_plain_gz_zst_exact(kind, s3, tmp_path):  # noqa: F811
     }
     assert table.schema.field("completion_logprobs").type == pa.list_(pa.float32())
 
-    (info,) = store.commit_info("traces", limit=1)
+    (info,) = commit_infos(store, "traces", limit=1)
     ledger = {entry["uri"]: entry for entry in info["prl.sources"]}
     for key, data in files.items():
         entry = ledger[s3.url(key)]
@@ -194,7 +195,7 @@ def test_concurrent_delta_commits_on_s3_all_land(s3):  # noqa: F811
     assert versions == list(range(1, 10))  # nine commits, nine distinct versions after the create (0)
     df = pl.read_delta(store.table_uri("rewards"), storage_options=store.options).sort("sample_id")
     assert df["sample_id"].to_list() == [f"w{w}-{i}" for w in range(3) for i in range(3)]
-    writers = sorted(info["prl.writer"] for info in store.commit_info("rewards") if "prl.writer" in info)
+    writers = sorted(info["prl.writer"] for info in commit_infos(store, "rewards") if "prl.writer" in info)
     assert writers == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
@@ -257,7 +258,7 @@ def test_stale_s3_lock_is_taken_over_by_ingest(s3, monkeypatch):  # noqa: F811
     store = Store(s3.url("warehouse/store"))
     crashed = S3Lock(store.uri, "ingest")
     crashed.acquire()
-    crashed._stop.set()  # the holder died: no heartbeat, no release
+    crashed._heartbeat.stop()  # the holder died: no heartbeat, no release
     with pytest.raises(Exception, match=crashed.run_id):
         ingest([s3.url("in/")], store)
     time.sleep(2.2)

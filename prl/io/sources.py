@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 import zstandard
 
 from prl.errors import RetryableIOError, UsageError
-from prl.store.tables import aws_endpoint, filesystem_for
+from prl.io.locations import aws_endpoint, filesystem_for
 
 READ_CHUNK = 4 * 1024 * 1024
 READ_AHEAD_CHUNKS = 2

@@ -1,13 +1,17 @@
-"""One writer per store step: a lock file that names its holder and goes stale when the holder is dead.
+"""One writer per store step: a lock that names its holder and ends with its holder's process.
 
-The lock is ``STORE/_locks/<step>.lock``, created exclusively with its content (a fully written private file
-hard-linked to the lock path, so a lock file is never seen empty; a conditional put on S3), holding JSON
-``{holder, host, pid, run_id, started_at}``. The holder refreshes its mtime every ``HEARTBEAT_SECONDS``; a lock
-is stale when its holder's process is gone (same host) or its heartbeat is older than ``stale_after`` seconds
-(any host). A stale lock is judged and removed while holding a short ``flock`` on ``<step>.lock.guard`` (released
-by the kernel if the process dies), and release happens under it too, so two runs breaking the same stale lock
-cannot both win. An acquire interrupted half-way (Ctrl-C, SIGTERM) removes what it created. On S3
-(:mod:`prl.store.s3lock`) conditional puts on the ETag do the same.
+A local store's lock is an exclusive ``flock`` on ``STORE/_locks/<step>.lock`` (the store's real path), which
+holds the holder record (:mod:`prl.store.holder`) while the lock is held. The kernel drops the ``flock`` when
+its process dies, however it dies, so a dead holder never blocks the next run and there is no staleness to
+judge. Release removes the file under the ``flock``; a run that opened the removed file sees it unlinked and
+tries again, so two runs never hold one step. A lock file that is removed or replaced behind a holder's back
+(someone cleaning ``_locks/``) counts as lost: that run commits nothing more. ``s3://`` stores use conditional
+puts (:mod:`prl.store.s3lock`).
+
+Locks are keyed by the resolved location (:func:`prl.io.locations.resolved_location`): two spellings of one
+store or output folder (a symlink, ``a//b``, a trailing slash) take the same lock. While held, a lock is
+registered with :func:`prl.store.holder.register`, and every commit checks it first
+(:func:`prl.store.holder.ensure_held`).
 """
 
 from __future__ import annotations
@@ -16,42 +20,22 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import logging
 import os
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prl.errors import LockedError, RetryableIOError
+from prl.io.locations import resolved_location
+from prl.store import holder
+from prl.store.holder import STALE_ENV, stale_after_from_env
+from prl.store.s3lock import S3Lock
 
-STALE_ENV = "PRL_LOCK_STALE_AFTER"
+if TYPE_CHECKING:
+    from prl.store.tables import Store
 
-
-def _stale_after_from_env(default: float = 300.0) -> float:
-    """``PRL_LOCK_STALE_AFTER`` (seconds > 0) when set and valid, else ``default`` (a bad value is logged)."""
-    raw = os.environ.get(STALE_ENV)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value != value or value == float("inf"):
-        logging.getLogger(__name__).warning("ignoring %s=%r: expected seconds > 0", STALE_ENV, raw)
-        return default
-    return value
-
-
-STALE_AFTER_SECONDS = _stale_after_from_env()
-"""A lock whose holder cannot be checked (another host; any S3 lock) is stale after this long without a
-heartbeat. Default 300 s; ``PRL_LOCK_STALE_AFTER`` sets it (e.g. lower it where killed runs on S3 must not block
-the next cron run for five minutes)."""
-HEARTBEAT_SECONDS = min(15.0, STALE_AFTER_SECONDS / 4)
-"""Holders refresh their lock this often: well inside ``STALE_AFTER_SECONDS``."""
+__all__ = ["STALE_ENV", "LocalLock", "S3Lock", "holding", "lock_for", "pid_alive", "step_name"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -65,121 +49,100 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-@dataclass
+@dataclass(eq=False)
 class LocalLock:
-    """An exclusive lock on a local store step. Use as a context manager."""
+    """An exclusive lock on a step of a local store; ``path`` is its lock file. Use as a context manager."""
 
     path: str
     step: str
-    stale_after: float = STALE_AFTER_SECONDS
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
-
-    def holder_info(self) -> dict[str, Any]:
-        return {
-            "holder": f"{socket.gethostname()}:{os.getpid()}",
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "run_id": self.run_id,
-            "step": self.step,
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-
-    def _read(self) -> dict[str, Any] | None:
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                return json.load(fh)
-        except FileNotFoundError:
-            return None
-        except ValueError:
-            return {}  # being written right now, or damaged: judged by its age alone
-
-    def _is_stale(self, info: dict[str, Any]) -> bool:
-        try:
-            age = time.time() - os.stat(self.path).st_mtime
-        except FileNotFoundError:
-            return True
-        if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-            return not pid_alive(info["pid"]) or age > self.stale_after
-        return age > self.stale_after
+    _fd: int | None = field(default=None, repr=False)
+    _inode: tuple[int, int] | None = field(default=None, repr=False)
 
     def acquire(self) -> None:
         """Take the lock or raise :class:`LockedError` naming its live holder; a lock folder that cannot be
-        created or written (the store path is a file, permission denied) raises :class:`RetryableIOError`."""
+        created or written (the store path is a file, a read-only filesystem) raises :class:`RetryableIOError`."""
         try:
             self._acquire()
         except OSError as exc:
+            self.release()
             raise RetryableIOError(f"cannot take the {self.step} lock at {self.path}: {exc}") from exc
+        except BaseException:  # interrupted half-way: never leave a lock that names this process
+            self.release()
+            raise
 
     def _acquire(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        for _ in range(5):
+        for _ in range(20):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
-                if self._create():
-                    self._thread = threading.Thread(target=self._heartbeat, name=f"prl-lock-{self.step}", daemon=True)
-                    self._thread.start()
-                    return
-            except BaseException:  # interrupted half-way: never leave a lock that names this process
-                self.release()
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise LockedError(holder.held_message(self.step, self._read(), self.path)) from None
+            except BaseException:
+                os.close(fd)
                 raise
-            with self._guard():  # judge and remove under the guard: the lock removed is the one judged stale
-                info = self._read()
-                if info is None:
-                    continue
-                if not self._is_stale(info):
-                    raise LockedError(
-                        f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
-                        f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); "
-                        f"lock file {self.path}"
-                    )
-                os.unlink(self.path)
+            self._fd = fd
+            if self._same_file():  # not a file its last holder removed between our open and our flock
+                self._write_record()
+                return
+            self._close()
         raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
 
-    def _create(self) -> bool:
-        """Create the lock file with its content in one step: written to a private file, then hard-linked to
-        the lock path (which fails if it exists). True when the lock is ours."""
-        tmp = f"{self.path}.{self.run_id}.tmp"
+    def _same_file(self) -> bool:
+        """Whether our descriptor is still the file at :attr:`path` (recording its identity when first asked)."""
+        if self._fd is None:
+            return False
+        mine = os.fstat(self._fd)
         try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(self.holder_info(), fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            try:
-                os.link(tmp, self.path)
-            except FileExistsError:
-                return False
-            return True
-        finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        ident = (mine.st_dev, mine.st_ino)
+        if self._inode is None:
+            self._inode = ident
+        return mine.st_nlink > 0 and (there.st_dev, there.st_ino) == ident == self._inode
 
-    @contextlib.contextmanager
-    def _guard(self) -> Iterator[None]:
-        """Hold an exclusive ``flock`` on ``<lock>.guard`` (a few file operations long)."""
-        fd = os.open(f"{self.path}.guard", os.O_CREAT | os.O_RDWR, 0o644)
+    def _write_record(self) -> None:
+        assert self._fd is not None
+        data = json.dumps(holder.holder_record(self.run_id, self.step, holder.utc_now())).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, data, 0)
+        os.fsync(self._fd)
+
+    def _read(self) -> dict[str, Any]:
+        """The holder record in the lock file ({} while it is being written, or when unreadable)."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
+            with open(self.path, encoding="utf-8") as fh:
+                info = json.load(fh)
+        except (OSError, ValueError):
+            return {}
+        return info if isinstance(info, dict) else {}
+
+    def still_held(self) -> bool:
+        """Whether this run still holds the lock: its file is still the one it locked."""
+        try:
+            return self._same_file()
+        except OSError:
+            return False
+
+    def _close(self) -> None:
+        fd, self._fd, self._inode = self._fd, None, None
+        if fd is not None:
             os.close(fd)  # closing the descriptor drops the flock
 
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
-            try:
-                os.utime(self.path)
-            except FileNotFoundError:
-                return
-
     def release(self) -> None:
-        """Remove the lock if this run holds it (safe to call after a failed acquire)."""
-        self._stop.set()
-        with self._guard():
-            info = self._read()
-            if info and info.get("run_id") == self.run_id:
+        """Remove the lock file and drop the lock if this run holds it (safe to call after a failed acquire)."""
+        if self._fd is None:
+            return
+        try:
+            if self._same_file():
                 os.unlink(self.path)
+        except OSError:
+            pass  # a lock file left behind blocks nobody: the flock ends with the descriptor
+        finally:
+            self._close()
 
     def __enter__(self) -> LocalLock:
         self.acquire()
@@ -189,37 +152,43 @@ class LocalLock:
         self.release()
 
 
-def step_name(*parts: str) -> str:
-    """A lock step name safe as a file name: ``step_name("build-shards", "/data/out")`` →
-    ``build-shards-<12 hex digits of the parts>`` (the parts themselves may hold slashes or ``s3://``)."""
-    head, *rest = parts
-    if not rest:
-        return head
-    return f"{head}-{hashlib.sha256(chr(0).join(rest).encode()).hexdigest()[:12]}"
+def step_name(step: str, *locations: str) -> str:
+    """A lock step name safe as a file name for a step that also writes to ``locations`` (folders or ``s3://``
+    URIs, resolved first, so two spellings of one place give one name): ``step_name("build-shards",
+    "/data/out")`` → ``build-shards-<12 hex digits>``; with no locations, ``step`` itself."""
+    if not locations:
+        return step
+    key = chr(0).join(resolved_location(location) for location in locations)
+    return f"{step}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def _uri(store: Store | str) -> str:
+    return store if isinstance(store, str) else store.uri
 
 
 @contextlib.contextmanager
-def holding(store_uri: str, step: str, enabled: bool = True) -> Iterator[Any]:
-    """Hold the ``step`` lock of the store for the ``with`` block (nothing when not ``enabled``, e.g. in a
-    dry run, which writes nothing)."""
+def holding(store: Store | str, step: str, enabled: bool = True) -> Iterator[LocalLock | S3Lock | None]:
+    """Hold the ``step`` lock of the store for the ``with`` block, registered so that every commit to the
+    store checks it first (nothing when not ``enabled``, e.g. in a dry run, which writes nothing)."""
     if not enabled:
         yield None
         return
-    lock = lock_for(store_uri, step)
+    location = resolved_location(_uri(store))
+    lock = lock_for(_uri(store), step)
     try:
         lock.acquire()
+        holder.register(location, lock)
         yield lock
     finally:
+        holder.unregister(location, lock)
         lock.release()  # only removes the lock if it is ours
 
 
-def lock_for(store_uri: str, step: str, stale_after: float | None = None) -> Any:
-    """The lock for ``step`` of the store at ``store_uri`` (local folders; ``s3://`` stores use conditional
-    puts, see :mod:`prl.store.s3lock`). ``stale_after`` defaults to ``PRL_LOCK_STALE_AFTER`` as set now, else 300 s."""
-    if stale_after is None:
-        stale_after = _stale_after_from_env()
-    if store_uri.startswith("s3://"):
-        from prl.store.s3lock import S3Lock
-
-        return S3Lock(store_uri, step, stale_after=stale_after)
-    return LocalLock(os.path.join(store_uri, "_locks", f"{step}.lock"), step, stale_after=stale_after)
+def lock_for(store_uri: str, step: str, stale_after: float | None = None) -> LocalLock | S3Lock:
+    """The lock for ``step`` of the store at ``store_uri``, at its resolved location (local folders: a
+    ``flock``; ``s3://`` stores: conditional puts, see :mod:`prl.store.s3lock`). ``stale_after`` (S3 only)
+    defaults to ``PRL_LOCK_STALE_AFTER`` as set now, else 300 s."""
+    location = resolved_location(store_uri)
+    if location.startswith("s3://"):
+        return S3Lock(location, step, stale_after=stale_after_from_env() if stale_after is None else stale_after)
+    return LocalLock(os.path.join(location, "_locks", f"{step}.lock"), step)

@@ -1,12 +1,13 @@
 """Store-step locks on S3: the contract of :class:`prl.store.locks.LocalLock`, built from S3 conditional writes.
 
-The lock is the object ``STORE/_locks/<step>.lock`` holding JSON ``{holder, host, pid, run_id, step, started_at,
-heartbeat_at}``.
+The lock is the object ``STORE/_locks/<step>.lock`` holding the holder record (:mod:`prl.store.holder`).
 
 - **acquire**: ``PutObject`` with ``If-None-Match: *``; exactly one of any number of racing writers creates it.
 - **heartbeat**: every ``HEARTBEAT_SECONDS`` the holder re-puts the object with ``If-Match: <its ETag>``, which
   moves ``LastModified``. The body changes each time (``heartbeat_at``), so the ETag changes too. A failed
   condition means another run took the lock over: :attr:`S3Lock.lost` becomes True and the heartbeat stops.
+  :meth:`S3Lock.still_held` beats once more, now: every commit asks it first, so a run whose lock was taken
+  over commits nothing after that (:class:`prl.errors.LockLostError`, exit 3).
 - **stale**: the heartbeat is older than ``stale_after`` seconds, measured on the server's clock
   (response ``Date`` − ``LastModified``), so clock skew between hosts does not matter. Process liveness is
   not consulted: a host name is not unique across containers sharing a bucket.
@@ -22,8 +23,6 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -31,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prl.errors import LockedError, RetryableIOError, UsageError
-from prl.store import locks
-from prl.store.tables import aws_endpoint, aws_region
+from prl.io.locations import aws_endpoint, aws_region, split_s3
+from prl.store import holder
 
 try:
     import boto3
@@ -63,29 +62,27 @@ def _code(exc: ClientError) -> str:
     return code if code and not code.isdigit() else status or code
 
 
-@dataclass
+@dataclass(eq=False)
 class S3Lock:
     """An exclusive lock on one step of the store at ``store_uri`` (``s3://bucket/prefix``). Use as a context
     manager. ``stale_after`` is in seconds (judged at one-second resolution, the resolution of S3 times)."""
 
     store_uri: str
     step: str
-    stale_after: float = locks.STALE_AFTER_SECONDS
+    stale_after: float = holder.STALE_AFTER_SECONDS
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     lost: bool = False
-    """True once another run has taken the lock over from this one (its heartbeat found a different ETag)."""
+    """True once another run has taken the lock over from this one (a heartbeat found a different ETag)."""
     _started_at: str = field(default="", repr=False)
     _etag: str | None = field(default=None, repr=False)
     _client: Any = field(default=None, repr=False)
     _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
-    _thread: threading.Thread | None = field(default=None, repr=False)
+    _heartbeat: holder.Heartbeat | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.store_uri.startswith("s3://"):
             raise UsageError(f"S3Lock needs an s3:// store, not {self.store_uri!r}")
-        bucket, _, prefix = self.store_uri[len("s3://") :].rstrip("/").partition("/")
-        self.bucket = bucket
+        self.bucket, prefix = split_s3(self.store_uri)
         self.key = f"{prefix}/_locks/{self.step}.lock" if prefix else f"_locks/{self.step}.lock"
 
     @property
@@ -99,20 +96,8 @@ class S3Lock:
             self._client = s3_client()
         return self._client
 
-    def holder_info(self) -> dict[str, Any]:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        return {
-            "holder": f"{socket.gethostname()}:{os.getpid()}",
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "run_id": self.run_id,
-            "step": self.step,
-            "started_at": self._started_at or now,
-            "heartbeat_at": f"{time.time():.3f}",
-        }
-
     def _body(self) -> bytes:
-        return json.dumps(self.holder_info()).encode()
+        return json.dumps(holder.holder_record(self.run_id, self.step, self._started_at or holder.utc_now())).encode()
 
     def _io_error(self, action: str, exc: Exception) -> RetryableIOError:
         return RetryableIOError(f"{action} the {self.step} lock at {self.path} failed: {exc}")
@@ -152,13 +137,12 @@ class S3Lock:
             raise self._io_error(action, exc) from exc
         except BotoCoreError as exc:
             raise self._io_error(action, exc) from exc
-        return response["ETag"]
+        return str(response["ETag"])
 
     def acquire(self) -> None:
         """Take the lock, or raise :class:`LockedError` naming the live holder (or
         :class:`RetryableIOError` when S3 cannot be reached)."""
-        self._started_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self._stop.clear()
+        self._started_at = holder.utc_now()
         self.lost = False
         for _ in range(5):
             etag = self._put("taking", IfNoneMatch="*")
@@ -168,11 +152,7 @@ class S3Lock:
                     continue  # released between our put and our read
                 info, stale_etag, age = current
                 if age <= self.stale_after:
-                    raise LockedError(
-                        f"another run holds the {self.step} lock: {info.get('holder', 'unknown holder')} "
-                        f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); "
-                        f"lock object {self.path}"
-                    )
+                    raise LockedError(holder.held_message(self.step, info, self.path))
                 log.warning(
                     "taking over the stale %s lock of %s (no heartbeat for %.0f s)",
                     self.step,
@@ -183,21 +163,26 @@ class S3Lock:
                 if etag is None:
                     continue
             self._etag = etag
-            self._thread = threading.Thread(target=self._heartbeat, name=f"prl-s3lock-{self.step}", daemon=True)
-            self._thread.start()
+            self._heartbeat = holder.Heartbeat(f"prl-s3lock-{self.step}", self.heartbeat)
+            self._heartbeat.start()
             return
         raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
 
     def heartbeat(self) -> bool:
-        """Refresh the lock's ``LastModified`` now; False when the lock was taken over (see :attr:`lost`)."""
+        """Refresh the lock's ``LastModified`` now; False when the lock was taken over (see :attr:`lost`). A
+        beat that cannot reach S3 is logged and counts as held: the next one may get through."""
+        try:
+            return self._beat()
+        except RetryableIOError as exc:
+            log.warning("%s", exc)
+            return True
+
+    def _beat(self) -> bool:
+        """One conditional refresh; False when the lock is not (or no longer) this run's; S3 trouble raises."""
         with self._mutex:
             if self._etag is None or self.lost:
                 return False
-            try:
-                etag = self._put("refreshing", IfMatch=self._etag)
-            except RetryableIOError as exc:  # a missed beat is survivable: the next one may get through
-                log.warning("%s", exc)
-                return True
+            etag = self._put("refreshing", IfMatch=self._etag)
             if etag is None:
                 self.lost = True
                 log.error("the %s lock at %s was taken over by another run", self.step, self.path)
@@ -205,18 +190,17 @@ class S3Lock:
             self._etag = etag
             return True
 
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(locks.HEARTBEAT_SECONDS):
-            if not self.heartbeat():
-                return
+    def still_held(self) -> bool:
+        """Whether this run still holds the lock, asked of S3 now (a beat): False once it was taken over. S3
+        trouble raises :class:`RetryableIOError`: a commit that cannot tell does not go ahead."""
+        return self._beat()
 
     def release(self) -> None:
         """Stop the heartbeat and delete the lock if this run still holds it. Never raises: a lock that cannot
         be deleted is logged and goes stale."""
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        self._thread = None
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
         with self._mutex:
             etag, self._etag = self._etag, None
             if etag is None or self.lost:

@@ -8,13 +8,8 @@ commit leaves only unreferenced files, which readers never see and ``vacuum`` re
 
 from __future__ import annotations
 
-import json
 import os
-import queue
-import re
 import threading
-import time
-import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,42 +18,32 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from prl.errors import RetryableIOError
-from prl.schema import TABLES, float_leaves, leaf_paths
+from prl.io.locations import aws_endpoint, aws_region, filesystem_for, is_remote, normalise_s3, resolved_location
+from prl.schema import TABLES
+from prl.store import holder
+from prl.store.writer import CommitResult, PendingCommit, describe_error, parquet_options, write_files
 
-TARGET_FILE_BYTES = 128 * 1024 * 1024
-"""Uncompressed Arrow bytes after which a data file is closed and a new one begun."""
+__all__ = [
+    "CommitResult",
+    "PendingCommit",
+    "Store",
+    "aws_endpoint",
+    "aws_region",
+    "describe_error",
+    "filesystem_for",
+    "is_remote",
+    "parquet_options",
+    "storage_options",
+]
+
 READAHEAD_FILES = 2
 READAHEAD_BATCHES = 4
 """How far a streaming scan decodes ahead of its consumer (files, and batches within them): enough to keep the
 cores busy, little enough that a scan holds a few batches, not Arrow's default of 4 files and 16 batches."""
-
-
-def parquet_options(schema: pa.Schema) -> dict[str, Any]:
-    """Writer settings of a table's data files: zstd; floating-point columns (logprobs) byte-stream-split and
-    without a dictionary (a dictionary of sampled logprobs only grows until Parquet gives up on it; split bytes
-    compress and decode faster); every other column with a dictionary where it pays (Parquet's default)."""
-    floats = float_leaves(schema)
-    return {
-        "compression": "zstd",
-        "use_dictionary": [path for path, _ in leaf_paths(schema) if path not in floats],
-        "use_byte_stream_split": floats,
-    }
-
-
-def aws_endpoint() -> str | None:
-    """The S3 endpoint URL from the standard environment (``AWS_ENDPOINT_URL_S3``, then ``AWS_ENDPOINT_URL``)."""
-    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-
-
-def aws_region() -> str | None:
-    """The AWS region from the standard environment (``AWS_REGION``, then ``AWS_DEFAULT_REGION``)."""
-    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
 
 
 def storage_options() -> dict[str, str]:
@@ -88,86 +73,6 @@ def storage_options() -> dict[str, str]:
     return opts
 
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def describe_error(exc: BaseException) -> str:
-    """One plain line for a storage error: delta-rs prints its chain of causes on coloured lines."""
-    parts = (line.strip().lstrip("↳").strip() for line in _ANSI.sub("", str(exc)).splitlines())
-    return " ← ".join(part for part in parts if part)
-
-
-def is_remote(uri: str) -> bool:
-    return "://" in uri and not uri.startswith("file://")
-
-
-def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem and the path inside it for a local path or an ``s3://`` URI."""
-    if uri.startswith("s3://"):
-        endpoint = aws_endpoint()
-        kwargs: dict[str, Any] = {}
-        if endpoint:
-            scheme, _, host = endpoint.partition("://")
-            kwargs["endpoint_override"] = host.rstrip("/")
-            kwargs["scheme"] = scheme
-        region = aws_region()
-        if region:
-            kwargs["region"] = region
-        return pafs.S3FileSystem(**kwargs), uri[len("s3://") :].rstrip("/")
-    if uri.startswith("file://"):
-        uri = uri[len("file://") :]
-    return pafs.LocalFileSystem(), os.path.abspath(uri)
-
-
-@dataclass
-class CommitResult:
-    """What one :meth:`Store.commit` did. ``version`` is None when there was nothing to commit."""
-
-    table: str
-    version: int | None
-    rows: int
-    files: int
-    bytes: int
-
-
-@dataclass
-class PendingCommit:
-    """Data files written for one table and not yet committed."""
-
-    store: Store
-    table: str
-    dry_run: bool = False
-    adds: list[AddAction] = field(default_factory=list)
-    rows: int = 0
-    bytes: int = 0
-
-    def commit(
-        self, metadata: Mapping[str, Any] | None = None, transactions: Mapping[str, int] | None = None
-    ) -> CommitResult:
-        """Make the files visible in one Delta commit carrying ``metadata`` (JSON-encoded under ``prl.*``
-        keys of the commit info) and ``transactions`` (Delta txn actions, app id → version). With no files and
-        no transactions, nothing is committed."""
-        if self.dry_run or (not self.adds and not transactions):
-            return CommitResult(self.table, None, self.rows, len(self.adds), self.bytes)
-        custom = {f"prl.{key}": json.dumps(value, sort_keys=True) for key, value in (metadata or {}).items()}
-        commit_id = uuid.uuid4().hex  # finds this commit's version when other writers commit right after it
-        custom["prl.commit_id"] = json.dumps(commit_id)
-        props = CommitProperties(
-            custom_metadata=custom,
-            app_transactions=[Transaction(app_id, version) for app_id, version in (transactions or {}).items()],
-            max_commit_retries=50,
-        )
-        table = self.store.ensure(self.table)
-        try:
-            table.create_write_transaction(self.adds, "append", TABLES[self.table], commit_properties=props)  # type: ignore[arg-type]
-        except OSError as exc:
-            raise RetryableIOError(
-                f"committing to {self.table} in {self.store.uri} failed: {describe_error(exc)}"
-            ) from exc
-        version = self.store.committed_version(self.table, commit_id)
-        return CommitResult(self.table, version, self.rows, len(self.adds), self.bytes)
-
-
 @dataclass
 class Store:
     """A folder or ``s3://`` prefix holding prl's Delta tables (``traces``, ``quarantine``, ``rewards``,
@@ -180,7 +85,7 @@ class Store:
     _pinned_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.uri = self.uri.rstrip("/")
+        self.uri = normalise_s3(self.uri) if self.uri.startswith("s3://") else self.uri.rstrip("/")
         if not is_remote(self.uri):
             self.uri = os.path.abspath(self.uri.removeprefix("file://"))
             if os.path.exists(self.uri) and not os.path.isdir(self.uri):
@@ -189,6 +94,12 @@ class Store:
         self.fs, self.root = filesystem_for(self.uri)
 
     # --- paths -------------------------------------------------------------------------------------------
+    @property
+    def location(self) -> str:
+        """The store's resolved location (its real path, or the normalised ``s3://bucket/prefix``): what its
+        locks are keyed by."""
+        return resolved_location(self.uri)
+
     def table_uri(self, name: str) -> str:
         return f"{self.uri}/{name}"
 
@@ -236,10 +147,11 @@ class Store:
         """
         with self._pinned_lock:
             pinned = self._pinned.get(name)
+        table: DeltaTable | None
         if version is not None and pinned is not None and pinned[0] == version:
             table = pinned[1]
         else:
-            table = self.open(name, version)  # type: ignore[assignment]
+            table = self.open(name, version)
             if table is None:
                 return None
         with self._pinned_lock:  # a DeltaTable object is used by one thread at a time
@@ -293,6 +205,7 @@ class Store:
         table = self.open(name)
         if table is not None:
             return table
+        holder.ensure_held(self.location)  # creating a table is a commit too
         try:
             return DeltaTable.create(
                 self.table_uri(name),
@@ -301,95 +214,17 @@ class Store:
                 storage_options=self._options or None,
                 name=name,
             )
-        except Exception:
+        except (OSError, DeltaError) as exc:
             table = self.open(name)  # another process created it first
             if table is None:
-                raise
+                raise RetryableIOError(f"creating table {name!r} in {self.uri} failed: {describe_error(exc)}") from exc
             return table
 
     def write_files(self, name: str, batches: Iterable[pa.RecordBatch], dry_run: bool = False) -> PendingCommit:
-        """Stream ``batches`` into new Parquet files of table ``name`` (invisible until committed).
-
-        Memory is bounded by one batch plus the Parquet writer's buffers. Returns a :class:`PendingCommit`;
-        nothing is visible to readers until its :meth:`PendingCommit.commit`.
-        """
-        schema = TABLES[name]
-        pending = PendingCommit(self, name, dry_run=dry_run)
-        writer: pq.ParquetWriter | None = None
-        current: str | None = None
-        current_rows = current_bytes = 0
-        table_dir = self.table_path(name)
-        if not dry_run:
-            self.ensure(name)
-
-        def close_current() -> None:
-            nonlocal writer, current, current_rows, current_bytes
-            if writer is None or current is None:
-                return
-            writer.close()
-            size = self.fs.get_file_info(f"{table_dir}/{current}").size
-            stats = json.dumps({"numRecords": current_rows})
-            pending.adds.append(AddAction(current, size, {}, int(time.time() * 1000), True, stats))
-            pending.bytes += size
-            writer, current, current_rows, current_bytes = None, None, 0, 0
-
-        def write_one(batch: pa.RecordBatch) -> None:
-            nonlocal writer, current, current_rows, current_bytes
-            if writer is None:
-                current = f"part-{uuid.uuid4().hex}.zstd.parquet"
-                # given a path, the writer owns its stream and closes it (an S3 upload completes on close)
-                writer = pq.ParquetWriter(
-                    f"{table_dir}/{current}", schema, filesystem=self.fs, **parquet_options(schema)
-                )
-            writer.write_batch(batch)
-            current_rows += batch.num_rows
-            current_bytes += batch.nbytes
-            if current_bytes >= TARGET_FILE_BYTES:
-                close_current()
-
-        # Encoding and compression (C++, outside the GIL) run on a writer thread while the caller's generator
-        # produces the next batch; the queue holds at most two batches, so memory stays bounded.
-        handoff: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=2)
-        failure: list[BaseException] = []
-
-        def drain() -> None:
-            try:
-                while (batch := handoff.get()) is not None:
-                    if not failure:
-                        write_one(batch)
-                close_current()
-            except BaseException as exc:  # reported to the caller below
-                failure.append(exc)
-                while handoff.get() is not None:  # keep the producer unblocked
-                    pass
-
-        thread = threading.Thread(target=drain, name=f"prl-write-{name}", daemon=True)
-        if not dry_run:
-            thread.start()
-        try:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                if batch.schema != schema:
-                    batch = pa.RecordBatch.from_arrays(
-                        [batch.column(n).cast(schema.field(n).type) for n in schema.names], schema=schema
-                    )
-                pending.rows += batch.num_rows
-                if dry_run or failure:
-                    continue
-                handoff.put(batch)
-        finally:
-            if not dry_run:
-                handoff.put(None)
-                thread.join()
-            if writer is not None:  # an exception mid-file: the stray file is never added to the log
-                writer.close()
-        if failure:
-            exc = failure[0]
-            if isinstance(exc, OSError):
-                raise RetryableIOError(f"writing {name} in {self.uri} failed: {exc}") from exc
-            raise exc
-        return pending
+        """Stream ``batches`` into new Parquet files of table ``name`` (invisible until committed; see
+        :func:`prl.store.writer.write_files`). Nothing is visible to readers until the returned
+        :meth:`PendingCommit.commit`."""
+        return write_files(self, name, batches, dry_run=dry_run)
 
     def commit(
         self,
@@ -403,10 +238,10 @@ class Store:
         :meth:`PendingCommit.commit`)."""
         return self.write_files(name, batches, dry_run=dry_run).commit(metadata, transactions)
 
-    def committed_version(self, name: str, commit_id: str, window: int = 256) -> int | None:
+    def committed_version(self, name: str, commit_id: str, window: int = 256, exact: bool = False) -> int | None:
         """The version of table ``name`` whose commit carries ``prl.commit_id``: the newest ``window`` commit
         files are read from the newest down (other writers may have committed after it; ``history()`` numbers
-        entries unreliably while the log grows)."""
+        entries unreliably while the log grows). Not found: the latest version, or None when ``exact``."""
         table = self.open(name)
         if table is None:
             return None
@@ -419,21 +254,4 @@ class Store:
                         return version
             except FileNotFoundError:
                 continue
-        return latest
-
-    def commit_info(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
-        """Commit infos, newest first, with ``prl.*`` metadata decoded from JSON."""
-        table = self.open(name)
-        if table is None:
-            return []
-        out = []
-        for entry in table.history(limit):
-            decoded = dict(entry)
-            for key, value in entry.items():
-                if key.startswith("prl.") and isinstance(value, str):
-                    try:
-                        decoded[key] = json.loads(value)
-                    except ValueError:
-                        pass
-            out.append(decoded)
-        return out
+        return None if exact else latest

@@ -131,3 +131,15 @@ def test_a_run_whose_lock_was_taken_over_after_a_stall_commits_nothing(s3, proxy
         "run_id"
     ] == (thief.run_id)  # the loser left the new holder's lock alone
     thief.release()
+
+
+def test_lock_writes_whose_answers_are_lost_keep_the_lock(s3, proxy, tmp_path):  # noqa: F811
+    data = fresh_input(tmp_path)
+    store_uri = s3.url("store")
+    # the put that takes the lock, its retry, and the beat before the first commit: each applied, answer lost
+    fault = proxy.add(Fault("PUT", r"/_locks/ingest\.lock$", "drop_answer", times=3))
+    code, summary = ingest(data, store_uri, environ_for(proxy.url))
+    assert len(fault.hits) == 3
+    assert (code, summary["samples"]) == (0, len(data.good)), summary
+    assert_ingested_once(Store(store_uri), data)
+    assert s3.keys("store/_locks/") == []  # released: the delete went to the lock's last ETag

@@ -151,15 +151,12 @@ class S3Lock:
                 if current is None:
                     continue  # released between our put and our read
                 info, stale_etag, age = current
-                if age <= self.stale_after:
+                if info.get("run_id") == self.run_id:
+                    etag = stale_etag  # our own put landed and its answer was lost: the lock is ours
+                elif age <= self.stale_after:
                     raise LockedError(holder.held_message(self.step, info, self.path))
-                log.warning(
-                    "taking over the stale %s lock of %s (no heartbeat for %.0f s)",
-                    self.step,
-                    info.get("holder", "unknown holder"),
-                    age,
-                )
-                etag = self._put("taking over", IfMatch=stale_etag)  # only the first breaker's condition holds
+                else:
+                    etag = self._take_over(info, stale_etag, age)
                 if etag is None:
                     continue
             self._etag = etag
@@ -167,6 +164,17 @@ class S3Lock:
             self._heartbeat.start()
             return
         raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
+
+    def _take_over(self, info: dict[str, Any], stale_etag: str, age: float) -> str | None:
+        """Replace the stale lock judged by its ETag; our new ETag, or None when another breaker (or its
+        holder's heartbeat) came first."""
+        log.warning(
+            "taking over the stale %s lock of %s (no heartbeat for %.0f s)",
+            self.step,
+            info.get("holder", "unknown holder"),
+            age,
+        )
+        return self._put("taking over", IfMatch=stale_etag)  # only the first breaker's condition holds
 
     def heartbeat(self) -> bool:
         """Refresh the lock's ``LastModified`` now; False when the lock was taken over (see :attr:`lost`). A
@@ -184,11 +192,20 @@ class S3Lock:
                 return False
             etag = self._put("refreshing", IfMatch=self._etag)
             if etag is None:
+                etag = self._own_etag()  # a retried beat meets the ETag its lost answer carried
+            if etag is None:
                 self.lost = True
                 log.error("the %s lock at %s was taken over by another run", self.step, self.path)
                 return False
             self._etag = etag
             return True
+
+    def _own_etag(self) -> str | None:
+        """The lock's ETag when it still names this run (no other run writes our run id), else None."""
+        current = self._read()
+        if current is None or current[0].get("run_id") != self.run_id:
+            return None
+        return current[1]
 
     def still_held(self) -> bool:
         """Whether this run still holds the lock, asked of S3 now (a beat): False once it was taken over. S3

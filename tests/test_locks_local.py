@@ -181,3 +181,17 @@ def test_two_builds_into_one_out_spelled_two_ways_never_run_at_once(tmp_path):
         for spelling in (tmp_path / "out-link", f"{out}/", f"{tmp_path}//out"):
             with pytest.raises(LockedError, match=held.run_id):
                 build_shards(Store(store), str(spelling))
+
+
+def test_a_read_only_store_names_the_read_only_filesystem(tmp_path):
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(RetryableIOError, match=r"cannot take the ingest lock at .*Read-only file system"):
+            lock_for(str(mount), "ingest").acquire()
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

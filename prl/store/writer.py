@@ -115,7 +115,13 @@ class PendingCommit:
         except (OSError, DeltaError) as exc:
             version = self._own_commit_after(exc, commit_id)
         else:
-            version = self.store.committed_version(self.table, commit_id)
+            try:
+                version = self.store.committed_version(self.table, commit_id)
+            except OSError as exc:  # committed; a rerun finds it (ledger, txn) and adds nothing
+                raise RetryableIOError(
+                    f"committed to {self.table} in {self.store.uri}, then reading its version failed: "
+                    f"{describe_error(exc)}"
+                ) from exc
         return CommitResult(self.table, version, self.rows, len(self.adds), self.bytes)
 
     def _own_commit_after(self, exc: OSError | DeltaError, commit_id: str) -> int:

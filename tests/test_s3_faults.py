@@ -14,6 +14,7 @@ import pytest
 from prl.errors import ExitCode
 from prl.store.s3lock import S3Lock
 from prl.store.tables import Store
+from tests.checks_helpers import tokenizer_dir
 from tests.faulty_proxy import Fault, FaultyProxy
 from tests.pipeline_helpers import REPO, GrowingInput, prl_argv, read_table
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
@@ -143,3 +144,31 @@ def test_lock_writes_whose_answers_are_lost_keep_the_lock(s3, proxy, tmp_path): 
     assert (code, summary["samples"]) == (0, len(data.good)), summary
     assert_ingested_once(Store(store_uri), data)
     assert s3.keys("store/_locks/") == []  # released: the delete went to the lock's last ETag
+
+
+def run_prl_json(args: list[str], env: dict[str, str]) -> tuple[int, dict]:
+    """Any prl command with ``--json`` in its own process: its exit code and its one JSON object."""
+    proc = subprocess.run(prl_argv(*args, "--json"), env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
+    assert json.loads(lines[0])["exit_code"] == proc.returncode
+    return proc.returncode, json.loads(lines[0])
+
+
+@pytest.mark.parametrize("table", ["rewards", "checks"])
+def test_side_table_and_check_commits_whose_answers_are_lost_end_normally(s3, proxy, tmp_path, table):  # noqa: F811
+    data = GrowingInput(tmp_path / "in", files=1, seed=5, bad_every=1000, real_text=True)
+    data.grow(12)
+    store_uri = s3.url("store")
+    assert ingest(data, store_uri, environ_for(s3.endpoint))[0] == 0  # traces, straight to S3
+    if table == "rewards":
+        args = ["ingest", str(data.rewards_path), "--store", store_uri, "--kind", "rewards"]
+    else:
+        args = ["check-tokens", "--store", store_uri, "--tokenizer", tokenizer_dir()]
+    fault = proxy.add(Fault("PUT", rf"/{table}{COMMIT}", "drop_answer"))
+    code, summary = run_prl_json(args, environ_for(proxy.url))
+    assert len(fault.hits) == 1 and code == 0, summary
+    rows = read_table(Store(store_uri), table, ["sample_id"])["sample_id"].to_list()
+    assert sorted(rows) == sorted(data.good)  # once each
+    code, again = run_prl_json(args, environ_for(proxy.url))  # nothing new, nothing twice
+    assert code == 0 and read_table(Store(store_uri), table, ["sample_id"]).height == len(data.good), again

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 
 from prl.cli import app
 from prl.store import writer
-from prl.store.locks import lock_for
+from prl.store.locks import lock_for, step_name
 from prl.store.tables import Store
 from tests.pipeline_helpers import GrowingInput, read_table
 from tests.s3_server import moto_endpoint, s3  # noqa: F401
@@ -233,3 +233,30 @@ def test_a_full_disk_at_many_levels_is_exit_5_never_a_hang(small_disk, tmp_path)
         assert_exactly_once(Store(store), data)
         shutil.rmtree(store)
     assert {"writing traces", "cannot take the ingest lock"} <= met, met
+
+
+@pytest.mark.slow
+def test_build_shards_on_a_full_disk_is_exit_5_never_a_hang(small_disk, tmp_path):
+    data = fresh_input(tmp_path, records=300)
+    store = str(tmp_path / "store")
+    for command in COMMANDS.values():
+        assert invoke(command(data, store))[0] == 0
+    out = str(small_disk / "out")
+    build = ["build-shards", "--store", store, "--out", out, "--set", "require_checks=false"]
+    codes = []
+    for leave in range(0, 280_000, 40_000):  # spill, shard files, manifest: each meets the full disk somewhere
+        ballast = fill(small_disk, leave)
+        code, summary = invoke(build)
+        codes.append(code)
+        assert code in (0, 5), summary
+        if code == 5:
+            assert NO_SPACE in summary["error"], summary
+        os.unlink(ballast)
+        assert_unlocked(store, step_name("build-shards", out))
+        if code == 0:
+            assert invoke(["verify", out])[0] == 0
+        shutil.rmtree(out, ignore_errors=True)
+    assert 5 in codes, codes
+    code, summary = invoke(build)  # room again: the build completes and its set verifies
+    assert code == 0, summary
+    assert invoke(["verify", out])[0] == 0

@@ -183,6 +183,66 @@ def check_tokens_cmd(
     )
 
 
+@app.command("score-ref")
+def score_ref_cmd(
+    store: StoreOpt,
+    ref_model: Annotated[
+        str, typer.Option("--ref-model", help="Name recorded as ref_model; samples scored for it are skipped.")
+    ],
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="Server URL: vLLM (http://host:8000, …/v1/completions) or SGLang (…/generate). Bearer token "
+            "from PRL_REF_API_KEY or OPENAI_API_KEY.",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="Local transformers model folder (needs the prl[ref] extra).")
+    ] = None,
+    backend: Annotated[
+        str, typer.Option("--backend", help="auto, vllm or sglang (auto: a URL ending in /generate is SGLang).")
+    ] = "auto",
+    served_model: Annotated[
+        str | None, typer.Option("--served-model", help="vLLM: the request's model field (default: none sent).")
+    ] = None,
+    batch_tokens: Annotated[
+        int,
+        typer.Option("--batch-tokens", help="Tokens per committed batch; local model: padded tokens per forward pass."),
+    ] = 16384,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Endpoint requests in flight.")] = 8,
+    retries: Annotated[int, typer.Option("--retries", help="Retries per request on 429/5xx/timeouts.")] = 5,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per endpoint request.")] = 120.0,
+    max_quarantine_rate: Annotated[
+        float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
+    ] = 0.05,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compute reference-model logprobs of every sampled token (token IDs in, never text) for samples lacking them."""
+    from prl.report.score import render_score
+    from prl.score.run import score_ref
+
+    _run(
+        lambda: score_ref(
+            store,
+            ref_model,
+            endpoint=endpoint,
+            model=model,
+            backend=backend,
+            served_model=served_model,
+            batch_tokens=batch_tokens,
+            concurrency=concurrency,
+            retries=retries,
+            timeout=timeout,
+            max_quarantine_rate=max_quarantine_rate,
+            dry_run=dry_run,
+        ),
+        lambda r: render_score(r, report.stdout),
+        as_json,
+    )
+
+
 def _shard_options(recipe: str | None, overrides: list[str]) -> Any:
     """``[shards]`` of a TOML recipe, then ``KEY=VALUE`` overrides, validated by ``ShardOptions``."""
     import tomllib

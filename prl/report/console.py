@@ -214,6 +214,10 @@ def _headline(step: str, s: dict[str, Any]) -> str:
             f"{s.get('checked', 0):,} checked ({', '.join(f'{k} {v:,}' for k, v in verdicts.items())}); "
             f"drift rate {s.get('drift_rate', 0):.2%}"
         )
+    if step == "score_ref":
+        from prl.report.score import headline
+
+        return headline(s)
     if step == "shards":
         return (
             f"{s.get('status')}: {s.get('rows', 0):,} samples, {s.get('tokens', 0):,} tokens in "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -101,6 +102,10 @@ class EndpointClient:
         limits = httpx2.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self._client = httpx2.Client(headers=headers, timeout=timeout, limits=limits)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="prl-score")
+        self._down = threading.Event()
+        """Set once a request ran out of retries: the requests still queued stop without trying."""
+        self._down_reason = ""
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -132,6 +137,8 @@ class EndpointClient:
         body = orjson.dumps(payload(request))
         attempt = 0
         while True:
+            if self._down.is_set():
+                raise RetryableIOError(self._down_reason)
             problem, wait_hint = self._post(body)
             if isinstance(problem, httpx2.Response):
                 status = problem.status_code
@@ -151,10 +158,15 @@ class EndpointClient:
                     return Quarantined("endpoint_rejected", f"HTTP {status}: {_excerpt(problem)}")
                 problem = f"HTTP {status}"
             if attempt >= self.retry.retries:
-                raise RetryableIOError(
+                reason = (
                     f"{self.source} is unavailable: {problem} after {attempt + 1} attempts; "
                     "committed batches are kept, rerun to score the rest"
                 )
+                with self._lock:
+                    if not self._down.is_set():
+                        self._down_reason = reason
+                        self._down.set()
+                raise RetryableIOError(self._down_reason)
             delay = self.retry.delay(attempt, wait_hint)
             log.info("%s: %s; retrying in %.1fs", self.source, problem, delay)
             time.sleep(delay)

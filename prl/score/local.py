@@ -5,8 +5,9 @@ transformers itself implements, nothing fetched from a hub. On a CUDA device the
 float32; log-softmax is always taken in float32.
 
 Batches are packed by length: requests are sorted longest first and cut into micro-batches whose padded size
-``rows × longest`` stays within ``batch_tokens``, so the activations of one forward pass are bounded by it (and
-the logits by ``rows × longest completion × vocabulary × 4`` bytes: only completion positions are kept). Rows
+``rows × longest`` stays within ``batch_tokens``, so the activations of one forward pass are bounded by it; the
+logits, kept only at completion positions, are bounded to ``LOGITS_BYTES`` (rows × longest completion ×
+vocabulary × 4 bytes). Rows
 are left-padded with explicit position IDs, so every row sees exactly what an unpadded forward pass would.
 
 A request that cannot be scored is quarantined: ``empty_prompt`` (no token precedes the first completion token),
@@ -26,6 +27,9 @@ from prl.errors import UsageError
 from prl.formats.base import Quarantined
 from prl.score.base import Outcome, ScoreRequest, answer_empty, completion_logprobs
 
+LOGITS_BYTES = 1 << 30
+"""Float32 logits one forward pass may keep (rows × longest completion × vocabulary × 4 bytes)."""
+
 
 def _torch() -> Any:
     try:
@@ -35,16 +39,25 @@ def _torch() -> Any:
     return torch
 
 
-def pack(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Indices into ``lengths`` grouped into micro-batches, longest first, each with ``len × max length ≤
-    batch_tokens`` (a single length above ``batch_tokens`` is the caller's to refuse)."""
+def pack(
+    lengths: Sequence[int], batch_tokens: int, completions: Sequence[int] | None = None, max_positions: int = 0
+) -> list[list[int]]:
+    """Indices into ``lengths`` grouped into micro-batches, longest first, each with ``rows × longest ≤
+    batch_tokens`` and, when ``completions`` and ``max_positions`` are given, ``rows × longest completion ≤
+    max_positions`` (the logits kept). A single request above a bound is the caller's to refuse."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     batches: list[list[int]] = []
+    widest = 0
     for index in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
-            batches[-1].append(index)
-        else:
-            batches.append([index])
+        width = completions[index] if completions is not None else 0
+        if batches:
+            rows, longest, kept = len(batches[-1]) + 1, lengths[batches[-1][0]], max(widest, width)
+            if rows * longest <= batch_tokens and (not max_positions or rows * kept <= max_positions):
+                batches[-1].append(index)
+                widest = kept
+                continue
+        batches.append([index])
+        widest = width
     return batches
 
 
@@ -67,13 +80,14 @@ class LocalBackend:
         self.dtype = torch.bfloat16 if self.device.startswith("cuda") else torch.float32
         major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
         dtype_key = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # renamed in transformers 4.56
+        model: Any
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 path, trust_remote_code=False, local_files_only=True, **{dtype_key: self.dtype}
             )
         except (OSError, ValueError) as exc:
             raise UsageError(f"--model {path}: cannot load it with transformers: {exc}") from exc
-        self.model = model.to(self.device).eval()
+        self.model: Any = model.to(self.device).eval()
         self.source = os.path.abspath(path)
         self.batch_tokens = batch_tokens
         config = model.config
@@ -90,7 +104,9 @@ class LocalBackend:
     def _score_nonempty(self, requests: list[ScoreRequest]) -> list[Outcome]:
         outcomes: list[Outcome | None] = [self._refusal(r) for r in requests]
         ready = [i for i, o in enumerate(outcomes) if o is None]
-        for group in pack([requests[i].tokens for i in ready], self.batch_tokens):
+        lengths = [requests[i].tokens for i in ready]
+        completions = [len(requests[i].completion_ids) + 1 for i in ready]
+        for group in pack(lengths, self.batch_tokens, completions, LOGITS_BYTES // (4 * self.vocab_size)):
             rows = [ready[g] for g in group]
             for index, values in zip(rows, self._forward([requests[i] for i in rows])):
                 outcomes[index] = completion_logprobs(values, requests[index])

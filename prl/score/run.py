@@ -32,7 +32,7 @@ from prl.errors import ExitCode, UsageError
 from prl.formats.base import Quarantined
 from prl.ingestion.traces import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.schema import REF_LOGPROBS
-from prl.score.base import Backend, Outcome, ScoreRequest
+from prl.score.base import Backend, ScoreRequest
 from prl.score.http import public_url
 from prl.store.locks import holding
 from prl.store.tables import Store

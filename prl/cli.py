@@ -315,12 +315,12 @@ def run_cmd(
     recipe: Annotated[str, typer.Argument(help="TOML recipe (see docs/recipes.md).")],
     only: Annotated[
         list[str] | None,
-        typer.Option("--only", help="Run only this step: ingest, rewards, ref, check, shards (repeatable)."),
+        typer.Option("--only", help="Run only this step: ingest, rewards, ref, check, score_ref, shards (repeatable)."),
     ] = None,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the steps a recipe names (ingest → rewards → ref → check → shards), incrementally; what cron calls."""
+    """Run the steps a recipe names (ingest, rewards, ref, check, score_ref, shards) incrementally: what cron calls."""
     from prl.pipeline.runner import run
 
     _run(lambda: run(recipe, dry_run=dry_run, steps=only), report.render_run, as_json)

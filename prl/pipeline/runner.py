@@ -1,13 +1,13 @@
 """``prl run RECIPE``: the steps a recipe names, in order, incrementally — what cron calls.
 
-ingest → rewards → ref → check → shards. Each step is the library call its command makes, and each commits
+ingest → rewards → ref → check → score_ref → shards. Each step is the library call its command makes, and each commits
 atomically on its own (Delta commits for the store tables, rename-published shard sets), so a run killed at any
 instant keeps what its finished commits wrote and the next run picks up the rest: files already in the ingest
 ledger are skipped, checked samples are not checked again, shipped samples are not shipped again.
 
 Locks: the whole run holds the store's ``run`` lock, so a second ``prl run`` on the same store exits 3 at once,
 naming the holder; each writing step also takes its own lock (``ingest``, ``ingest-rewards``,
-``ingest-ref_logprobs``, ``check-tokens``, ``build-shards-<OUT digest>``), so hand-run commands cannot collide with
+``ingest-ref_logprobs``, ``check-tokens``, ``score-ref``, ``build-shards-<OUT digest>``), so hand-run commands cannot collide with
 a run either. A dry run takes no lock and writes nothing.
 
 Exit code of a run: when a step fails (locked, bad configuration, I/O trouble) or the run is interrupted, the run
@@ -158,6 +158,28 @@ def check_tokens_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
     )
 
 
+def score_ref_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
+    """The ``[score_ref]`` step: :func:`prl.score.run.score_ref`, which holds the store's ``score-ref`` lock."""
+    from prl.score.run import score_ref
+
+    section = recipe.score_ref
+    assert section is not None
+    return score_ref(
+        store,
+        section.ref_model,
+        endpoint=section.endpoint,
+        model=section.model,
+        backend=section.backend,
+        served_model=section.served_model,
+        batch_tokens=section.batch_tokens,
+        concurrency=section.concurrency,
+        retries=section.retries,
+        timeout=section.timeout,
+        max_quarantine_rate=section.max_quarantine_rate,
+        dry_run=dry_run,
+    )
+
+
 def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:
     from prl.shards.build import build_shards
 
@@ -170,6 +192,7 @@ STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], Any]] = {
     "rewards": _side("rewards"),
     "ref": _side("ref"),
     "check": check_tokens_step,
+    "score_ref": score_ref_step,
     "shards": _shards,
 }
 """Step name → ``fn(recipe, store, dry_run) -> result with exit_code and to_json()``."""
@@ -226,4 +249,4 @@ def _run_steps(recipe: Recipe, store: Store, chosen: tuple[str, ...], dry_run: b
         stopped = step.status != "done"
 
 
-__all__ = ["RunResult", "StepResult", "check_tokens_step", "run"]
+__all__ = ["RunResult", "StepResult", "check_tokens_step", "run", "score_ref_step"]

@@ -46,7 +46,7 @@ SCAN_ROWS = 2048
 class ScoreResult:
     """What one ``prl score-ref`` did. ``input_tokens`` counts prompt + completion tokens sent to the model,
     ``completion_tokens`` the logprobs written; ``tokens_per_second`` is ``input_tokens`` over the scoring time
-    (model and endpoint time, commits included)."""
+    (model and endpoint time, reads and commits included; loading the model, ``load_seconds``, excluded)."""
 
     store: str
     ref_model: str
@@ -60,6 +60,7 @@ class ScoreResult:
     batches: int = 0
     quarantined: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    load_seconds: float = 0.0
     tokens_per_second: float = 0.0
     version: int | None = None
     """The ``ref_logprobs`` table version after the run."""
@@ -116,7 +117,9 @@ def score_ref(
                 result.input_tokens += sum(r.tokens for r in batch)
                 result.completion_tokens += sum(len(r.completion_ids) for r in batch)
         else:
+            loading = time.perf_counter()
             scorer = _open_backend(kind, endpoint, model, served_model, batch_tokens, concurrency, retries, timeout)
+            result.load_seconds = time.perf_counter() - loading
             result.source = scorer.source
             try:
                 for batch in _batches(todo, batch_tokens):
@@ -126,7 +129,8 @@ def score_ref(
                 scorer.close()
         result.version = store.version("ref_logprobs")
     result.seconds = time.perf_counter() - started
-    result.tokens_per_second = result.input_tokens / result.seconds if result.seconds and not dry_run else 0.0
+    scoring = result.seconds - result.load_seconds
+    result.tokens_per_second = result.input_tokens / scoring if scoring > 0 and not dry_run else 0.0
     return result
 
 

@@ -7,6 +7,7 @@ The library API (the ``prl`` command is a thin layer over these; each returns a 
     prl.ingest(["traces/"], "store/")                                  # serving traces → traces / quarantine
     prl.ingest_side_table(["rewards.jsonl"], "store/", kind="rewards")   # rewards / reference logprobs
     prl.check_tokens(prl.Store("store/"), "path/to/tokenizer.json")     # verdicts → checks
+    prl.score_ref("store/", "ref-v1", endpoint="http://vllm:8000")       # reference logprobs → ref_logprobs
     prl.build_shards(prl.Store("store/"), "shards/")                    # Parquet shard sets + manifest
     prl.export_tinker("shards/<set-id>", "datums.jsonl")                # Tinker Datum records
     prl.run("recipes/demo.toml")                                         # every step a recipe names
@@ -26,6 +27,7 @@ _API = {
     "ingest": ("prl.ingestion.traces", "ingest"),
     "ingest_side_table": ("prl.ingestion.side_tables", "ingest_side_table"),
     "check_tokens": ("prl.checks", "check_tokens"),
+    "score_ref": ("prl.score.run", "score_ref"),
     "build_shards": ("prl.shards.build", "build_shards"),
     "ShardOptions": ("prl.shards.options", "ShardOptions"),
     "export_tinker": ("prl.export.tinker", "export_tinker"),

@@ -108,7 +108,9 @@ class EndpointClient:
         self._lock = threading.Lock()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        """Drop queued requests and close the connections (a request still in flight, after an interrupt or a
+        failure, ends with a closed connection instead of holding the process for its timeout)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
     def map(

@@ -65,6 +65,9 @@ class Sample:
     logprobs_mode: str | None = None
     messages: str | None = None
     completion_text: str | None = None
+    rewards: dict[str, Any] | None = None
+    """Reward values the record carries (a rollout dump's ``reward``), name → value as written; ingest puts
+    them in the ``rewards`` table for this sample, validated there."""
 
 
 @dataclass(slots=True)

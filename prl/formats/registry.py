@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from prl.errors import FormatDetectionError, UsageError
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.formats.envelopes import LiteLLMLog, OpenAIBatch, ProxyCapture
+from prl.formats.nemo_gym import NemoGym
 from prl.formats.openai_text import OpenAIText
 from prl.formats.rollouts import PrimeRL, SkyRL, Slime, Verl
 from prl.formats.sglang import SglangGenerate
@@ -19,6 +20,7 @@ FORMATS: list[Format] = [
     OpenAIBatch(),
     ProxyCapture(),
     LiteLLMLog(),
+    NemoGym(),
     VllmChat(),
     VllmCompletions(),
     SglangGenerate(),

@@ -31,6 +31,7 @@ from prl.formats import registry
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.formats.guard import as_quarantined, read_record
 from prl.ingestion.assemble import Located, assemble, record_digest, sample_id_of, validate
+from prl.ingestion.inline_rewards import inline_reward_rows, reward_batches
 from prl.io.sources import LineReader, SourceFile, expand, first_lines, lines_of
 from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
 from prl.store.locks import holding
@@ -172,6 +173,7 @@ class _Deduper:
 class _GroupState:
     quarantine_rows: list[dict[str, Any]] = field(default_factory=list)
     ledger: list[dict[str, Any]] = field(default_factory=list)
+    reward_rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 class _EmptySource(Exception):
@@ -280,6 +282,8 @@ def _ingest_group(
     if state.quarantine_rows:
         rows = new_quarantine_rows(store, state.quarantine_rows)
         store.commit("quarantine", quarantine_batches(rows), dry_run=dry_run)
+    if state.reward_rows:  # rewards the records carry inline: visible no later than their samples
+        store.commit("rewards", reward_batches(state.reward_rows), dry_run=dry_run)
     transactions = {f"prl.source:{SourceFile(r['uri'], r['size'], r['mtime_ns']).identity}": 1 for r in state.ledger}
     pending_traces.commit(metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions)
 
@@ -328,15 +332,17 @@ def _ingest_file(
     tokens = 0
     last_progress = 0
 
-    def quarantine(line: int, raw: bytes, q: Quarantined, sample_id: str | None = None, name: str = fmt.name) -> None:
+    def quarantine(
+        line: int, raw: bytes, q: Quarantined, sample_id: str | None = None, name: str = fmt.name, table: str = "traces"
+    ) -> None:
         counts[q.reason] += 1
-        state.quarantine_rows.append(quarantine_row(src.uri, line, name, raw, q, now_ms, sample_id))
+        state.quarantine_rows.append(quarantine_row(src.uri, line, name, raw, q, now_ms, sample_id, table))
 
     def flush() -> Iterator[pa.RecordBatch]:
         nonlocal rows, raws, tokens
         if not rows:
             return
-        batch = _dedup_and_assemble(rows, raws, dedup, report, quarantine, now_ms)
+        batch = _dedup_and_assemble(rows, raws, dedup, report, quarantine, now_ms, state.reward_rows)
         rows, raws, tokens = [], [], 0
         if batch is not None:
             yield batch
@@ -424,6 +430,7 @@ def _dedup_and_assemble(
     report: FileReport,
     quarantine: Callable[..., None],
     now_ms: int,
+    reward_rows: list[dict[str, Any]],
 ) -> pa.RecordBatch | None:
     ids = [sample_id_of(r.sample) for r in rows]
     digests = [record_digest(r.sample) for r in rows]
@@ -451,6 +458,13 @@ def _dedup_and_assemble(
     if not keep:
         return None
     kept = [rows[i] for i in keep]
+    for i in keep:
+        try:
+            reward_rows.extend(
+                inline_reward_rows(rows[i].sample, ids[i], rows[i].source_uri, rows[i].source_line, now_ms)
+            )
+        except Quarantined as q:  # the sample lands; its unreadable reward is quarantined in the rewards table
+            quarantine(rows[i].source_line, raws[i], q, ids[i], table="rewards")
     report.samples += len(kept)
     report.prompt_tokens += sum(len(r.sample.prompt_token_ids) for r in kept)
     report.completion_tokens += sum(len(r.sample.completion_token_ids) for r in kept)

@@ -97,3 +97,15 @@ def test_streamed_body_in_a_proxy_capture():
 )
 def test_bad_shapes(fmt, record, reason):
     assert reason_of(fmt, record) == reason
+
+
+def test_older_run_batch_layout_holds_the_completion_itself():
+    from prl.formats.base import ParseOptions
+    from prl.formats.registry import by_name
+    from tests.records import vllm_chat
+
+    completion = vllm_chat("chatcmpl-old", P2, [(C2, [-0.5, -0.25])])
+    record = {"id": "vllm-1", "custom_id": "request-1", "response": completion, "error": None}
+    (s,) = by_name("openai_batch").parse(record, ParseOptions())
+    assert (s.request_id, s.completion_token_ids.to_pylist()) == ("chatcmpl-old", C2)
+    assert s.completion_logprobs.to_pylist() == [-0.5, -0.25]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from prl.formats.base import ParseOptions
+from prl.formats.base import ParseOptions, Quarantined
 from prl.formats.fields import derived_request_id
+from prl.formats.prime_rl import PrimeRL
 from prl.formats.registry import detect_file
-from prl.formats.rollouts import PrimeRL, SkyRL, Slime, Verl
+from prl.formats.rollouts import SkyRL, Slime, Verl
 from tests.formats_helpers import C1, C2, FIXTURES, L1, P1, P2, lines_of, parse_file, reason_of, reasons, samples
 
 ID1 = "sha256:d494852903234ef5ca5573692aecd729"
@@ -61,12 +64,60 @@ def test_skyrl_batch_and_row():
     assert c.prompt_token_ids.to_pylist() == P2 and c.completion_mask.to_pylist() == [True, True]
 
 
-def test_prime_rl_nested_and_flat():
-    nested, flat = samples(parse_file("prime_rl", "rollouts/prime_rl.jsonl"))
-    assert nested.finish_reason == "stop"
-    assert nested.completion_logprobs.to_pylist() == L1
-    assert nested.messages == '[{"role":"user","content":"What is 2+2?"}]'
-    assert flat.finish_reason == "length"  # is_truncated
+def test_prime_rl_episode_calls_are_turns_with_exact_prompts():
+    items = parse_file("prime_rl", "rollouts/prime_rl.jsonl")
+    first, second = samples(items)
+    assert [(s.request_id, s.session_id, s.turn, s.finish_reason, s.policy_version) for s in (first, second)] == [
+        ("3f2a9c1e/0", "3f2a9c1e", 0, "stop", "11"),
+        ("3f2a9c1e/1", "3f2a9c1e", 1, "stop", "11"),
+    ]
+    assert first.prompt_token_ids.to_pylist() == P1  # the user node + the assistant node's scaffold
+    assert first.completion_token_ids.to_pylist() == C1 and first.completion_logprobs.to_pylist() == L1
+    # turn 1 sees everything before it: turn 0's prompt and completion, the user node, the scaffold
+    assert second.prompt_token_ids.to_pylist() == [*P1, *C1, 128803, 5, 6, 7, 128804]
+    assert second.completion_token_ids.to_pylist() == [25, 16, 1]
+    assert second.completion_logprobs.to_pylist() == [-0.25, -0.5, -0.125]
+    assert first.rewards == {"correct": 1.0, "format": 0.1}  # score × weight; "judge" did not run
+    assert first.messages == '[{"role":"user","content":"What is 2+2?"}]'
+    assert (first.created_at_ms, first.model) == (1767225600600, "deepseek-v4")
+    assert reasons(items) == [(2, "upstream_error")]
+    (_, failed), *_ = [item for item in items if item[0] == 2]
+    assert "SandboxError: sandbox timed out" in failed.message
+
+
+def test_prime_rl_non_trainable_agent_and_bad_masks():
+    record = json.loads((FIXTURES / "rollouts/prime_rl.jsonl").read_text().splitlines()[0])
+    record["traces"][0]["agent"]["trainable"] = False
+    assert [q.reason for q in PrimeRL().parse(record, ParseOptions())] == ["not_trainable"]
+    record["traces"][0]["agent"]["trainable"] = True
+    record["traces"][0]["nodes"][3]["mask"] = [True, False, True, True]
+    items = PrimeRL().parse(record, ParseOptions())
+    assert [getattr(i, "reason", "sample") for i in items] == ["sample", "bad_mask"]
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"input": "user: 2+2?", "output": "4", "gts": "4", "score": 1.0, "step": 3, "acc": 1.0},
+        {
+            "input_prompt": "<|im_start|>user 2+2?",
+            "output_response": "4<|im_end|>",
+            "score": [0.0, 1.0],
+            "stop_reason": "stop",
+            "env_class": "gsm8k",
+            "env_extras": {},
+            "data_source": "gsm8k",
+        },
+    ],
+)
+def test_text_only_framework_dumps_are_no_token_ids(record):
+    from prl.formats.registry import detect_record
+
+    fmt = detect_record(record)
+    assert fmt is not None and fmt.name == "rl_text_dump"
+    with pytest.raises(Quarantined) as info:
+        fmt.parse(record, ParseOptions())
+    assert info.value.reason == "no_token_ids"
 
 
 def test_identical_group_members_stay_distinct_and_rereads_are_stable():
@@ -156,10 +207,12 @@ def test_identical_group_members_stay_distinct_and_rereads_are_stable():
             },
             "no_logprobs",
         ),
+        (PrimeRL(), {"task": {}, "ok": True, "traces": [{"id": "t", "nodes": [], "calls": []}]}, "no_token_ids"),
+        (PrimeRL(), {"task": {}, "ok": True, "traces": [{"nodes": [], "calls": [{"node": 0}]}]}, "missing_request_id"),
         (
             PrimeRL(),
-            {"prompt_ids": [1], "completion_ids": [2], "completion_logprobs": [-1.0]},
-            "missing_finish_reason",
+            {"task": {}, "ok": True, "traces": [{"id": "t", "nodes": [], "calls": [{"node": 3}]}]},
+            "bad_shape",
         ),
     ],
 )

@@ -16,7 +16,7 @@ def test_detected():
 def test_details_prefill_top_tokens_and_best_of():
     items = parse_file("tgi", "tgi/tgi.jsonl")
     main, best_of, plain = samples(items)
-    assert main.request_id == best_of.request_id == "sha256:66e2bc979151953d6c140f70bdfdf09a"
+    assert main.request_id == best_of.request_id == "sha256:277b7fbb5333ec62c524d2ff1543550b"
     assert (main.choice_index, main.finish_reason) == (0, "stop")  # eos_token
     assert main.prompt_token_ids.to_pylist() == P1
     assert main.completion_token_ids.to_pylist() == C1
@@ -59,3 +59,27 @@ def _record(**details):
 )
 def test_bad_shapes(record, reason):
     assert reason_of(Tgi(), record) == reason
+
+
+def test_seq2seq_record_is_encoder_decoder():
+    assert reasons(parse_file("tgi", "tgi/t5_seq2seq.jsonl")) == [(1, "encoder_decoder")]
+
+
+def test_openai_route_with_empty_id_is_no_token_ids(store):
+    from prl.ingestion.traces import ingest
+
+    result = ingest([str(FIXTURES / "tgi/openai_completion.jsonl")], store, max_quarantine_rate=None)
+    assert result.quarantined == {"no_token_ids": 1}  # not missing_request_id: there is nothing to fix but IDs
+
+
+def test_completion_text_never_holds_the_prompt():
+    import json
+
+    from prl.formats.base import ParseOptions
+    from prl.formats.tgi import Tgi
+
+    record = json.loads((FIXTURES / "tgi/tgi.jsonl").read_text().splitlines()[0])
+    record["generated_text"] = "What is 2+2?" + record["generated_text"]  # return_full_text: true
+    record["details"]["best_of_sequences"] = []
+    (main,) = Tgi().parse(record, ParseOptions())
+    assert main.completion_text == "The answer is 4."

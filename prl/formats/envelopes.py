@@ -7,7 +7,9 @@ the response does not say (design.md §3):
       {"id": "...", "custom_id": "...", "response": {"status_code": 200, "request_id": "...", "body": {...}},
        "error": null}
 
-  ``error`` set, or a ``status_code`` other than 200, is ``upstream_error``.
+  ``error`` set, or a ``status_code`` other than 200, is ``upstream_error``. vLLM's first ``run_batch``
+  (0.4.x, before ``BatchResponseData``) wrote the completion itself as ``response`` (no ``status_code`` /
+  ``body``): read the same way.
 * proxy captures ``{"request": {...}, "response": {...}}``: either side may be the body itself or an HTTP
   record ``{"body": ..., "status_code": ...}``; a streamed response body (SSE text or a list of chunks) is
   joined like an SSE capture. Timestamps from ``timestamp``/``created_at``/``start_time`` on the envelope or
@@ -93,6 +95,8 @@ class OpenAIBatch(_Envelope):
         if obj.get("error") is not None:
             raise Quarantined("upstream_error", f"batch request failed: {str(obj['error'])[:300]}")
         response = as_dict(obj.get("response"), "response")
+        if "body" not in response and "status_code" not in response and "choices" in response:
+            return dispatch(response, None, options)  # vLLM 0.4 run-batch: the response is the completion itself
         status = response.get("status_code")
         if status != 200:
             raise Quarantined("upstream_error", f"batch response status_code {status!r}")

@@ -308,17 +308,21 @@ def request_side(request: dict[str, Any], created: Any = None) -> RequestSide:
 DERIVED_ID_PREFIX = "sha256:"
 
 
-def derived_request_id(*arrays: pa.Array, salt: str | None = None) -> str:
+def derived_request_id(*arrays: pa.Array, salt: str | None = None, floats: list[pa.Array] | None = None) -> str:
     """A stable request ID for records that carry none (TGI responses, RL rollout dumps):
     ``"sha256:"`` + the first 32 hex digits of a SHA-256 over the records' token IDs, each array as
     little-endian int64 preceded by its length, then ``salt`` (UTF-8) when given. The same tokens (and salt)
     always give the same ID, whatever the JSON formatting; different token sequences give different IDs.
-    ``salt`` holds whatever tells apart samples whose tokens coincide (a rollout's index, a batch row)."""
+    ``salt`` holds whatever tells apart samples whose tokens coincide (a rollout's index, a batch row);
+    ``floats`` (logprobs, as little-endian float64, NaN for null) are hashed after the IDs when given."""
     digest = hashlib.sha256()
     for array in arrays:
         values = np.asarray(array.to_numpy(zero_copy_only=False), dtype="<i8")
         digest.update(np.int64(len(values)).astype("<i8").tobytes())
         digest.update(values.tobytes())
+    for values in floats or []:  # logprobs: records that differ only in them are different samples
+        data = np.asarray(values.to_numpy(zero_copy_only=False), dtype="<f8")
+        digest.update(b"f" + np.int64(len(data)).astype("<i8").tobytes() + data.tobytes())
     if salt is not None:
         digest.update(salt.encode("utf-8", errors="surrogatepass"))
     return DERIVED_ID_PREFIX + digest.hexdigest()[:32]

@@ -17,6 +17,7 @@ rows is assembled (and take the whole batch with it) is caught on its own record
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any
 
@@ -24,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
+from prl.formats.fields import DERIVED_ID_PREFIX
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
@@ -46,12 +48,16 @@ def as_quarantined(exc: BaseException) -> Quarantined:
     return Quarantined("parse_error", text)
 
 
-def read_record(fmt: Format, obj: Any, options: ParseOptions) -> tuple[str, list[Sample | Quarantined]]:
+def read_record(
+    fmt: Format, obj: Any, options: ParseOptions, position: str | None = None
+) -> tuple[str, list[Sample | Quarantined]]:
     """(name of the format that read it, its samples or quarantine signals) for one decoded record.
 
     ``fmt`` is the file's format (:meth:`Format.reader` picks the one for this record: detection is per
     record). Never raises: every exception becomes a :class:`Quarantined` (see the module table); a reason
-    other than ``no_token_ids`` on a record that holds no token IDs anywhere is replaced by ``no_token_ids``."""
+    other than ``no_token_ids`` on a record that holds no token IDs anywhere is replaced by ``no_token_ids``.
+    ``position`` (see :func:`source_position`) makes the derived request IDs of records that carry none
+    distinct per position in their source."""
     reader = fmt
     try:
         reader = fmt.reader(obj)
@@ -67,7 +73,24 @@ def read_record(fmt: Format, obj: Any, options: ParseOptions) -> tuple[str, list
         and _text_only(obj)
     ):
         out = [_no_ids(item) if isinstance(item, Quarantined) else item for item in out]
+    if position is not None:
+        for item in out:
+            if isinstance(item, Sample) and item.request_id.startswith(DERIVED_ID_PREFIX):
+                salted = hashlib.sha256(f"{item.request_id}|{position}".encode()).hexdigest()
+                item.request_id = DERIVED_ID_PREFIX + salted[:32]
     return reader.name, out
+
+
+def source_position(first_record: bytes, line: int) -> str:
+    """Where a record sits in its source, by content, not by name: a digest of the source's first record and
+    the record's line number.
+
+    Records without a request ID (TGI, rollout dumps) get IDs derived from their content; two byte-identical
+    records (concurrent greedy requests, a group of n identical answers) are still two samples, so the ID
+    also takes the record's position. The source is named by its first record, which stays the same when a
+    log grows, is renamed or compressed by rotation, or is copied: reading it again under any name gives the
+    same IDs and adds nothing, while another file (another first record) gives other IDs."""
+    return f"{hashlib.sha256(first_record).hexdigest()[:16]}:{line}"
 
 
 def _no_ids(q: Quarantined) -> Quarantined:

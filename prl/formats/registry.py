@@ -9,9 +9,11 @@ from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sampl
 from prl.formats.envelopes import LiteLLMLog, OpenAIBatch, ProxyCapture
 from prl.formats.nemo_gym import NemoGym
 from prl.formats.openai_text import OpenAIText
-from prl.formats.rollouts import PrimeRL, SkyRL, Slime, Verl
+from prl.formats.prime_rl import PrimeRL
+from prl.formats.rollouts import SkyRL, Slime, Verl
 from prl.formats.sglang import SglangGenerate
 from prl.formats.sse.exact import Sse
+from prl.formats.text_dumps import TextDump
 from prl.formats.tgi import Tgi
 from prl.formats.vllm import VllmChat, VllmCompletions
 from prl.formats.vllm_generate import VllmGenerate, VllmRequestOutput
@@ -32,6 +34,7 @@ FORMATS: list[Format] = [
     Slime(),
     SkyRL(),
     PrimeRL(),
+    TextDump(),
     OpenAIText(),
 ]
 """Detection order matters: envelopes first (they wrap other formats), text-only formats last. ``sse`` comes

@@ -9,8 +9,13 @@
 * SkyRL (``skyrl_train/generators/base.py``, ``GeneratorOutput``): ``prompt_token_ids``, ``response_ids``,
   ``loss_masks``, ``rollout_logprobs``, ``stop_reasons``, ``rewards`` — either one batch per line (lists of
   lists, one sample per row) or one row per line (``loss_mask``/``stop_reason`` also accepted).
-* prime-rl / verifiers (``TrajectoryStepTokens``): ``prompt_ids``, ``completion_ids``, ``completion_mask``,
-  ``completion_logprobs``, ``is_truncated``; flat or nested under ``tokens``.
+
+No framework writes these objects to disk itself with their token IDs (verl's ``_dump_generations`` and SkyRL's
+``dump_per_dataset_eval_results`` write decoded text, :mod:`prl.formats.text_dumps`; slime's
+``--save-debug-rollout-data`` writes ``torch.save`` files): they are the frameworks' own in-memory rollout types,
+read as a one-line hook dumps them (``json.dumps(sample.to_dict())`` in slime, ``asdict`` of the output in verl
+and SkyRL). The readers stay because that hook is how users of these frameworks keep their rollouts; prime-rl,
+which does write rollouts, has its own reader (:mod:`prl.formats.prime_rl`).
 
 These dumps rarely carry a request ID that stays unique across runs (slime's ``index`` and SkyRL's
 ``instance_id`` restart with every run), so the request ID is always derived: ``"sha256:" + sha256(prompt
@@ -304,43 +309,3 @@ class SkyRL(Format):
             finish=reason,
             what=what,
         )
-
-
-class PrimeRL(Format):
-    """prime-rl / verifiers trajectory steps (``TrajectoryStepTokens``), flat or under ``tokens``."""
-
-    name: ClassVar[str] = "prime_rl"
-    description: ClassVar[str] = "prime-rl rollouts: prompt_ids + completion_ids + completion_logprobs"
-
-    @staticmethod
-    def _tokens(obj: Any) -> dict[str, Any] | None:
-        if not isinstance(obj, dict):
-            return None
-        if "completion_ids" in obj and "prompt_ids" in obj:
-            return obj
-        nested = obj.get("tokens")
-        if isinstance(nested, dict) and "completion_ids" in nested and "prompt_ids" in nested:
-            return nested
-        return None
-
-    def detect(self, obj: Any) -> bool:
-        return self._tokens(obj) is not None
-
-    def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
-        obj = as_dict(obj, "record")
-        tokens = self._tokens(obj)
-        if tokens is None:
-            raise Quarantined("bad_shape", "record has no prompt_ids / completion_ids")
-        reason = _finish(obj) if tokens is obj else (_finish(tokens) or _finish(obj))
-        return [
-            rollout_sample(
-                obj,
-                options,
-                prompt_ids=token_id_array(tokens.get("prompt_ids"), "prompt_ids"),
-                completion_ids=token_id_array(tokens.get("completion_ids"), "completion_ids"),
-                logprobs=tokens.get("completion_logprobs"),
-                mask=tokens.get("completion_mask"),
-                finish=reason,
-                what="completion",
-            )
-        ]

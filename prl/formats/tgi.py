@@ -11,8 +11,11 @@
 
 The main sequence is choice 0 and ``best_of_sequences[i]`` is choice ``i + 1``. ``prefill`` (the prompt IDs)
 is only sent with ``decoder_input_details: true``; without it the prompt is empty unless an envelope's
-request side supplies one. TGI responses carry no request ID: it is derived from the token IDs
-(:func:`prl.formats.fields.derived_request_id`).
+request side supplies one. TGI responses carry no request ID: it is derived from the token IDs and logprobs
+(:func:`prl.formats.fields.derived_request_id`; ingest tells byte-identical records apart by their occurrence).
+``completion_text`` is joined from the tokens' text (special tokens left out), so ``return_full_text`` never puts
+the prompt in it. A prefill of only a decoder start token (T5 ``<pad>``, BART ``</s>``) is an encoder-decoder
+model's: its prompt went to the encoder and is not in the record, so it is ``encoder_decoder``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample, reject_booleans
 from prl.formats.fields import as_dict, as_list, derived_request_id, finish_reason, group_key_of, opt_str
-from prl.formats.logprobs import build_heads, float_field, int_field, list_offsets, struct_rows
+from prl.formats.logprobs import build_heads, field, float_field, int_field, list_offsets, struct_rows
 
 
 def _ids(rows: pa.StructArray, what: str) -> pa.Array:
@@ -35,19 +39,47 @@ def _ids(rows: pa.StructArray, what: str) -> pa.Array:
     return ids
 
 
+DECODER_START_TEXTS = frozenset({"<pad>", "</s>"})
+"""The decoder start token of T5 (``<pad>``) and BART (``</s>``): a prefill of just that token is a seq2seq model's."""
+
+
+def _decoder_start_only(prefill: pa.StructArray) -> bool:
+    texts = field(prefill, "text")
+    return len(prefill) == 1 and texts is not None and texts[0].as_py() in DECODER_START_TEXTS
+
+
+def _completion_text(rows: pa.StructArray) -> str | None:
+    """The completion's text from its tokens (special tokens left out), never ``generated_text``: with
+    ``return_full_text`` TGI puts the prompt in front of it."""
+    texts = field(rows, "text")
+    if texts is None or not pa.types.is_string(texts.type):
+        return None
+    special = field(rows, "special")
+    if special is not None and pa.types.is_boolean(special.type):
+        texts = pc.filter(texts, pc.invert(pc.fill_null(special, False)))
+    return "".join(t for t in texts.to_pylist() if t is not None)
+
+
 class _Sequence:
     """One parsed TGI sequence: prompt IDs, completion columns, finish reason, text."""
 
     def __init__(self, seq: dict[str, Any], what: str) -> None:
         prefill = seq.get("prefill")
-        self.prompt_ids = _ids(struct_rows([] if prefill is None else prefill, f"{what}.prefill"), f"{what}.prefill")
+        prefill_rows = struct_rows([] if prefill is None else prefill, f"{what}.prefill")
+        self.prompt_ids = _ids(prefill_rows, f"{what}.prefill")
+        if _decoder_start_only(prefill_rows):
+            raise Quarantined(
+                "encoder_decoder",
+                f"{what}.prefill holds only a decoder start token: an encoder-decoder model, whose prompt goes to "
+                "the encoder and is not in the record",
+            )
         reject_booleans(seq.get("tokens"), f"{what}.tokens", "logprob")
         rows = struct_rows(seq.get("tokens"), f"{what}.tokens")
         self.ids = _ids(rows, f"{what}.tokens")
         self.logprobs = float_field(rows, "logprob", f"{what}.tokens") if len(rows) else pa.array([], pa.float64())
         self.topk_ids, self.topk_logprobs = self._heads(seq.get("top_tokens"), f"{what}.top_tokens")
         self.finish_reason = finish_reason(seq.get("finish_reason"))  # eos_token/stop_sequence → stop
-        self.text = opt_str(seq.get("generated_text"))
+        self.text = _completion_text(rows) if len(rows) else opt_str(seq.get("generated_text"))
 
     def _heads(self, top: Any, what: str) -> tuple[pa.ListArray | None, pa.ListArray | None]:
         if not top:
@@ -95,7 +127,7 @@ class Tgi(Format):
                 parsed.append(exc)
         good = [s for s in parsed if isinstance(s, _Sequence)]
         prompt = next((s.prompt_ids for s in good if len(s.prompt_ids)), pa.array([], pa.int64()))
-        request_id = derived_request_id(prompt, *(s.ids for s in good))
+        request_id = derived_request_id(prompt, *(s.ids for s in good), floats=[s.logprobs for s in good])
         out: list[Sample | Quarantined] = []
         for index, seq in enumerate(parsed):
             if isinstance(seq, Quarantined):

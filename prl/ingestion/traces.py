@@ -29,7 +29,7 @@ import pyarrow.dataset as ds
 from prl.errors import ExitCode, FormatDetectionError, UsageError
 from prl.formats import registry
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
-from prl.formats.guard import as_quarantined, read_record
+from prl.formats.guard import as_quarantined, read_record, source_position
 from prl.ingestion.assemble import Located, assemble, record_digest, sample_id_of, validate
 from prl.ingestion.inline_rewards import inline_reward_rows, reward_batches
 from prl.io.sources import LineReader, SourceFile, expand, first_lines, lines_of
@@ -327,6 +327,7 @@ def _ingest_file(
         return
     report.format = fmt.name
     formats: Counter[str] = Counter()
+    first_record: bytes | None = None
     rows: list[Located] = []
     raws: list[bytes] = []
     tokens = 0
@@ -354,7 +355,9 @@ def _ingest_file(
                 record.error = Quarantined("truncated_line", "the file's last line is incomplete")
             quarantine(record.line, record.raw, record.error)
             continue
-        name, parsed = read_record(fmt, record.obj, options)  # never raises: a poison record is quarantined
+        first_record = record.raw if first_record is None else first_record
+        position = source_position(first_record, record.line)  # identity of records without a request id
+        name, parsed = read_record(fmt, record.obj, options, position)  # never raises: poison is quarantined
         formats[name] += 1
         for item in parsed:
             if isinstance(item, Quarantined):

@@ -1,7 +1,8 @@
 """Loading a tokenizer (and optionally a chat template) for the token checks.
 
-``PATH`` is a ``tokenizer.json`` or a folder holding one (plus ``tokenizer_config.json`` for the special-token
-names and an optional ``chat_template``). Encoding and decoding go through the Rust ``tokenizers`` batch calls
+``PATH`` is a ``tokenizer.json``, a Hugging Face model folder (its ``tokenizer.json``, or its tiktoken vocabulary,
+plus ``tokenizer_config.json`` for the special-token names and an optional ``chat_template``), or a tiktoken BPE
+file (:mod:`prl.checks.tiktoken_bpe`). Encoding and decoding go through the Rust ``tokenizers`` batch calls
 with no special tokens added and none skipped; chat templates are rendered only by transformers' sandboxed
 Jinja renderer. Nothing is downloaded and no remote code is ever run.
 """
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from prl.checks.tiktoken_bpe import added_tokens_of, bpe_tokenizer, is_tiktoken_file, tiktoken_file_in
 from prl.errors import UsageError
 
 END_OF_TURN_NAMES = (
@@ -86,32 +88,34 @@ class CheckTokenizer:
         path: str,
         chat_template: str | None = None,
         stop_token_ids: Sequence[int] = (),
+        pattern: str | None = None,
     ) -> CheckTokenizer:
-        """Load ``path`` (a tokenizer.json or a folder with one). ``chat_template`` is a file or template
-        source; without it the folder's ``tokenizer_config.json`` template is used when present.
+        """Load ``path``: a ``tokenizer.json``, a Hugging Face model folder (its ``tokenizer.json``, else its
+        tiktoken vocabulary, with ``tokenizer_config.json``), or a tiktoken BPE file. ``pattern`` is a tiktoken
+        vocabulary's pre-tokenizer regex (else the config's ``pat_str``); its special tokens come from the
+        config's ``added_tokens_decoder`` (:mod:`prl.checks.tiktoken_bpe`). ``chat_template`` is a file or
+        template source; without it the config's template is used when present.
 
         Raises :class:`UsageError` when the path or template is missing or unreadable.
         """
         if not os.path.exists(path):
-            raise UsageError(f"tokenizer not found: {path} (give a tokenizer.json or a folder holding one)")
+            raise UsageError(f"tokenizer not found: {path} (give a tokenizer.json, a model folder or a tiktoken file)")
         folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+        config = _read_config(folder)
         tok_file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+        if os.path.isdir(path) and not os.path.isfile(tok_file):
+            tok_file = tiktoken_file_in(path) or tok_file
         if not os.path.isfile(tok_file):
-            raise UsageError(f"no tokenizer.json in {path}")
+            raise UsageError(f"no tokenizer.json or tiktoken vocabulary in {path}")
         with open(tok_file, "rb") as fh:
             raw = fh.read()
-        try:
-            tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
-        except Exception as exc:
-            raise UsageError(f"cannot load tokenizer {tok_file}: {exc}") from exc
-        config: dict[str, Any] = {}
-        config_file = os.path.join(folder, "tokenizer_config.json")
-        if os.path.isfile(config_file):
+        if is_tiktoken_file(tok_file):
+            tokenizer, raw = _tiktoken(tok_file, raw, pattern or config.get("pat_str"), config)
+        else:
             try:
-                with open(config_file, encoding="utf-8") as fh:
-                    config = json.load(fh)
-            except ValueError as exc:
-                raise UsageError(f"cannot read {config_file}: {exc}") from exc
+                tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+            except Exception as exc:
+                raise UsageError(f"cannot load tokenizer {tok_file}: {exc}") from exc
         template = read_template(chat_template) if chat_template is not None else None
         if template is None:
             found = config.get("chat_template")
@@ -237,7 +241,32 @@ class CheckTokenizer:
             for name in ("bos_token", "eos_token", "pad_token", "unk_token")
             if (content := self.special_token(name)) is not None
         }
-        return PreTrainedTokenizerFast(tokenizer_file=self.path, **kwargs)
+        return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, **kwargs)
+
+
+def _read_config(folder: str) -> dict[str, Any]:
+    config_file = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.isfile(config_file):
+        return {}
+    try:
+        with open(config_file, encoding="utf-8") as fh:
+            config = json.load(fh)
+    except ValueError as exc:
+        raise UsageError(f"cannot read {config_file}: {exc}") from exc
+    return config if isinstance(config, dict) else {}
+
+
+def _tiktoken(path: str, raw: bytes, pattern: Any, config: dict[str, Any]) -> tuple[Tokenizer, bytes]:
+    """The tokenizer of a tiktoken file, and the bytes that identify it (file, pattern and special tokens)."""
+    if not isinstance(pattern, str) or not pattern:
+        raise UsageError(
+            f"{path} is a tiktoken vocabulary: give its pre-tokenizer pattern (the model's pat_str) as pat_str "
+            "in a tokenizer_config.json beside it"
+        )
+    specials = added_tokens_of(config)
+    tokenizer = bpe_tokenizer(path, pattern, specials)
+    identity = raw + b"\0pattern\0" + pattern.encode() + b"\0specials\0" + json.dumps(specials, sort_keys=True).encode()
+    return tokenizer, identity
 
 
 def _quiet_transformers() -> None:

@@ -65,5 +65,5 @@ def test_a_tiktoken_file_without_a_pattern_is_refused(tmp_path):
 def test_a_bad_tiktoken_line_names_its_line(tmp_path):
     (tmp_path / "bad.tiktoken").write_text("YQ== 0\nnot base64 here\n")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"pat_str": r"\w+"}))
-    with pytest.raises(UsageError, match="bad.tiktoken:2 is not a"):
+    with pytest.raises(UsageError, match=r"bad\.tiktoken:2 is not a"):
         CheckTokenizer.load(str(tmp_path / "bad.tiktoken"))

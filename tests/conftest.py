@@ -11,8 +11,13 @@ from typing import Any
 
 import pytest
 import zstandard
+from hypothesis import HealthCheck, settings
 
 from prl.store.tables import Store
+
+# Property tests check values, not speed: no per-example deadline (a busy 2-core CI machine would trip it).
+settings.register_profile("prl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("prl")
 
 
 @pytest.fixture

@@ -293,19 +293,20 @@ def build_shards_cmd(
 
 @app.command("export")
 def export_cmd(
-    shards: Annotated[str, typer.Argument(help="A shard set folder (OUT/<set-id>).")],
+    shards: Annotated[str, typer.Argument(help="A shard set folder (OUT/<set-id>) or an OUT folder.")],
     out: Annotated[str, typer.Argument(help="Output JSONL file.")],
     format: Annotated[str, typer.Option("--format", help="Export format: tinker.")] = "tinker",
+    mask: Annotated[bool, typer.Option("--mask", help="Add each datum's loss mask as a `mask` input.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Export a shard set for a trainer (Tinker Datum JSONL)."""
+    """Export a shard set (or every current set of OUT) for a trainer: Tinker Datum JSONL, ids beside each."""
     from prl.errors import UsageError
     from prl.export.tinker import export_tinker
 
     def call() -> Any:
         if format != "tinker":
             raise UsageError(f"--format must be tinker, not {format!r}")
-        return export_tinker(shards, out)
+        return export_tinker(shards, out, with_mask=mask)
 
     _run(call, lambda r: report.stdout.print(f"{r.rows:,} datums written to {r.out} ({r.skipped} skipped)"), as_json)
 

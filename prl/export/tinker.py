@@ -1,35 +1,39 @@
-"""``prl export --format tinker``: a shard set as Tinker ``Datum`` records, one JSON object per line.
+"""``prl export --format tinker``: shard sets as Tinker ``Datum`` records, one JSON object per line.
 
-Each line is exactly the JSON form of ``tinker.types.Datum`` (a strict model: no other keys), for the
-``importance_sampling`` / ``ppo`` losses that Tinker-compatible trainers take::
+Each line holds the datum's JSON form (the Tinker wire shape, which ``tinker.types`` reads back) beside the ids
+that say where it came from::
 
-    {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [t0, …, t(L-2)]}]},
-     "loss_fn_inputs": {
-        "target_tokens": {"data": [t1, …, t(L-1)], "dtype": "int64",   "shape": [L-1]},
-        "logprobs":      {"data": [...],           "dtype": "float32", "shape": [L-1]},
-        "advantages":    {"data": [...],           "dtype": "float32", "shape": [L-1]}}}
+    {"sample_id": "...", "group_id": "...", "set_id": "...",
+     "datum": {"model_input": {"chunks": [{"type": "encoded_text", "tokens": [t0, …, t(L-2)]}]},
+               "loss_fn_inputs": {
+                  "target_tokens": {"data": [t1, …, t(L-1)], "dtype": "int64",   "shape": [L-1]},
+                  "logprobs":      {"data": [...],           "dtype": "float32", "shape": [L-1]},
+                  "advantages":    {"data": [...],           "dtype": "float32", "shape": [L-1]},
+                  "mask":          {"data": [...],           "dtype": "float32", "shape": [L-1]}}}}
 
-with ``tokens = input_ids`` (prompt + completion, length L). Position ``j`` predicts ``tokens[j + 1]``, so
-completion token ``c`` (at ``tokens[prompt_len + c]``) sits at ``j = prompt_len + c − 1``: there ``logprobs`` is the
-behaviour logprob and ``advantages`` the token advantage. Prompt positions hold 0.0 in both. A completion token
-whose behaviour logprob is null gets logprob 0.0 and advantage 0.0 (it takes no part in the loss). With
-``prompt_len == 0`` the first completion token has no predecessor and is not a target. Rows shorter than two
-tokens are skipped and counted.
+``mask`` only with ``with_mask`` (``--mask``). Alignment and values follow :mod:`prl.loaders.tinker` (target ``j``
+predicts ``tokens[j + 1]``; advantage 0.0 outside the loss mask; a missing logprob is 0.0 and out of the loss);
+rows shorter than two tokens are skipped and counted. ``shard_dir`` is one set folder or an ``OUT`` folder (every
+current set, in set-id order).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prl.errors import UsageError
-from prl.shards.manifest import MANIFEST, Manifest, ManifestError
-from prl.shards.publish import sha256_file
+from prl.loaders.rows import ROW_COLUMNS, Rows
+from prl.loaders.tinker import datum_json, tinker_arrays
+from prl.shards.layout import SetRef, resolve
+
+BATCH_ROWS = 1024
 
 
 @dataclass
@@ -38,12 +42,13 @@ class ExportResult:
     rows: int
     skipped: int
     shards: int
+    sets: int = 1
 
     @property
     def exit_code(self) -> int:
         return 0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "command": "export",
             "format": "tinker",
@@ -51,97 +56,61 @@ class ExportResult:
             "rows": self.rows,
             "skipped": self.skipped,
             "shards": self.shards,
+            "sets": self.sets,
             "exit_code": self.exit_code,
         }
 
 
-def _flat(column: pa.ChunkedArray | pa.Array, dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """``(values, offsets, valid)`` of a list column; ``valid`` is None when no value is null."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks() if column.num_chunks else pa.array([], column.type)
-    offsets = column.offsets.to_numpy().astype(np.int64)
-    values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    valid = values.is_valid().to_numpy(zero_copy_only=False) if values.null_count else None
-    data = values.to_numpy(zero_copy_only=False)
-    if valid is not None:
-        data = np.where(valid, data, 0)
-    return np.asarray(data, dtype=dtype), offsets - offsets[0], valid
+def _sha256(path: str) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def datum_arrays(batch: pa.RecordBatch | pa.Table):
-    """Vectorized Datum arrays of a batch of shard rows.
-
-    Returns ``(tokens_T, tok_off_N1, lp_J, adv_J, j_off_N1)``: the flat ``input_ids`` with their offsets, and flat
-    ``logprobs``/``advantages`` (float32) over target positions, ``L_i − 1`` per row (rows with ``L_i < 2``
-    get none).
-    """
-    tokens_T, tok_off, _ = _flat(batch["input_ids"], np.int64)
-    lp_C, c_off, lp_valid = _flat(batch["behavior_logprobs"], np.float32)
-    adv_C, _, _ = _flat(batch["token_advantages"], np.float32)
-    if lp_valid is not None:
-        adv_C = np.where(lp_valid, adv_C, np.float32(0.0))
-    lengths = np.diff(tok_off)
-    targets = np.maximum(lengths - 1, 0)
-    j_off = np.concatenate(([0], np.cumsum(targets)))
-    prompt = batch["prompt_len"].to_numpy().astype(np.int64)
-    clen = np.diff(c_off)
-    row_C = np.repeat(np.arange(len(clen)), clen)
-    c_idx = np.arange(len(lp_C)) - c_off[:-1][row_C]
-    j_C = prompt[row_C] + c_idx - 1
-    keep = j_C >= 0
-    dest = j_off[:-1][row_C] + j_C
-    lp_J = np.zeros(int(j_off[-1]), dtype=np.float32)
-    adv_J = np.zeros(int(j_off[-1]), dtype=np.float32)
-    lp_J[dest[keep]] = lp_C[keep]
-    adv_J[dest[keep]] = adv_C[keep]
-    return tokens_T, tok_off, lp_J, adv_J, j_off
+def _lines(ref: SetRef, entry: dict[str, Any], verify: bool, with_mask: bool) -> tuple[list[bytes], int]:
+    """JSON lines of one shard and the number of rows skipped (fewer than two tokens)."""
+    path = os.path.join(ref.dir, entry["file"])
+    if verify and _sha256(path) != entry["sha256"]:
+        raise UsageError(f"{path} does not match the sha256 in its manifest")
+    parquet = pq.ParquetFile(path)
+    columns = [c for c in ROW_COLUMNS if c in parquet.schema_arrow.names]
+    lines: list[bytes] = []
+    skipped = 0
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
+        rows = Rows.from_arrow(pa.Table.from_batches([batch]))
+        arrays = tinker_arrays(rows)
+        for i in range(rows.num_rows):  # one JSON object per row; arrays go to orjson as numpy
+            if not arrays.has_datum(i):
+                skipped += 1
+                continue
+            record = {
+                "sample_id": rows.sample_id_N[i],
+                "group_id": rows.group_id_N[i],
+                "set_id": ref.set_id,
+                "datum": datum_json(arrays, i, with_mask),
+            }
+            lines.append(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY))
+    return lines, skipped
 
 
-def _tensor(data: np.ndarray, dtype: str) -> dict:
-    return {"data": data, "dtype": dtype, "shape": [len(data)]}
-
-
-def export_tinker(shard_dir: str, out_jsonl: str, verify: bool = True) -> ExportResult:
-    """Write every row of the shard set in ``shard_dir`` as a Tinker ``Datum`` JSON line to ``out_jsonl``.
+def export_tinker(shard_dir: str, out_jsonl: str, verify: bool = True, with_mask: bool = False) -> ExportResult:
+    """Write every row of the shard set(s) at ``shard_dir`` as a Tinker datum line to ``out_jsonl``.
 
     Shards are read in manifest order, one record batch at a time. With ``verify`` each shard's sha256 is checked
-    against the manifest first. The output appears atomically (written to a temp file, then renamed).
-    """
-    if not os.path.isfile(os.path.join(shard_dir, MANIFEST)):
-        raise UsageError(f"{shard_dir} is not a shard set (no {MANIFEST})")
+    against its manifest first. The output appears atomically (written to a temp file, then renamed)."""
     try:
-        manifest = Manifest.read(shard_dir)
-    except ManifestError as exc:
-        raise UsageError(str(exc)) from None
-    rows = skipped = 0
+        refs = resolve(shard_dir)
+    except UsageError:
+        raise UsageError(f"{shard_dir} is not a shard set (no manifest.json for it)") from None
+    rows = skipped = shards = 0
     tmp = f"{out_jsonl}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as out:
-            for entry in manifest.shards:
-                path = os.path.join(shard_dir, entry.file)
-                if verify:
-                    if sha256_file(path) != entry.sha256:
-                        raise UsageError(f"{path} does not match the sha256 in its manifest")
-                columns = ["input_ids", "prompt_len", "behavior_logprobs", "token_advantages"]
-                for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=columns):
-                    tokens_T, tok_off, lp_J, adv_J, j_off = datum_arrays(batch)
-                    lines = []
-                    for i in range(batch.num_rows):  # one JSON object per row; arrays go to orjson as numpy
-                        a, b = int(tok_off[i]), int(tok_off[i + 1])
-                        if b - a < 2:
-                            skipped += 1
-                            continue
-                        ja, jb = int(j_off[i]), int(j_off[i + 1])
-                        datum = {
-                            "model_input": {"chunks": [{"type": "encoded_text", "tokens": tokens_T[a : b - 1]}]},
-                            "loss_fn_inputs": {
-                                "target_tokens": _tensor(tokens_T[a + 1 : b], "int64"),
-                                "logprobs": _tensor(lp_J[ja:jb], "float32"),
-                                "advantages": _tensor(adv_J[ja:jb], "float32"),
-                            },
-                        }
-                        lines.append(orjson.dumps(datum, option=orjson.OPT_SERIALIZE_NUMPY))
-                        rows += 1
+            for ref in refs:
+                for entry in ref.manifest()["shards"]:
+                    lines, skipped_here = _lines(ref, entry, verify, with_mask)
+                    shards += 1
+                    rows += len(lines)
+                    skipped += skipped_here
                     if lines:
                         out.write(b"\n".join(lines) + b"\n")
             out.flush()
@@ -151,4 +120,4 @@ def export_tinker(shard_dir: str, out_jsonl: str, verify: bool = True) -> Export
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    return ExportResult(out=out_jsonl, rows=rows, skipped=skipped, shards=len(manifest.shards))
+    return ExportResult(out=out_jsonl, rows=rows, skipped=skipped, shards=shards, sets=len(refs))

@@ -7,8 +7,8 @@ and as long as ``token_ids``; ``env_name``; optional ``ref_logprobs`` and ``adva
 orchestrator broadcasts a scalar advantage over the completion). The remaining optional fields (multimodal
 inputs, routed experts, per-component weights) are left out, which the struct's defaults allow.
 
-Each record is a plain dict with exactly those field names, so ``msgspec.convert(record, TrainingSample)`` builds
-the struct (prime-rl need not be installed to produce them). Prompt positions hold ``mask`` False, logprob,
+Each record is a plain dict with exactly those field names, so ``TrainingSample(**record)`` builds the
+struct (prime-rl need not be installed to produce them). Prompt positions hold ``mask`` False, logprob,
 advantage and reference logprob 0.0; a temperature the trace did not record is 1.0.
 """
 

@@ -90,9 +90,9 @@ def to_verl(
         tensors["ref_log_prob"] = pad_ragged(rows.ref_logprobs_C, resp_off, width, 0.0)
     meta: dict[str, Any] = {"pad_token_id": pad_id}
     if rows.temperature_N is not None:
-        known = rows.temperature_N[np.isfinite(rows.temperature_N)]
-        if len(known) and np.all(known == known[0]):
-            meta["temperature"] = float(known[0])
+        t_N = rows.temperature_N
+        if len(t_N) and np.isfinite(t_N).all() and (t_N == t_N[0]).all():  # one known temperature: verl's meta
+            meta["temperature"] = float(t_N[0])
     if as_torch:
         import torch
 

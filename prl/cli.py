@@ -349,6 +349,22 @@ def verify_cmd(
     _run(lambda: verify_shards(shards), report.render_verify, as_json)
 
 
+shards_app = typer.Typer(help="Shard sets in an OUT folder.", no_args_is_help=True)
+app.add_typer(shards_app, name="shards")
+
+
+@shards_app.command("list")
+def shards_list_cmd(
+    out: Annotated[str, typer.Argument(help="An OUT folder (or one shard set folder).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the part files of the current complete shard sets, one per line (staging and replaced sets never)."""
+    from prl.report.listing import render_shard_list
+    from prl.shards.layout import list_sets
+
+    _run(lambda: list_sets(out), render_shard_list, as_json)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 

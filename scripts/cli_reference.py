@@ -46,8 +46,16 @@ def render() -> str:
         "",
         f"`prl [--verbose] COMMAND …` — {_cell(group.help or '')}",
     ]
+    commands = []
     for name in group.list_commands(ctx):
         command = group.get_command(ctx, name)
+        assert command is not None
+        if hasattr(command, "list_commands"):  # a command group (``prl shards …``): its subcommands
+            sub_ctx = context(command, info_name=name, parent=ctx)
+            commands += [(f"{name} {sub}", command.get_command(sub_ctx, sub)) for sub in command.list_commands(sub_ctx)]
+        else:
+            commands.append((name, command))
+    for name, command in commands:
         assert command is not None
         usage = " ".join(command.collect_usage_pieces(context(command, info_name=name, parent=ctx)))
         lines += ["", f"## prl {name}", "", f"`prl {name} {usage}`", "", _cell(command.help or ""), ""]

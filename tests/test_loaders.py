@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -174,7 +175,7 @@ def test_epoch_shuffle_is_deterministic_and_changes_by_epoch(built):
     assert first_a == first_b
     second = ids_of(a)  # the next epoch
     assert a.epoch == 2 and second != first_a
-    assert sorted(sum(second, [])) == sorted(sum(first_a, []))
+    assert sorted(s for b in second for s in b) == sorted(s for b in first_a for s in b)
     unshuffled = ShardLoader(built.out, batch_rows=9, layout="rows", shuffle=False)
     assert ids_of(unshuffled) == ids_of(unshuffled)  # same order every epoch
 
@@ -226,3 +227,23 @@ def test_bad_arguments_are_usage_errors(built, tmp_path):
         ShardLoader(built.out, batch_rows=4, seed=2).load_state_dict(state)
     with pytest.raises(UsageError, match="cannot resume: sets"):
         ShardLoader(built.out, batch_rows=4, seed=1).load_state_dict({**state, "sets": ["other"]})
+
+
+def test_shards_list_library_and_cli(built, tmp_path):
+    from typer.testing import CliRunner
+
+    from prl.cli import app
+    from prl.shards.layout import list_sets
+
+    listing = list_sets(built.out)
+    parts = [os.path.join(built.set_dir, s["file"]) for s in built.shards]
+    assert listing.files == parts and [s.set_id for s in listing.sets] == [built.set_id]
+    assert listing.sets[0].rows == 120
+    assert list_sets(built.set_dir).files == parts
+    runner = CliRunner()
+    result = runner.invoke(app, ["shards", "list", built.out])
+    assert result.exit_code == 0 and result.output.splitlines() == parts
+    as_json = json.loads(runner.invoke(app, ["shards", "list", built.out, "--json"]).output)
+    assert as_json["files"] == parts and as_json["rows"] == 120 and as_json["exit_code"] == 0
+    missing = runner.invoke(app, ["shards", "list", str(tmp_path / "nope")])
+    assert missing.exit_code == 2

@@ -18,7 +18,6 @@ from prl.loaders import Rows, to_prime_rl, to_tinker, to_trl_grpo, to_verl
 from prl.schema import SHARD
 from tests.test_loaders import shard_row, two_rows
 
-
 SAMPLED = SHARD if "temperature" in SHARD.names else SHARD.append(pa.field("temperature", pa.float32()))
 
 
@@ -131,7 +130,9 @@ def test_prime_rl_training_samples_convert_to_the_struct():
 
     records = to_prime_rl(with_ref(), env_name="math")
     # the struct's constructor refuses unknown fields; its msgpack decoder checks every type
-    samples = [msgspec.msgpack.decode(msgspec.msgpack.encode(TrainingSample(**r)), type=TrainingSample) for r in records]
+    samples = [
+        msgspec.msgpack.decode(msgspec.msgpack.encode(TrainingSample(**r)), type=TrainingSample) for r in records
+    ]
     a, b = samples
     assert a.token_ids == [1, 2, 10, 11] and a.mask == [False, False, True, True]
     assert a.logprobs == [0.0, 0.0, -0.5, -0.5] and a.advantages == [0.0, 0.0, 1.0, 1.0]

@@ -59,10 +59,12 @@ def _offsets(lengths_N: np.ndarray) -> np.ndarray:
 def _flat(column: pa.Array, dtype: type) -> tuple[np.ndarray, np.ndarray]:
     """``(values, valid)`` of a list column's values, nulls as 0 (``valid`` False there; null rows give none)."""
     values = pc.list_flatten(column)
-    valid = np.ones(len(values), dtype=bool) if not values.null_count else values.is_valid().to_numpy(zero_copy_only=False)
+    valid = (
+        np.ones(len(values), dtype=bool) if not values.null_count else values.is_valid().to_numpy(zero_copy_only=False)
+    )
     if values.null_count:
         values = pc.fill_null(values, False if pa.types.is_boolean(values.type) else 0)
-    data = np.asarray(values.to_numpy(zero_copy_only=False), dtype=dtype)
+    data: np.ndarray = np.asarray(values.to_numpy(zero_copy_only=False), dtype=dtype)
     return data, valid
 
 
@@ -221,7 +223,9 @@ class PackedBatch:
     rows: Rows
 
 
-def _scatter_completion(rows: Rows, values_C: np.ndarray | None, shape: tuple[int, ...], flat: bool) -> np.ndarray | None:
+def _scatter_completion(
+    rows: Rows, values_C: np.ndarray | None, shape: tuple[int, ...], flat: bool
+) -> np.ndarray | None:
     """Completion-aligned values placed at their sequence positions of a ``[B, L]`` (or flat ``[T]``) array."""
     if values_C is None:
         return None

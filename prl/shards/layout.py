@@ -181,7 +181,9 @@ def list_sets(path: str) -> ShardList:
         manifest = ref.manifest()
         totals = manifest.get("totals", {})
         result.sets.append(
-            SetListing(ref.set_id, ref.dir, int(totals.get("rows", 0)), int(totals.get("tokens", 0)), ref.part_paths(manifest))
+            SetListing(
+                ref.set_id, ref.dir, int(totals.get("rows", 0)), int(totals.get("tokens", 0)), ref.part_paths(manifest)
+            )
         )
     return result
 

@@ -360,7 +360,7 @@ def shards_list_cmd(
 ) -> None:
     """Print the part files of the current complete shard sets, one per line (staging and replaced sets never)."""
     from prl.report.listing import render_shard_list
-    from prl.shards.layout import list_sets
+    from prl.shards.listing import list_sets
 
     _run(lambda: list_sets(out), render_shard_list, as_json)
 

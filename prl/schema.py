@@ -126,7 +126,13 @@ SHARD = pa.schema(
         pa.field("sample_id", pa.string(), nullable=False),
         pa.field("group_id", pa.string(), nullable=False),
         pa.field("policy_version", pa.string()),
+        pa.field("policy_step", pa.int64()),
+        pa.field("policy_version_spans", pa.list_(VERSION_SPAN)),
         pa.field("staleness", pa.int64()),
+        pa.field("temperature", pa.float32()),
+        pa.field("top_p", pa.float32()),
+        pa.field("top_k", pa.int32()),
+        pa.field("logprobs_mode", pa.string()),
         pa.field("input_ids", TOKEN_IDS, nullable=False),
         pa.field("prompt_len", pa.int32(), nullable=False),
         pa.field("loss_mask", pa.list_(pa.bool_()), nullable=False),
@@ -142,7 +148,12 @@ SHARD = pa.schema(
     ]
 )
 """One row per training sample. ``input_ids`` = prompt + completion; every ``*_logprobs``, ``kl``,
-``loss_mask``, ``token_advantages`` and ``topk_*`` array is completion-aligned (length = completion length)."""
+``loss_mask``, ``token_advantages`` and ``topk_*`` array is completion-aligned (length = completion length).
+``policy_version`` is as the trace gave it, ``policy_step`` its integer step (``"step-120"`` → 120, null when it has
+none), ``policy_version_spans`` the per-token versions when weights changed mid-sample; ``temperature``,
+``top_p``, ``top_k`` and ``logprobs_mode`` are the sampling settings the trace recorded (null when unknown), what
+a trainer needs to recompute comparable logprobs. No ``behavior_logprobs``, ``ref_logprobs``, ``kl`` or
+``token_advantages`` value is null or non-finite where ``loss_mask`` is true."""
 
 TABLES = {
     "traces": TRACES,

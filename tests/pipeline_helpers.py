@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from prl.shards.manifest import MANIFEST, SAMPLES_FILE
+from prl.shards.layout import find_sets
 from prl.shards.verify import verify_shards
 from prl.store.tables import Store
 from tests.records import vllm_chat
@@ -229,20 +229,25 @@ def assert_exactly_once(store: Store, data: GrowingInput) -> None:
 
 
 def assert_shards_sound(out: Path, expect_all: set[str] | None) -> None:
-    """Published sets are complete and verifiable; no sample ships twice; staging stays hidden."""
+    """Published sets are complete and verifiable; no sample ships twice; staging stays hidden; a set folder holds
+    only its parts. A build killed between renaming a set's rows into place and its manifest leaves a folder
+    with no manifest: never listed, and removed by the next build (so none is left once a run finished)."""
     shipped: list[str] = []
+    listed = {ref.set_id: ref for ref in find_sets(str(out))}
     for name in sorted(os.listdir(out)):
         folder = out / name
         if name.startswith(".") or not folder.is_dir():
-            continue  # staging folders of killed builds are dot-folders: never a published set
-        assert (folder / MANIFEST).is_file(), f"{name} is visible without a manifest"
-        manifest = json.loads((folder / MANIFEST).read_text())
-        names = {e["file"] for e in manifest["shards"]} | {SAMPLES_FILE, MANIFEST}
+            continue  # OUT/.prl: staging, meta, index
+        if name not in listed:
+            assert expect_all is None, f"{name} is visible without a manifest after a finished run"
+            continue
+        manifest = json.loads(Path(listed[name].manifest_path).read_text())
+        names = {e["file"] for e in manifest["shards"]}
         assert set(os.listdir(folder)) == names, f"{name} holds files its manifest does not name"
         in_shards = []
         for entry in manifest["shards"]:
             in_shards += pq.read_table(folder / entry["file"], columns=["sample_id"])["sample_id"].to_pylist()
-        samples = pq.read_table(folder / SAMPLES_FILE)["sample_id"].to_pylist()
+        samples = pq.read_table(listed[name].samples_path)["sample_id"].to_pylist()
         assert sorted(in_shards) == samples
         shipped += samples
     result = verify_shards(str(out)) if shipped else None

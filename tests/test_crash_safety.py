@@ -90,7 +90,7 @@ def test_sigkill_at_random_instants_loses_and_duplicates_nothing(tmp_path):
     assert again["steps"][2]["summary"]["checked"] == 0
     assert again["steps"][3]["summary"]["status"] == "nothing_new"
     assert not [p for p in os.listdir(store_path / "_locks") if p.endswith(".lock")]
-    assert not [p for p in os.listdir(out) if p.startswith(".staging-")]
+    assert not os.listdir(out / ".prl" / "staging")
 
 
 @pytest.mark.s3

@@ -130,7 +130,7 @@ def built(tmp_path_factory):
     """A set of 40 groups of 3 samples in several parts."""
     root = tmp_path_factory.mktemp("loaders")
     store = random_store(str(root / "store"), n_groups=40, group_size=3, seed=1)
-    res = build_shards(store, str(root / "out"), ShardOptions(target_tokens=300))
+    res = build_shards(store, str(root / "out"), options=ShardOptions(target_tokens=300))
     assert res.status == "built" and res.rows == 120 and len(res.shards) > 2
     return res
 
@@ -233,7 +233,7 @@ def test_shards_list_library_and_cli(built, tmp_path):
     from typer.testing import CliRunner
 
     from prl.cli import app
-    from prl.shards.layout import list_sets
+    from prl.shards.listing import list_sets
 
     listing = list_sets(built.out)
     parts = [os.path.join(built.set_dir, s["file"]) for s in built.shards]

@@ -93,7 +93,7 @@ def built_set(tmp_path: Path) -> tuple[str, dict]:
     options = ShardOptions(kl="advantages", kl_coef=0.1, topk=2, target_tokens=30)
     result = build_shards(store, str(tmp_path / "out"), options=options)
     assert result.status == "built" and len(result.shards) > 1
-    manifest = json.loads(Path(result.set_dir or "", "manifest.json").read_text())
+    manifest = json.loads(Path(result.manifest_path or "").read_text())
     return result.set_dir or "", manifest
 
 
@@ -118,7 +118,8 @@ def test_a_built_sets_shards_read_back_and_match_their_manifest(tmp_path):
         assert canonical(pl.read_parquet(path).to_dicts()) == canonical(table.to_pylist())
         rows += table.num_rows
     assert rows == manifest["totals"]["rows"] == 12
-    samples = pq.read_table(Path(set_dir, manifest["samples"]["file"]))
+    meta = Path(set_dir).parent / ".prl" / "sets" / Path(set_dir).name  # prl.shards.layout
+    samples = pq.read_table(meta / manifest["samples"]["file"])
     assert samples["sample_id"].to_pylist() == sorted(f"s{i}:0" for i in range(12))
 
 

@@ -27,7 +27,7 @@ from tests.shards_fixtures import make_store, random_store, ref, reward, table, 
 
 
 def read_set(result) -> pa.Table:
-    manifest = json.loads(Path(os.path.join(result.set_dir, "manifest.json")).read_text())
+    manifest = json.loads(Path(result.manifest_path).read_text())
     return pa.concat_tables(pq.read_table(os.path.join(result.set_dir, s["file"])) for s in manifest["shards"])
 
 
@@ -63,19 +63,28 @@ def test_basic_columns_values_and_manifest(tmp_path):
     assert a0["behavior_logprobs"] == pytest.approx([-0.1, -0.2, -0.3], rel=1e-6)
     assert a0["kl"] is None and a0["ref_logprobs"] is None and a0["topk_ids"] is None
     assert a0["staleness"] == 0 and a0["policy_version"] == "step-10"
-    manifest = json.loads(Path(os.path.join(res.set_dir, "manifest.json")).read_text())
+    manifest = json.loads(Path(res.manifest_path).read_text())
     assert manifest["schema_version"] == "1" and manifest["columns"] == SHARD.names
     assert manifest["source"]["versions"]["traces"] == store.version("traces")
     assert manifest["statistics"]["groups_of_one"] == 1
     assert manifest["statistics"]["groups_of_one_fell_back"] == 1
-    for entry in manifest["shards"] + [manifest["samples"]]:
-        path = os.path.join(res.set_dir, entry["file"])
+    meta = os.path.dirname(res.manifest_path)
+    for folder, entry in [(res.set_dir, e) for e in manifest["shards"]] + [(meta, manifest["samples"])]:
+        path = os.path.join(folder, entry["file"])
         assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == entry["sha256"]
         assert os.path.getsize(path) == entry["bytes"]
     assert sum(s["tokens"] for s in manifest["shards"]) == 5 + 4 + 2
-    index = json.loads(Path(tmp_path / "out" / "_index.json").read_text())
+    # the layout: the set folder holds only its parts; everything else is under OUT/.prl
+    out = tmp_path / "out"
+    assert sorted(os.listdir(out)) == [".prl", res.set_id]
+    assert sorted(os.listdir(res.set_dir)) == [e["file"] for e in manifest["shards"]]
+    assert res.manifest_path == str(out / ".prl" / "sets" / res.set_id / "manifest.json")
+    assert sorted(os.listdir(meta)) == ["manifest.json", "sample_ids.parquet"]
+    assert sorted(os.listdir(out / ".prl")) == ["index.json", "sets", "staging"]
+    assert os.listdir(out / ".prl" / "staging") == []
+    index = json.loads(Path(out / ".prl" / "index.json").read_text())
     assert [s["set_id"] for s in index["sets"]] == [res.set_id]
-    assert sorted(os.listdir(tmp_path / "out")) == ["_index.json", res.set_id]
+    assert index["sets"][0]["files"] == [f"{res.set_id}/{e['file']}" for e in manifest["shards"]]
 
 
 def test_polars_and_pyarrow_read_shards(tmp_path):
@@ -126,10 +135,16 @@ def test_incremental_ships_each_sample_once(tmp_path):
     assert third.status == "built" and third.rows == 1 and third.already_shipped == 3
     assert list(by_id(read_set(third))) == ["c0:0"]
     assert third.set_id != first.set_id
-    index = json.loads(Path(os.path.join(out, "_index.json")).read_text())
+    index = json.loads(Path(os.path.join(out, ".prl", "index.json")).read_text())
     assert {s["set_id"] for s in index["sets"]} == {first.set_id, third.set_id}
     rebuilt = build_shards(store, out, rebuild=True)
     assert rebuilt.rows == 4
+    # the rebuild replaced both earlier sets: OUT holds only the new one, rows and meta
+    assert sorted(n for n in os.listdir(out) if not n.startswith(".")) == [rebuilt.set_id]
+    assert os.listdir(os.path.join(out, ".prl", "sets")) == [rebuilt.set_id]
+    assert os.listdir(os.path.join(out, ".prl", "retired")) == []
+    index = json.loads(Path(os.path.join(out, ".prl", "index.json")).read_text())
+    assert [s["set_id"] for s in index["sets"]] == [rebuilt.set_id]
 
 
 def test_drops_counted_by_reason(tmp_path):
@@ -312,8 +327,12 @@ def test_heads_auto_and_explicit_k(tmp_path):
     assert rows["h3:0"]["topk_ids"] == [[5, 6]] and rows["h2:0"]["topk_ids"] == [[5, 6], [6, 9]]
     got = rows["h2:0"]["topk_logprobs"]
     assert [[float(np.float32(v)) for v in p] for p in ([-0.1, -2.0], [-0.2, -1.0])] == got
-    manifest = json.loads(Path(os.path.join(res.set_dir, "manifest.json")).read_text())
-    assert manifest["heads"]["k"] == 2 and manifest["heads"]["sampling"]["temperature"] == [1.0]
+    manifest = json.loads(Path(res.manifest_path).read_text())
+    assert manifest["heads"]["k"] == 2
+    temperature = {"values": [{"value": 1.0, "rows": 2}], "unknown": 0}
+    assert manifest["heads"]["sampling"]["temperature"] == manifest["sampling"]["temperature"] == temperature
+    assert manifest["sampling"]["top_k"] == {"values": [], "unknown": 2}
+    assert rows["h2:0"]["temperature"] == 1.0 and rows["h2:0"]["top_p"] == 1.0 and rows["h2:0"]["top_k"] is None
     res3 = build_shards(store, str(tmp_path / "out3"), options=ShardOptions(topk=3))
     assert res3.drops["heads_too_narrow"] == 1 and by_id(read_set(res3))["h3:0"]["topk_ids"] == ids3
 
@@ -326,6 +345,24 @@ def test_null_logprobs_stay_null_and_skip_kl(tmp_path):
     )
     assert rows["a:0"]["behavior_logprobs"] == [None, -1.0]
     assert rows["a:0"]["kl"] == [None, 1.0]
+
+
+def test_unsafe_positions_leave_the_loss_mask_and_are_counted(tmp_path):
+    traces = [
+        trace("a:0", "g", [1], [5, 6, 7], completion_logprobs=[None, -1.0, -0.5]),
+        trace("b:0", "g", [1], [8, 9]),
+        trace("c:0", "g", [1], [4], completion_logprobs=[float("nan")]),
+    ]
+    refs = [ref("a:0", [-1.0, -2.0, None]), ref("b:0", [-1.0, -1.0]), ref("c:0", [-1.0])]
+    rewards = [reward("a:0", 1.0), reward("b:0", 0.0), reward("c:0", 0.5)]
+    store = make_store(str(tmp_path / "s"), traces, rewards, refs=refs)
+    res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(kl="column", kl_estimator="k1"))
+    rows = by_id(read_set(res))
+    assert rows["a:0"]["loss_mask"] == [False, True, False] and rows["c:0"]["loss_mask"] == [False]
+    assert rows["a:0"]["token_advantages"] == [0.0, 0.5, 0.0] and rows["c:0"]["token_advantages"] == [0.0]
+    assert rows["a:0"]["kl"] == [None, 1.0, None] and rows["b:0"]["loss_mask"] == [True, True]
+    manifest = json.loads(Path(res.manifest_path).read_text())
+    assert manifest["statistics"]["unsafe_masked"] == {"tokens": 3, "samples": 2}
 
 
 def test_dry_run_writes_nothing_and_empty_store(tmp_path):
@@ -458,7 +495,9 @@ def test_rows_gathered_from_spill_match_the_store(tmp_path, monkeypatch):
         assert row["prompt_len"] == len(t["prompt_token_ids"])
         assert row["behavior_logprobs"] == t["completion_logprobs"]
         assert row["ref_logprobs"] == refs[sid]["ref_logprobs"]
-        assert row["loss_mask"] == (t["completion_mask"] or [True] * len(t["completion_token_ids"]))
+        mask = t["completion_mask"] or [True] * len(t["completion_token_ids"])
+        safe = [a is not None and b is not None for a, b in zip(t["completion_logprobs"], refs[sid]["ref_logprobs"])]
+        assert row["loss_mask"] == [m and ok for m, ok in zip(mask, safe, strict=True)]  # safe values only
         expected_kl = [
             None if (a is None or b is None or not m) else float(np.float32(k3(float(a) - float(b))))
             for a, b, m in zip(t["completion_logprobs"], refs[sid]["ref_logprobs"], row["loss_mask"], strict=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -65,7 +66,7 @@ def test_missing_truncated_and_leftover_files(built):
 
 
 def test_manifest_counts_are_recomputed(built):
-    path = f"{built.set_dir}/manifest.json"
+    path = built.manifest_path
     with open(path) as fh:
         manifest = json.load(fh)
     manifest["shards"][0]["rows"] += 1
@@ -80,6 +81,7 @@ def test_manifest_counts_are_recomputed(built):
 
 def test_a_sample_in_two_sets_is_reported(built, tmp_path):
     shutil.copytree(built.set_dir, tmp_path / "out" / "v9-copy")
+    shutil.copytree(os.path.dirname(built.manifest_path), tmp_path / "out" / ".prl" / "sets" / "v9-copy")
     found = verify_shards(str(tmp_path / "out")).problems
     assert found[0].file == "manifest.json" and f"set_id {built.set_id!r} != folder name" in found[0].problem
     twice = found[1:]

@@ -19,7 +19,6 @@ current set, in set-id order).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +31,8 @@ from prl.errors import UsageError
 from prl.loaders.rows import ROW_COLUMNS, Rows
 from prl.loaders.tinker import datum_json, tinker_arrays
 from prl.shards.layout import SetRef, resolve
+from prl.shards.manifest import FileEntry, Manifest, ManifestError
+from prl.shards.publish import sha256_file
 
 BATCH_ROWS = 1024
 
@@ -61,15 +62,10 @@ class ExportResult:
         }
 
 
-def _sha256(path: str) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def _lines(ref: SetRef, entry: dict[str, Any], verify: bool, with_mask: bool) -> tuple[list[bytes], int]:
+def _lines(ref: SetRef, entry: FileEntry, verify: bool, with_mask: bool) -> tuple[list[bytes], int]:
     """JSON lines of one shard and the number of rows skipped (fewer than two tokens)."""
-    path = os.path.join(ref.dir, entry["file"])
-    if verify and _sha256(path) != entry["sha256"]:
+    path = os.path.join(ref.dir, entry.file)
+    if verify and sha256_file(path) != entry.sha256:
         raise UsageError(f"{path} does not match the sha256 in its manifest")
     parquet = pq.ParquetFile(path)
     columns = [c for c in ROW_COLUMNS if c in parquet.schema_arrow.names]
@@ -99,14 +95,17 @@ def export_tinker(shard_dir: str, out_jsonl: str, verify: bool = True, with_mask
     against its manifest first. The output appears atomically (written to a temp file, then renamed)."""
     try:
         refs = resolve(shard_dir)
+        manifests = [Manifest.of(ref) for ref in refs]
     except UsageError:
         raise UsageError(f"{shard_dir} is not a shard set (no manifest.json for it)") from None
+    except ManifestError as exc:
+        raise UsageError(str(exc)) from None
     rows = skipped = shards = 0
     tmp = f"{out_jsonl}.tmp-{os.getpid()}"
     try:
         with open(tmp, "wb") as out:
-            for ref in refs:
-                for entry in ref.manifest()["shards"]:
+            for ref, manifest in zip(refs, manifests, strict=True):
+                for entry in manifest.shards:
                     lines, skipped_here = _lines(ref, entry, verify, with_mask)
                     shards += 1
                     rows += len(lines)

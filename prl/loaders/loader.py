@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from prl.errors import UsageError
 from prl.loaders.rows import ROW_COLUMNS, PackedBatch, PaddedBatch, Rows, pack, pad
 from prl.shards.layout import resolve
+from prl.shards.manifest import Manifest
 
 Layout = Literal["padded", "packed", "rows"]
 Batch = PaddedBatch | PackedBatch | Rows
@@ -101,7 +102,9 @@ class ShardLoader:
         self.pad_id, self.pad_to = pad_id, pad_to
         refs = resolve(path)
         self.set_ids = [r.set_id for r in refs]
-        self._parts = [_plan_part(p, r.set_id, batch_tokens is not None) for r in refs for p in r.part_paths()]
+        with_tokens = batch_tokens is not None
+        parts = [(r.set_id, p) for r in refs for p in Manifest.of(r).part_paths(r)]
+        self._parts = [_plan_part(path, set_id, with_tokens) for set_id, path in parts]
         self.epoch = 0
         self._next_batch = 0
         self._cache: OrderedDict[int, pa.Table] = OrderedDict()

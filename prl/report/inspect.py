@@ -26,8 +26,8 @@ import pyarrow.parquet as pq
 
 from prl.errors import ExitCode, UsageError
 from prl.schema import TABLES
-from prl.shards.manifest import INDEX, MANIFEST, Manifest
-from prl.shards.verify import set_dirs
+from prl.shards.layout import is_out, resolve
+from prl.shards.manifest import Manifest
 from prl.store.tables import Store, is_remote
 
 HISTOGRAM_BINS = 12
@@ -142,11 +142,10 @@ class ShardsInspection:
 
 # --- what is it? ---------------------------------------------------------------------------------------------
 def _is_shards(path: str) -> bool:
-    if os.path.isfile(os.path.join(path, MANIFEST)) or os.path.isfile(os.path.join(path, INDEX)):
-        return True
-    return os.path.isdir(path) and any(
-        os.path.isfile(os.path.join(path, name, MANIFEST)) for name in os.listdir(path) if not name.startswith(".")
-    )
+    try:
+        return bool(resolve(path)) or is_out(path)
+    except UsageError:
+        return False
 
 
 def _is_store(path: str) -> bool:
@@ -309,8 +308,8 @@ def inspect_shards(path: str) -> ShardsInspection:
     path = os.path.abspath(path)
     result = ShardsInspection(path=path)
     values: dict[str, list[np.ndarray]] = {m: [] for m in METRICS}
-    for folder in set_dirs(path):
-        manifest = Manifest.read(folder)
+    for ref in resolve(path):
+        folder, manifest = ref.dir, Manifest.of(ref)
         result.sets.append(_set_line(manifest))
         for reason, count in manifest.drops.items():
             result.drops[reason] = result.drops.get(reason, 0) + count

@@ -2,7 +2,8 @@
 columns, their plan rows and the scores.
 
 Per-token values are computed over cache-sized blocks of whole samples (:func:`prl.shards.gather.blocks`):
-``loss_mask`` (the completion mask, all True without one), ``token_advantages`` (the sample's advantage on
+``loss_mask`` (the completion mask, all True without one, less every position whose behaviour or reference
+logprob is null or not finite: no loss multiplies an undefined value), ``token_advantages`` (the sample's advantage on
 ``loss_mask`` tokens, 0 elsewhere, plus ``β·(mean_d − d_t)`` on valid tokens with ``kl = "advantages"``) and,
 with KL, the per-token estimate ``kl`` (null outside the loss mask or where a logprob is missing). Top-k heads are
 cut to the set's ``k`` (:func:`prl.numerics.heads.fixed_k`). Every value depends only on its own sample, so the
@@ -47,6 +48,24 @@ class _TokenValues:
     adv32_T: np.ndarray
     kl32_T: np.ndarray | None
     valid_T: np.ndarray | None
+    unsafe_tokens: int = 0
+    unsafe_samples: int = 0
+
+
+def _safe_mask(
+    m_T: np.ndarray, lp_T: np.ndarray, ref_T: np.ndarray | None, c_off: np.ndarray
+) -> tuple[np.ndarray, int, int]:
+    """``(loss mask, unsafe tokens, samples with one)``: a loss-mask position whose behaviour logprob (or, with
+    KL, reference logprob) is null or not finite leaves the mask, so every value a loss multiplies there (token
+    advantage, KL) is defined; ``token_advantages`` is then 0 and ``kl`` null at that position."""
+    safe_T = np.isfinite(lp_T)
+    if ref_T is not None:
+        safe_T &= np.isfinite(ref_T)
+    unsafe_T = m_T & ~safe_T
+    if not unsafe_T.any():
+        return m_T, 0, 0
+    row_T = np.repeat(np.arange(len(c_off) - 1), np.diff(c_off))
+    return m_T & safe_T, int(unsafe_T.sum()), len(np.unique(row_T[unsafe_T]))
 
 
 def _token_values(rows: Gathered, advantage_N: np.ndarray, mean_d: float, options: ShardOptions) -> _TokenValues:
@@ -55,12 +74,14 @@ def _token_values(rows: Gathered, advantage_N: np.ndarray, mean_d: float, option
     c_off = np.zeros(len(c_len) + 1, dtype=np.int64)
     np.cumsum(c_len, out=c_off[1:])
     m_T = mask_T(rows.traces.get("completion_mask"), c_off)
+    lp_T = rows.traces["completion_logprobs"].filled()
+    ref_T = rows.ref.filled() if rows.ref is not None else None
+    m_T, unsafe_tokens, unsafe_samples = _safe_mask(m_T, lp_T, ref_T, c_off)
     masked = not m_T.all()
     into_adv = options.kl == "advantages"
     n_tokens = len(m_T)
-    out = _TokenValues(c_off, m_T, np.empty(n_tokens, dtype=np.float32), None, None)
-    if rows.ref is not None:
-        lp_T, ref_T = rows.traces["completion_logprobs"].filled(), rows.ref.filled()
+    out = _TokenValues(c_off, m_T, np.empty(n_tokens, dtype=np.float32), None, None, unsafe_tokens, unsafe_samples)
+    if ref_T is not None:
         out.kl32_T, out.valid_T = np.empty(n_tokens, dtype=np.float32), np.empty(n_tokens, dtype=bool)
     for r0, r1 in blocks(c_off):
         t0, t1 = int(c_off[r0]), int(c_off[r1])
@@ -69,7 +90,7 @@ def _token_values(rows: Gathered, advantage_N: np.ndarray, mean_d: float, option
         adv_B = klmod.broadcast(advantage_N[r0:r1].astype(np.float64 if into_adv else np.float32), c_off[r0 : r1 + 1])
         if masked:
             adv_B *= m_T[t0:t1]
-        if out.kl32_T is not None and out.valid_T is not None:
+        if out.kl32_T is not None and out.valid_T is not None and ref_T is not None:
             mask_B = m_T[t0:t1] if masked else None  # all True: nothing to combine
             d_B, k_B, out.valid_T[t0:t1] = klmod.masked_kl(lp_T[t0:t1], ref_T[t0:t1], mask_B, options.kl_estimator)
             out.kl32_T[t0:t1] = k_B
@@ -100,12 +121,35 @@ def _head_columns(nested: pa.Table | None, k: int | None, n_rows: int) -> tuple[
     )
 
 
+@dataclass
+class Assembled:
+    """One shard's table, the sum (float64) and count of its per-token KL values (0.0, 0 without KL), and the
+    loss-mask positions taken out because a logprob there was null or not finite (and the samples they are in)."""
+
+    table: pa.Table
+    kl_sum: float
+    kl_tokens: int
+    unsafe_tokens: int
+    unsafe_samples: int
+
+
+def _sampling_columns(meta: pl.DataFrame) -> dict[str, pa.Array]:
+    """Per-row sampling settings and policy version as a step, from the plan rows (nulls where unknown)."""
+    out: dict[str, pa.Array] = {}
+    for name in ("temperature", "top_p", "top_k", "logprobs_mode", "policy_step", "policy_version_spans"):
+        if name in meta.columns:
+            out[name] = meta[name].to_arrow()
+        else:
+            out[name] = pa.nulls(meta.height, SHARD.field(name).type)
+    return out
+
+
 def assemble_shard(
     rows: Gathered, meta: pl.DataFrame, pos: slice, scores: Scores, options: ShardOptions, k: int | None
-) -> tuple[pa.Table, float, int]:
-    """One shard's Arrow table in ``SHARD`` schema, with the sum (float64) and count of its per-token KL values
-    (0.0, 0 without KL). ``rows`` are the shipped rows ``pos`` of the final order and ``meta`` their rows of the
-    plan; ``k`` is the set's head width (None without heads)."""
+) -> Assembled:
+    """One shard's Arrow table in ``SHARD`` schema and what was counted assembling it (:class:`Assembled`).
+    ``rows`` are the shipped rows ``pos`` of the final order and ``meta`` their rows of the plan; ``k`` is the
+    set's head width (None without heads)."""
     ids = rows.traces[INPUT_IDS]
     p_len, _ = ids.part_lengths
     values = _token_values(rows, scores.advantage_N[pos], scores.mean_d, options)
@@ -128,6 +172,7 @@ def assemble_shard(
         "group_size": pa.array(scores.group_size_N[pos]),
         "topk_ids": topk_ids,
         "topk_logprobs": topk_lps,
+        **_sampling_columns(meta),
     }
     arrays = []
     for f in SHARD:
@@ -135,7 +180,8 @@ def assemble_shard(
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks() if col.num_chunks else pa.array([], f.type)
         arrays.append(col.cast(f.type) if col.type != f.type else col)
-    return pa.Table.from_arrays(arrays, schema=SHARD), kl_tok_sum, kl_tok_n
+    table = pa.Table.from_arrays(arrays, schema=SHARD)
+    return Assembled(table, kl_tok_sum, kl_tok_n, values.unsafe_tokens, values.unsafe_samples)
 
 
-__all__ = ["Gathered", "assemble_shard"]
+__all__ = ["Assembled", "Gathered", "assemble_shard"]

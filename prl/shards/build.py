@@ -13,8 +13,9 @@
    gather a shard's rows from the spill, assemble its table and write it with pyarrow, hashed as written, while
    :data:`IO_THREADS` fsync and rename the files written. Every value is computed per shard or per sample, so
    the bytes do not depend on the threads.
-5. **Publish** (:mod:`prl.shards.publish`, :mod:`prl.shards.manifest`): ``manifest.json`` last, then the staging
-   folder is renamed to ``OUT/<set-id>/`` and ``OUT/_index.json`` is rewritten.
+5. **Publish** (:mod:`prl.shards.publish`, layout in :mod:`prl.shards.layout`): the staged parts folder is renamed
+   to ``OUT/<set-id>/``, then the staged meta folder (sample ids, ``manifest.json``) to ``OUT/.prl/sets/<set-id>/``,
+   and ``OUT/.prl/index.json`` is rewritten; a rebuild then retires the sets it replaces.
 
 Memory is bounded by one shard per worker thread plus a few scalars per sample, never by the table's token data.
 The set id is derived from the source table versions, the options, the earlier sets whose samples were skipped and
@@ -38,17 +39,27 @@ import pyarrow.compute as pc
 
 from prl.errors import UsageError
 from prl.schema import SCHEMA_VERSION, SHARD
-from prl.shards.assemble import Gathered, assemble_shard
+from prl.shards.assemble import Assembled, Gathered, assemble_shard
 from prl.shards.gather import INPUT_IDS, WORKERS, mask_column
+from prl.shards.layout import manifest_path
 from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, Totals, existing_sets
 from prl.shards.options import ShardOptions
 from prl.shards.plan import Plan, make_plan, shipped_ids
-from prl.shards.publish import clean_stale_staging, make_staging, publish_file, publish_set, write_json
+from prl.shards.publish import (
+    Staging,
+    clean_stale_staging,
+    discard_staging,
+    make_staging,
+    publish_file,
+    publish_set,
+    retire_sets,
+    write_json,
+)
 from prl.shards.result import ShardResult
 from prl.shards.scan import HEAD_COLUMNS
 from prl.shards.scores import Scores, compute_scores, log_ratio_totals
 from prl.shards.spill import ScanSpill
-from prl.shards.statistics import build_statistics, heads_info, kl_statistics
+from prl.shards.statistics import build_statistics, heads_info, kl_statistics, sampling_summary
 from prl.shards.writer import WRITER, write_sample_ids, write_shard
 from prl.store.locks import holding, step_name
 from prl.store.tables import Store
@@ -127,7 +138,8 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
             scores = compute_scores(plan.ship, options)
         result.statistics = build_statistics(plan, scores, options)
         return result
-    return _build(store, out, versions, options, shipped, prior, set_id, result)
+    replaces = [m.set_id for m in existing_sets(out) if m.set_id != set_id] if rebuild else []
+    return _build(store, out, versions, options, shipped, prior, set_id, result, replaces)
 
 
 def _build(
@@ -139,20 +151,21 @@ def _build(
     prior: list[Manifest],
     set_id: str,
     result: ShardResult,
+    replaces: list[str],
 ) -> ShardResult:
-    """Plan with spills in a staging folder, write the set there and publish it (or remove it when nothing ships)."""
+    """Plan with spills in a staging folder, write the set there and publish it (or remove it when nothing ships);
+    then retire the sets in ``replaces`` (those a rebuild replaces)."""
     made_out = not os.path.isdir(out)
     os.makedirs(out, exist_ok=True)
     staging = make_staging(out, set_id)
     try:
-        spill_dir = os.path.join(staging, "_spill")
-        os.makedirs(spill_dir)
+        spill_dir = staging.spill
         trace_spill = ScanSpill(os.path.join(spill_dir, "traces.arrow"))
         ref_spill = ScanSpill(os.path.join(spill_dir, "ref_logprobs.arrow")) if options.kl != "none" else None
         plan = make_plan(store, versions, options, shipped, trace_spill, ref_spill)
         result.count(plan, options)
         if plan.ship.is_empty():
-            shutil.rmtree(staging)
+            discard_staging(staging, out)
             if made_out:
                 os.rmdir(out)
             result.statistics = build_statistics(plan, None, options)
@@ -160,10 +173,12 @@ def _build(
         spills = _Spills(trace_spill, ref_spill, spill_dir)
         manifest = _write_set(staging, spills, plan, options, versions, prior, set_id)
         final = publish_set(staging, out, set_id)
+        retire_sets(out, replaces)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        discard_staging(staging, out)
         raise
     result.status, result.set_id, result.set_dir = "built", set_id, final
+    result.manifest_path = manifest_path(out, set_id)
     result.rows, result.tokens = manifest.totals.rows, manifest.totals.tokens
     result.shards = [e.to_json() for e in manifest.shards]
     result.statistics = manifest.statistics
@@ -180,7 +195,7 @@ class _Spills:
 
 
 def _write_set(
-    staging: str,
+    staging: Staging,
     spills: _Spills,
     plan: Plan,
     options: ShardOptions,
@@ -199,13 +214,14 @@ def _write_set(
     scores = compute_scores(ship, options, totals)
     expected = ship["sample_id"].to_arrow().cast(pa.string())
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
-        samples = io.submit(_write_samples, os.path.join(staging, SAMPLES_FILE), expected)
-        written = _write_shards(staging, spills, plan, bounds, scores, options, io)
+        samples = io.submit(_write_samples, os.path.join(staging.meta, SAMPLES_FILE), expected)
+        written = _write_shards(staging.parts, spills, plan, bounds, scores, options, io)
         samples_entry = samples.result()
     shutil.rmtree(spills.folder, ignore_errors=True)  # gone already, unless a shard failed
     statistics = build_statistics(plan, scores, options)
     if options.kl != "none":
         statistics["kl"] = kl_statistics(options, scores, written.kl_sum, written.kl_tokens)
+    statistics["unsafe_masked"] = {"tokens": written.unsafe_tokens, "samples": written.unsafe_samples}
     manifest = Manifest(
         set_id=set_id,
         schema_version=SCHEMA_VERSION,
@@ -229,8 +245,9 @@ def _write_set(
         statistics=statistics,
         drops=plan.drops,
         conventions=_conventions(options),
+        sampling=sampling_summary(ship),
     )
-    write_json(os.path.join(staging, MANIFEST), manifest.to_json())
+    write_json(os.path.join(staging.meta, MANIFEST), manifest.to_json())
     return manifest
 
 
@@ -253,6 +270,8 @@ def _conventions(options: ShardOptions) -> dict[str, object]:
         "token_advantages": token_advantages,
         "kl": "per-token estimate; null where the token is outside loss_mask or a logprob is missing",
         "behavior_logprobs": "as sampled; null where the server gave none (never 0.0)",
+        "loss_mask": "completion mask, less every position whose behaviour or reference logprob is null or not "
+        "finite (counted in statistics.unsafe_masked): no loss multiplies an undefined value",
     }
 
 
@@ -270,6 +289,8 @@ class _Written:
     entries: list[FileEntry]
     kl_sum: float
     kl_tokens: int
+    unsafe_tokens: int = 0
+    unsafe_samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -319,7 +340,7 @@ def _write_shards(
     counting = threading.Lock()
     index = _RowIndex.of(plan, spills.ref is not None)
 
-    def one(s: int) -> tuple[FileEntry, Future[None], float, int]:
+    def one(s: int) -> tuple[FileEntry, Future[None], Assembled]:
         lo, hi = int(bounds[s]), int(bounds[s + 1])
         rows = index.gather(spills, plan.k, lo, hi)
         with counting:
@@ -327,7 +348,8 @@ def _write_shards(
             if to_gather[0] == 0:
                 io.submit(shutil.rmtree, spills.folder, ignore_errors=True)
         meta = plan.ship.slice(lo, hi - lo)
-        shard, kl_sum, kl_n = assemble_shard(rows, meta, slice(lo, hi), scores, options, plan.k)
+        assembled = assemble_shard(rows, meta, slice(lo, hi), scores, options, plan.k)
+        shard = assembled.table
         del rows
         name = f"part-{s:05d}.parquet"
         path = os.path.join(staging, name)
@@ -342,16 +364,18 @@ def _write_shards(
             tokens=int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
             completion_tokens=int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
         )
-        return entry, sealed, kl_sum, kl_n
+        return entry, sealed, assembled
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
         written = list(pool.map(one, range(len(bounds) - 1)))
     result = _Written([], 0.0, 0)
-    for entry, sealed, kl_sum, kl_n in written:
+    for entry, sealed, assembled in written:
         sealed.result()
         result.entries.append(entry)
-        result.kl_sum += kl_sum
-        result.kl_tokens += kl_n
+        result.kl_sum += assembled.kl_sum
+        result.kl_tokens += assembled.kl_tokens
+        result.unsafe_tokens += assembled.unsafe_tokens
+        result.unsafe_samples += assembled.unsafe_samples
     return result
 
 

@@ -14,7 +14,7 @@ any file of another schema or format, so nothing but parts may live under a set 
 under ``OUT/.prl/``, which ``pyarrow.dataset``, pandas and ``datasets`` skip (a leading dot) and which the globs
 ``OUT/*/part-*.parquet`` and ``OUT/*/*.parquet`` never reach (staged parts are two folders down). A recursive glob
 over ``OUT`` (``OUT/**/*.parquet``) does reach staging and side files: list the current files with
-:func:`list_sets` (``prl shards list OUT``) instead.
+:func:`prl.shards.listing.list_sets` (``prl shards list OUT``) instead.
 
 Sets written before this layout (``manifest.json`` and ``sample_ids.parquet`` inside the set folder) are still
 found and read.
@@ -22,12 +22,10 @@ found and read.
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from prl.errors import ExitCode, UsageError
+from prl.errors import UsageError
 
 META = ".prl"
 MANIFEST = "manifest.json"
@@ -80,19 +78,8 @@ class SetRef:
     legacy: bool = False
     """True for a set written with its manifest inside the set folder (before this layout)."""
 
-    def manifest(self) -> dict[str, Any]:
-        """The parsed ``manifest.json``."""
-        with open(self.manifest_path, encoding="utf-8") as fh:
-            manifest: dict[str, Any] = json.load(fh)
-        return manifest
 
-    def part_paths(self, manifest: dict[str, Any] | None = None) -> list[str]:
-        """Absolute paths of the set's Parquet parts, in manifest order."""
-        manifest = manifest if manifest is not None else self.manifest()
-        return [os.path.join(self.dir, entry["file"]) for entry in manifest["shards"]]
-
-
-def _ref(out: str, set_id: str) -> SetRef | None:
+def set_ref(out: str, set_id: str) -> SetRef | None:
     """The set ``set_id`` of ``out`` when it is complete (its folder and its manifest exist), else None."""
     folder = os.path.join(out, set_id)
     if not os.path.isdir(folder):
@@ -110,7 +97,7 @@ def find_sets(out: str) -> list[SetRef]:
     """The complete shard sets of ``out``, by set id (an ``OUT`` that does not exist holds none)."""
     if not os.path.isdir(out):
         return []
-    refs = [_ref(out, name) for name in sorted(os.listdir(out)) if not name.startswith((".", "_"))]
+    refs = [set_ref(out, name) for name in sorted(os.listdir(out)) if not name.startswith((".", "_"))]
     return [r for r in refs if r is not None]
 
 
@@ -124,7 +111,7 @@ def resolve(path: str) -> list[SetRef]:
     ``OUT`` folder. Raises :class:`~prl.errors.UsageError` when it is neither."""
     path = os.path.abspath(path)
     parent, name = os.path.split(path.rstrip(os.sep))
-    own = _ref(parent, name) if name and not name.startswith(".") else None
+    own = set_ref(parent, name) if name and not name.startswith(".") else None
     if own is not None:
         return [own]
     if os.path.isdir(path):
@@ -135,74 +122,19 @@ def resolve(path: str) -> list[SetRef]:
     raise UsageError(f"{path} is not a shard set or a folder of shard sets")
 
 
-@dataclass
-class SetListing:
-    """One current set as :func:`list_sets` reports it: its parts, absolute paths in manifest order."""
-
-    set_id: str
-    dir: str
-    rows: int
-    tokens: int
-    files: list[str]
-
-
-@dataclass
-class ShardList:
-    """The current complete sets of ``out`` (``prl shards list``); ``files`` is every part of every set."""
-
-    out: str
-    sets: list[SetListing] = field(default_factory=list)
-
-    @property
-    def files(self) -> list[str]:
-        return [f for s in self.sets for f in s.files]
-
-    @property
-    def exit_code(self) -> int:
-        return int(ExitCode.OK)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "command": "shards list",
-            "out": self.out,
-            "sets": [vars(s) for s in self.sets],
-            "files": self.files,
-            "rows": sum(s.rows for s in self.sets),
-            "exit_code": self.exit_code,
-        }
-
-
-def list_sets(path: str) -> ShardList:
-    """The files of the current complete sets of an ``OUT`` folder (or of one set folder): what a trainer
-    should read. Staged builds, retired sets and side files are never listed."""
-    path = os.path.abspath(path)
-    result = ShardList(out=path)
-    for ref in resolve(path):
-        manifest = ref.manifest()
-        totals = manifest.get("totals", {})
-        result.sets.append(
-            SetListing(
-                ref.set_id, ref.dir, int(totals.get("rows", 0)), int(totals.get("tokens", 0)), ref.part_paths(manifest)
-            )
-        )
-    return result
-
-
 __all__ = [
     "INDEX",
     "MANIFEST",
     "META",
     "SAMPLES_FILE",
-    "SetListing",
     "SetRef",
-    "ShardList",
     "find_sets",
     "index_path",
-    "list_sets",
     "manifest_path",
     "meta_dir",
     "resolve",
     "retired_root",
     "samples_path",
+    "set_ref",
     "staging_root",
 ]

@@ -1,7 +1,6 @@
-"""A shard set's ``manifest.json`` as a typed :class:`Manifest` (design.md §6), and the set folders of ``OUT``.
+"""A shard set's ``manifest.json`` as a typed :class:`Manifest` (design.md §6), and the sets of ``OUT``.
 
-A set folder ``OUT/<set-id>/`` holds its Parquet parts, the sorted sample ids (:data:`SAMPLES_FILE`) and
-``manifest.json`` (:data:`MANIFEST`), written last. :meth:`Manifest.to_json` is exactly the JSON object written;
+Where a set's files live is :mod:`prl.shards.layout`; the manifest is written last, after every file it names. :meth:`Manifest.to_json` is exactly the JSON object written;
 :meth:`Manifest.from_json` reads one back and raises :class:`ManifestError` (a ``ValueError``) naming the first key
 that is missing or of the wrong kind. Readers (verify, inspect, export) take a :class:`Manifest`, never the dict.
 """
@@ -11,12 +10,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-MANIFEST = "manifest.json"
-SAMPLES_FILE = "sample_ids.parquet"
-INDEX = "_index.json"
+from prl.shards.layout import INDEX, MANIFEST, SAMPLES_FILE, SetRef, find_sets
+
 FORMAT = "prl.shards"
 
 
@@ -95,6 +93,8 @@ class Manifest:
     statistics: dict[str, Any]
     drops: dict[str, int]
     conventions: dict[str, Any]
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """Sampling settings and policy versions of the shipped rows (:func:`prl.shards.statistics.sampling_summary`)."""
 
     @property
     def kl(self) -> str:
@@ -125,6 +125,7 @@ class Manifest:
             "statistics": self.statistics,
             "drops": self.drops,
             "conventions": self.conventions,
+            "sampling": self.sampling,
         }
 
     @classmethod
@@ -154,13 +155,12 @@ class Manifest:
             statistics=dict(obj.get("statistics", {})),
             drops={str(k): int(v) for k, v in dict(obj.get("drops", {})).items()},
             conventions=dict(obj.get("conventions", {})),
+            sampling=dict(obj.get("sampling", {})),
         )
 
     @classmethod
-    def read(cls, folder: str) -> Manifest:
-        """The manifest of the set in ``folder``; ``OSError`` when unreadable, :class:`ManifestError` when
-        malformed."""
-        path = os.path.join(folder, MANIFEST)
+    def read_file(cls, path: str) -> Manifest:
+        """The manifest in the file ``path``; ``OSError`` when unreadable, :class:`ManifestError` when malformed."""
         with open(path, encoding="utf-8") as fh:
             try:
                 obj = json.load(fh)
@@ -168,16 +168,19 @@ class Manifest:
                 raise ManifestError(f"{path}: not JSON: {exc}") from None
         return cls.from_json(obj, path)
 
+    @classmethod
+    def of(cls, ref: SetRef) -> Manifest:
+        """The manifest of the set ``ref`` (:func:`prl.shards.layout.resolve`)."""
+        return cls.read_file(ref.manifest_path)
+
+    def part_paths(self, ref: SetRef) -> list[str]:
+        """Absolute paths of the set's Parquet parts, in manifest order."""
+        return [os.path.join(ref.dir, entry.file) for entry in self.shards]
+
 
 def existing_sets(out: str) -> list[Manifest]:
-    """Manifests of the complete shard sets in ``out`` (folders holding a ``manifest.json``), by set id."""
-    if not os.path.isdir(out):
-        return []
-    return [
-        Manifest.read(os.path.join(out, name))
-        for name in sorted(os.listdir(out))
-        if not name.startswith(".") and os.path.isfile(os.path.join(out, name, MANIFEST))
-    ]
+    """Manifests of the complete shard sets in ``out`` (:func:`prl.shards.layout.find_sets`), by set id."""
+    return [Manifest.of(ref) for ref in find_sets(out)]
 
 
 __all__ = [

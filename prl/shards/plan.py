@@ -10,7 +10,6 @@ tokens; within a group, samples follow ``sample_id``. Each shard is a run of the
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 
 from prl.errors import UsageError
 from prl.numerics import advantages as adv
+from prl.shards.layout import set_ref
 from prl.shards.manifest import Manifest
 from prl.shards.options import VERSION_RE, ShardOptions, parse_version
 from prl.shards.scan import latest_rewards, latest_verdicts, scan_refs, scan_traces
@@ -108,7 +108,7 @@ class Plan:
     """The shipped samples in final order, with their shard numbers, and what was dropped."""
 
     ship: pl.DataFrame
-    """Columns: row, sample_id, group_id, policy_version, staleness, prompt_len, completion_len, has_mask, score,
+    """Columns: row, sample_id, group_id, policy_version, policy_step, policy_version_spans, staleness, prompt_len, completion_len, has_mask, score,
     shard, (ref_row), (baseline_key), temperature, top_p, top_k, logprobs_mode, head_width, and in a build with
     ``kl = "advantages"`` each side's logprob sum and whether it covers every token (lp_sum, lp_simple, ref_sum,
     ref_simple; :func:`prl.shards.scan.side_sums`)."""
@@ -121,11 +121,18 @@ class Plan:
     constant_groups: int = 0
 
 
+def _samples_path(out: str, set_id: str) -> str:
+    ref = set_ref(out, set_id)
+    if ref is None:
+        raise FileNotFoundError(f"shard set {set_id} of {out} is gone")
+    return ref.samples_path
+
+
 def shipped_ids(out: str, prior: list[Manifest]) -> pa.Array | None:
     """The sample ids earlier sets in ``out`` shipped, as one Arrow string array (None when there are none):
     read column-wise from each set's ``sample_ids`` file, never as Python strings."""
     columns = [
-        pq.read_table(os.path.join(out, m.set_id, m.samples.file), columns=["sample_id"])
+        pq.read_table(_samples_path(out, m.set_id), columns=["sample_id"])
         .column("sample_id")
         .combine_chunks()
         .cast(pa.string())
@@ -178,6 +185,7 @@ def _read_inputs(
 def _with_staleness(traces: pl.DataFrame, options: ShardOptions) -> tuple[pl.DataFrame, int | None]:
     """``traces`` with ``staleness = current − version`` and the current version (the option, else the newest)."""
     traces = traces.with_columns(pl.col("policy_version").str.extract(VERSION_RE, 1).cast(pl.Int64).alias("_v"))
+    traces = traces.with_columns(pl.col("_v").alias("policy_step"))
     current = parse_version(options.current_version) if options.current_version else traces["_v"].max()
     traces = traces.with_columns((pl.lit(current, dtype=pl.Int64) - pl.col("_v")).alias("staleness"))
     return traces, current  # type: ignore[return-value]

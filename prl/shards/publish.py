@@ -1,11 +1,12 @@
-"""Atomic publication of a shard set: staging folder, fsync + rename of each file, the set folder's rename, the
-``OUT/_index.json`` listing (design.md §6).
+"""Atomic publication of a shard set in the layout of :mod:`prl.shards.layout` (design.md §6).
 
-A build writes everything into ``OUT/.staging-<set-id>-<pid>-<nonce>/``: each part as ``*.tmp``, fsynced and
-renamed (:func:`publish_file`), then ``manifest.json`` the same way (:func:`write_json`), then the staging folder
-is fsynced and renamed to ``OUT/<set-id>/`` (:func:`publish_set`; an existing set of that id is moved aside to
-``.trash-…`` first and removed after) and ``OUT`` is fsynced. A reader that sees a set folder therefore sees its
-manifest and every file it names. Staging and trash folders of killed builds are removed by the next build
+A build writes into a staging folder ``OUT/.prl/staging/<set-id>-<pid>-<nonce>/`` (:class:`Staging`): the parts
+into ``parts/`` and the sample ids and ``manifest.json`` into ``meta/``, each file as ``*.tmp``, fsynced and
+renamed (:func:`publish_file`, :func:`write_json`); spills go to ``spill/``. :func:`publish_set` then renames
+``parts/`` to ``OUT/<set-id>/`` (so a glob sees a set's rows all at once or not at all) and after it ``meta/`` to
+``OUT/.prl/sets/<set-id>/``: the manifest appears last, so a reader that sees a manifest sees every part it names.
+A set of the same id is moved aside to ``OUT/.prl/retired/`` first and removed after; :func:`retire_sets` does the
+same for the sets a rebuild replaces. Staging and retired folders of killed builds are removed by the next build
 (:func:`clean_stale_staging`).
 """
 
@@ -14,12 +15,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from prl.schema import SCHEMA_VERSION
-from prl.shards.manifest import INDEX, existing_sets
+from prl.shards.layout import index_path, meta_dir, meta_root, retired_root, set_ref, staging_root
+from prl.shards.manifest import existing_sets
 from prl.store.locks import pid_alive
 
 
@@ -58,43 +62,113 @@ def _nonce() -> str:
     return f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def make_staging(out: str, set_id: str) -> str:
-    """Create and return a fresh staging folder for ``set_id`` inside ``out``."""
-    staging = os.path.join(out, f".staging-{set_id}-{_nonce()}")
-    os.makedirs(staging)
+@dataclass(frozen=True)
+class Staging:
+    """A build's staging folder: ``parts`` (becomes ``OUT/<set-id>``), ``meta`` (becomes the set's meta folder)
+    and ``spill`` (removed once the shards are gathered)."""
+
+    root: str
+
+    @property
+    def parts(self) -> str:
+        return os.path.join(self.root, "parts")
+
+    @property
+    def meta(self) -> str:
+        return os.path.join(self.root, "meta")
+
+    @property
+    def spill(self) -> str:
+        return os.path.join(self.root, "spill")
+
+
+def make_staging(out: str, set_id: str) -> Staging:
+    """Create a fresh staging folder for ``set_id`` in ``out`` (with its three subfolders)."""
+    staging = Staging(os.path.join(staging_root(out), f"{set_id}-{_nonce()}"))
+    for folder in (staging.parts, staging.meta, staging.spill):
+        os.makedirs(folder)
     return staging
 
 
+def discard_staging(staging: Staging, out: str) -> None:
+    """Remove a staging folder that will not be published (a failed build, or nothing to ship), and ``OUT/.prl``
+    too when nothing else is left in it."""
+    shutil.rmtree(staging.root, ignore_errors=True)
+    for folder in (staging_root(out), meta_root(out)):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            break  # not empty: other sets or builds live there
+
+
+def _pid_of(name: str) -> int | None:
+    parts = name.split("-")
+    return int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
+
+
+SET_ID_RE = re.compile(r"v\d+-[0-9a-f]{12}")
+"""What a set id looks like (:func:`prl.shards.build.build_shards`): only such folders are ever removed from OUT."""
+
+
 def clean_stale_staging(out: str) -> None:
-    """Remove staging and trash folders left by killed builds (their pid is gone)."""
-    for name in os.listdir(out):
-        if not name.startswith((".staging-", ".trash-")):
+    """Remove what killed builds left (call it holding the build lock): staging and retired folders whose pid is
+    gone, the staging and trash folders earlier prl versions left in ``OUT`` itself, and set folders whose
+    manifest never appeared (a build killed between the two renames of :func:`publish_set`)."""
+    for parent in (staging_root(out), retired_root(out), out):
+        if not os.path.isdir(parent):
             continue
-        parts = name.split("-")
-        pid = int(parts[-2]) if len(parts) >= 3 and parts[-2].isdigit() else None
-        if pid is None or not pid_alive(pid):
-            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+        for name in os.listdir(parent):
+            if parent == out:
+                if SET_ID_RE.fullmatch(name) and set_ref(out, name) is None and os.path.isdir(os.path.join(out, name)):
+                    shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+                if not name.startswith((".staging-", ".trash-")):
+                    continue
+            pid = _pid_of(name)
+            if pid is None or not pid_alive(pid):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
 
 
-def publish_set(staging: str, out: str, set_id: str) -> str:
-    """Make the complete ``staging`` folder the set ``OUT/<set_id>/`` (replacing one of that id) and rewrite the
-    index; returns the set folder."""
-    fsync_dir(staging)
+def _retire(out: str, set_id: str) -> None:
+    """Move set ``set_id`` (its rows, then its meta folder; a legacy set's manifest goes with its rows) to
+    ``OUT/.prl/retired/`` and remove it there."""
+    trash = os.path.join(retired_root(out), f"{set_id}-{_nonce()}")
+    os.makedirs(trash)
+    for source, name in ((os.path.join(out, set_id), "parts"), (meta_dir(out, set_id), "meta")):
+        if os.path.exists(source):
+            os.replace(source, os.path.join(trash, name))
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def publish_set(staging: Staging, out: str, set_id: str) -> str:
+    """Make the complete ``staging`` the set ``OUT/<set_id>/`` with its meta folder (replacing a set of that id)
+    and rewrite the index; returns the set folder."""
+    fsync_dir(staging.parts)
+    fsync_dir(staging.meta)
     final = os.path.join(out, set_id)
-    if os.path.exists(final):
-        trash = os.path.join(out, f".trash-{set_id}-{_nonce()}")
-        os.replace(final, trash)
-        os.replace(staging, final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(staging, final)
+    if os.path.exists(final) or os.path.exists(meta_dir(out, set_id)):
+        _retire(out, set_id)
+    os.makedirs(os.path.dirname(meta_dir(out, set_id)), exist_ok=True)
+    os.replace(staging.parts, final)
     fsync_dir(out)
+    os.replace(staging.meta, meta_dir(out, set_id))  # the manifest appears last
+    fsync_dir(os.path.dirname(meta_dir(out, set_id)))
+    shutil.rmtree(staging.root, ignore_errors=True)
     write_index(out)
     return final
 
 
+def retire_sets(out: str, set_ids: list[str]) -> None:
+    """Remove the sets ``set_ids`` of ``out`` (those a rebuild replaced), each rows first, then meta; rewrite the
+    index."""
+    for set_id in set_ids:
+        _retire(out, set_id)
+    if set_ids:
+        fsync_dir(out)
+        write_index(out)
+
+
 def write_index(out: str) -> None:
-    """Rewrite ``OUT/_index.json`` from the manifests present: one line per set, first sets first."""
+    """Rewrite ``OUT/.prl/index.json`` from the manifests present: one line per set, first sets first."""
     sets = sorted(existing_sets(out), key=lambda m: (len(m.excluded_sets), m.set_id))
     index = {
         "schema_version": SCHEMA_VERSION,
@@ -105,20 +179,24 @@ def write_index(out: str) -> None:
                 "tokens": m.totals.tokens,
                 "source_versions": m.source_versions,
                 "options_sha256": m.options_sha256,
-                "samples_file": f"{m.set_id}/{m.samples.file}",
+                "files": [f"{m.set_id}/{e.file}" for e in m.shards],
             }
             for m in sets
         ],
     }
-    write_json(os.path.join(out, INDEX), index)
+    os.makedirs(meta_root(out), exist_ok=True)
+    write_json(index_path(out), index)
 
 
 __all__ = [
+    "Staging",
     "clean_stale_staging",
+    "discard_staging",
     "fsync_dir",
     "make_staging",
     "publish_file",
     "publish_set",
+    "retire_sets",
     "sha256_file",
     "write_index",
     "write_json",

@@ -18,6 +18,8 @@ class ShardResult:
     status: str
     set_id: str | None = None
     set_dir: str | None = None
+    manifest_path: str | None = None
+    """Where the set's ``manifest.json`` is (``OUT/.prl/sets/<set-id>/``, :mod:`prl.shards.layout`)."""
     rows: int = 0
     tokens: int = 0
     shards: list[dict[str, Any]] = field(default_factory=list)
@@ -39,6 +41,7 @@ class ShardResult:
             "status": self.status,
             "set_id": self.set_id,
             "set_dir": self.set_dir,
+            "manifest_path": self.manifest_path,
             "rows": self.rows,
             "tokens": self.tokens,
             "shards": self.shards,

@@ -35,6 +35,7 @@ _PLAN_TRACE_SCALARS = (
     "sample_id",
     "group_id",
     "policy_version",
+    "policy_version_spans",
     "finish_reason",
     "temperature",
     "top_p",

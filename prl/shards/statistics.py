@@ -33,24 +33,43 @@ def summary(values: np.ndarray) -> dict[str, float | int | None]:
     }
 
 
+SAMPLING_SETTINGS = ("temperature", "top_p", "top_k", "logprobs_mode")
+
+
+def sampling_summary(ship: pl.DataFrame) -> dict[str, Any]:
+    """The manifest's ``sampling``: for each sampling setting, the rows per known value (values ascending) and
+    the rows where the trace did not record it; for the policy, the step range, the distinct versions and the
+    rows with per-token version spans."""
+    out: dict[str, Any] = {}
+    for name in SAMPLING_SETTINGS:
+        counts = ship.group_by(name).len().drop_nulls(name).sort(name)
+        out[name] = {
+            "values": [
+                {"value": float(v) if isinstance(v, float) else v, "rows": int(n)}
+                for v, n in zip(counts[name].to_list(), counts["len"].to_list(), strict=True)
+            ],
+            "unknown": int(ship[name].null_count()),
+        }
+    steps = ship["policy_step"].drop_nulls()
+    out["policy"] = {
+        "versions": int(ship["policy_version"].drop_nulls().n_unique()),
+        "unknown_version": int(ship["policy_version"].null_count()),
+        "min_step": int(steps.min()) if len(steps) else None,  # type: ignore[arg-type]
+        "max_step": int(steps.max()) if len(steps) else None,  # type: ignore[arg-type]
+        "rows_with_spans": int(ship["policy_version_spans"].list.len().fill_null(0).gt(0).sum()),
+    }
+    return out
+
+
 def heads_info(ship: pl.DataFrame, k: int | None) -> dict[str, Any]:
-    """The manifest's ``heads``: k, padding, and the distinct sampling settings of the shipped samples."""
-
-    def distinct(col: str) -> list[Any]:
-        values = ship[col].unique().sort(nulls_last=True).to_list()
-        return [float(v) if isinstance(v, float) else v for v in values]
-
+    """The manifest's ``heads``: k, padding, and the sampling settings of the shipped samples
+    (:func:`sampling_summary`, which score centering needs beside the heads)."""
     return {
         "k": k,
         "pad_id": heads.PAD_ID,
         "pad_logprob": "-inf",
         "convention": "first k entries per position (sorted descending); rows narrower than k never ship",
-        "sampling": {
-            "temperature": distinct("temperature"),
-            "top_p": distinct("top_p"),
-            "top_k": distinct("top_k"),
-            "logprobs_mode": distinct("logprobs_mode"),
-        },
+        "sampling": {name: sampling_summary(ship)[name] for name in SAMPLING_SETTINGS},
     }
 
 

@@ -17,8 +17,9 @@ import polars as pl
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prl.errors import ExitCode, UsageError
-from prl.shards.manifest import INDEX, MANIFEST, SAMPLES_FILE, FileEntry, Manifest, ManifestError
+from prl.errors import ExitCode
+from prl.shards.layout import MANIFEST, SAMPLES_FILE, SetRef, resolve
+from prl.shards.manifest import FileEntry, Manifest, ManifestError
 from prl.shards.publish import sha256_file
 
 BATCH_ROWS = 1024
@@ -58,20 +59,9 @@ class VerifyResult:
 
 
 def set_dirs(path: str) -> list[str]:
-    """The shard-set folders ``path`` names: itself when it holds a manifest, else its sets (an ``OUT`` folder).
-    Raises :class:`UsageError` when it is neither."""
-    if os.path.isfile(os.path.join(path, MANIFEST)):
-        return [path]
-    if os.path.isdir(path):
-        sets = [
-            os.path.join(path, name)
-            for name in sorted(os.listdir(path))
-            if not name.startswith(".") and os.path.isfile(os.path.join(path, name, MANIFEST))
-        ]
-        if sets or os.path.isfile(os.path.join(path, INDEX)):
-            return sets
-        raise UsageError(f"{path} holds no shard set (no {MANIFEST} in it or in its subfolders)")
-    raise UsageError(f"{path} is not a shard set or a folder of shard sets")
+    """The shard-set folders ``path`` names: itself when it is a set, else the sets of an ``OUT`` folder
+    (:func:`prl.shards.layout.resolve`). Raises :class:`UsageError` when it is neither."""
+    return [ref.dir for ref in resolve(path)]
 
 
 def _count_tokens(path: str) -> tuple[int, int]:
@@ -118,37 +108,40 @@ def _check_shard(set_id: str, folder: str, entry: FileEntry, result: VerifyResul
         result.problems.append(Problem(set_id, entry.file, f"tokens {tokens} != manifest {entry.tokens}"))
 
 
-def verify_set(folder: str, result: VerifyResult) -> None:
-    """Verify one shard set folder into ``result``."""
+def verify_set(ref: SetRef, result: VerifyResult) -> None:
+    """Verify one shard set into ``result``."""
+    set_id, folder = ref.set_id, ref.dir
     try:
-        manifest = Manifest.read(folder)
+        manifest = Manifest.of(ref)
     except (OSError, ManifestError) as exc:
-        result.problems.append(Problem(os.path.basename(folder), MANIFEST, f"unreadable: {exc}"))
+        result.problems.append(Problem(set_id, MANIFEST, f"unreadable: {exc}"))
         return
-    set_id = os.path.basename(folder)
     result.sets.append(set_id)
     if manifest.set_id != set_id:
         result.problems.append(Problem(set_id, MANIFEST, f"set_id {manifest.set_id!r} != folder name"))
+    listed = {e.file for e in manifest.shards}
     for name in sorted(os.listdir(folder)):
         if ".tmp" in name:
             result.problems.append(Problem(set_id, name, "leftover temporary file in a published set"))
+        elif not ref.legacy and name not in listed:
+            result.problems.append(Problem(set_id, name, "a file the manifest does not name, in the set folder"))
     for entry in manifest.shards:
         result.shards += 1
         _check_shard(set_id, folder, entry, result)
     samples = manifest.samples
-    if _check_file(set_id, folder, samples, result):
-        rows = pq.ParquetFile(os.path.join(folder, samples.file)).metadata.num_rows
+    samples_dir = os.path.dirname(ref.samples_path)
+    if _check_file(set_id, samples_dir, samples, result):
+        rows = pq.ParquetFile(os.path.join(samples_dir, samples.file)).metadata.num_rows
         if rows != samples.rows:
             result.problems.append(Problem(set_id, samples.file, f"rows {rows} != manifest {samples.rows}"))
 
 
-def _shipped_twice(folders: list[str], result: VerifyResult) -> None:
+def _shipped_twice(refs: list[SetRef], result: VerifyResult) -> None:
     """Sample ids that appear in more than one set's sample-id file (a streaming polars group-by)."""
     frames = []
-    for folder in folders:
-        path = os.path.join(folder, SAMPLES_FILE)
-        if os.path.isfile(path):
-            frames.append(pl.scan_parquet(path).select("sample_id", pl.lit(os.path.basename(folder)).alias("set")))
+    for ref in refs:
+        if os.path.isfile(ref.samples_path):
+            frames.append(pl.scan_parquet(ref.samples_path).select("sample_id", pl.lit(ref.set_id).alias("set")))
     if len(frames) < 2:
         return
     twice = (
@@ -168,10 +161,10 @@ def verify_shards(path: str) -> VerifyResult:
     """Verify a shard set, or every set of an ``OUT`` folder (see the module docstring)."""
     path = os.path.abspath(path)
     result = VerifyResult(path=path)
-    folders = set_dirs(path)
-    for folder in folders:
-        verify_set(folder, result)
-    _shipped_twice(folders, result)
+    refs = resolve(path)
+    for ref in refs:
+        verify_set(ref, result)
+    _shipped_twice(refs, result)
     return result
 
 

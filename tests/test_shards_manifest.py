@@ -28,7 +28,7 @@ def built(tmp_path):
 
 
 def test_the_written_manifest_round_trips(built):
-    raw = json.loads(Path(built.set_dir, MANIFEST).read_text())
+    raw = json.loads(Path(built.manifest_path).read_text())
     manifest = Manifest.read(built.set_dir)
     assert manifest.to_json() == raw
     assert Manifest.from_json(json.loads(json.dumps(manifest.to_json()))) == manifest
@@ -56,11 +56,11 @@ def test_the_written_manifest_round_trips(built):
     ],
 )
 def test_a_malformed_manifest_names_the_key(built, change, message):
-    raw = json.loads(Path(built.set_dir, MANIFEST).read_text())
+    raw = json.loads(Path(built.manifest_path).read_text())
     change(raw)
     with pytest.raises(ManifestError, match=message):
         Manifest.from_json(raw)
-    Path(built.set_dir, MANIFEST).write_text(json.dumps(raw))
+    Path(built.manifest_path).write_text(json.dumps(raw))
     problems = verify_shards(built.set_dir).problems
     assert [(p.file, p.problem.split(":")[0]) for p in problems] == [(MANIFEST, "unreadable")]
     with pytest.raises(UsageError, match=message):
@@ -70,7 +70,7 @@ def test_a_malformed_manifest_names_the_key(built, change, message):
 
 
 def test_a_manifest_that_is_not_json(built):
-    Path(built.set_dir, MANIFEST).write_text("{")
+    Path(built.manifest_path).write_text("{")
     with pytest.raises(ManifestError, match="not JSON"):
         Manifest.read(built.set_dir)
     with pytest.raises(ManifestError, match="expected a JSON object"):

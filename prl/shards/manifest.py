@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prl.shards.layout import INDEX, MANIFEST, SAMPLES_FILE, SetRef, find_sets
+from prl.shards.layout import INDEX, MANIFEST, SAMPLES_FILE, SetRef, find_sets, manifest_path, set_ref
 
 FORMAT = "prl.shards"
 
@@ -167,6 +167,13 @@ class Manifest:
             except ValueError as exc:
                 raise ManifestError(f"{path}: not JSON: {exc}") from None
         return cls.from_json(obj, path)
+
+    @classmethod
+    def read(cls, folder: str) -> Manifest:
+        """The manifest of the set whose rows are in ``folder`` (``OUT/<set-id>``)."""
+        parent, name = os.path.split(os.path.abspath(folder).rstrip(os.sep))
+        ref = set_ref(parent, name)
+        return cls.read_file(ref.manifest_path if ref is not None else manifest_path(parent, name))
 
     @classmethod
     def of(cls, ref: SetRef) -> Manifest:

@@ -10,18 +10,132 @@ import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from typer.core import TyperGroup
 
-from prl.errors import ExitCode, PrlError, RetryableIOError
+from prl.errors import ExitCode, PrlError, RetryableIOError, redact_urls
 from prl.report import console as report
+from prl.results import CommandResult, ErrorResult
 from prl.runtime import set_process_defaults
+
+try:  # typer ≥ 0.20 parses with its own copy of click
+    from typer._click.exceptions import ClickException as _ClickException
+except ImportError:  # pragma: no cover - older typer parses with click itself
+    from click import ClickException as _ClickException  # type: ignore[assignment]
+
+
+class Kind(StrEnum):
+    """What ``prl ingest`` reads: serving traces, reward events, or reference logprobs."""
+
+    traces = "traces"
+    rewards = "rewards"
+    ref = "ref"
+
+
+class _Group(TyperGroup):
+    """The ``prl`` group: every way a command line ends goes through :meth:`main`, so that under ``--json``
+    exactly one JSON object reaches stdout, its ``exit_code`` equal to the process's, including usage errors
+    that click raises before any command runs (missing option, unknown flag, bad value) and interrupts."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        _SESSION.start(argv)
+        try:
+            code = super().main(argv, prog_name or "prl", complete_var, standalone_mode=False, **extra)
+        except _ClickException as exc:  # parsing failed: nothing ran
+            code = _usage_error(exc)
+        except (typer.Abort, KeyboardInterrupt):
+            code = _finish(ErrorResult(_SESSION.command, "interrupted", int(ExitCode.INTERRUPTED)), None)
+        code = _SESSION.close(int(code or 0))
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+class _Session:
+    """What one command line asked (``--json``, the command's name) and whether its JSON object went out."""
+
+    def __init__(self) -> None:
+        self.start([])
+        self.quiet_signals = False
+        """Set by :func:`main` (a real process): once the summary is printed, signals no longer interrupt."""
+
+    def start(self, argv: list[str]) -> None:
+        head = argv[: argv.index("--")] if "--" in argv else argv
+        self.as_json = "--json" in head
+        self.command = next((a for a in head if not a.startswith("-")), "prl")
+        self.emitted: int | None = None
+
+    def emit(self, payload: dict[str, Any]) -> None:
+        if self.emitted is not None:
+            return
+        if self.quiet_signals:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self.emitted = int(payload["exit_code"])
+        report.emit_json(payload)
+
+    def close(self, code: int) -> int:
+        """The process's exit code; under ``--json`` the one object is printed now if nothing printed it
+        (help and ``--version`` print text and exit 0)."""
+        if self.emitted is not None:
+            return self.emitted
+        if self.as_json and code != 0:
+            error = "interrupted" if code == ExitCode.INTERRUPTED else f"exit {code}"
+            self.emit(ErrorResult(self.command, error, code).to_json())
+        return code
+
+
+_SESSION = _Session()
+
+
+def _usage_error(exc: Any) -> int:
+    """A command line that did not parse: exit 2, whatever click's own code for the error. (With no command at
+    all, the help was printed already and the error has no message.)"""
+    message = exc.format_message()
+    context = getattr(exc, "ctx", None)
+    if message and context is not None:
+        report.stderr.print(escape(context.get_usage()), highlight=False)
+        report.stderr.print(f"Try '{escape(context.command_path)} --help' for help.", highlight=False)
+    result = ErrorResult(_SESSION.command, message or "no command given", int(ExitCode.USAGE))
+    if not message:
+        if _SESSION.as_json:
+            _SESSION.emit(result.to_json())
+        return result.exit_code
+    return _finish(result, None)
+
+
+def _finish(result: CommandResult, render: Callable[[Any], None] | None) -> int:
+    """Print ``result`` (its JSON object under ``--json``, else ``render`` or, for errors, a line on stderr)
+    and return its exit code."""
+    code = int(result.exit_code)
+    if _SESSION.as_json:
+        _SESSION.emit(result.to_json())
+    if isinstance(result, ErrorResult):
+        if result.error == "interrupted":
+            report.stderr.print("[yellow]interrupted[/yellow]: committed work is kept, uncommitted work is invisible")
+        else:
+            report.stderr.print(f"[red]error:[/red] {escape(result.error)}", highlight=False)
+    elif not _SESSION.as_json and render is not None:
+        render(result)
+    return code
+
 
 app = typer.Typer(
     name="prl",
+    cls=_Group,
     help="Production-RL data pipelines: serving traces in, checked training shards out.",
     no_args_is_help=True,
     add_completion=False,
@@ -33,32 +147,24 @@ DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Do all the reading a
 StoreOpt = Annotated[str, typer.Option("--store", help="Trace store: a folder or an s3:// prefix.")]
 
 
-def _run(call: Callable[[], Any], render: Callable[[Any], None], as_json: bool) -> None:
-    """Run a library call, render its result, exit with its exit code; map errors to exit codes (an
-    ``OSError`` that no layer below translated is retryable I/O: exit 5).
+def _run(call: Callable[[], CommandResult], render: Callable[[Any], None], as_json: bool) -> None:
+    """Run a library call, print its result, exit with its exit code; errors become an :class:`ErrorResult`
+    (an ``OSError`` that no layer below translated is retryable I/O: exit 5; an interrupt is 130).
 
     The modules imported by now (the command's library) live as long as this process: they are moved out of
     the cyclic garbage collector's reach first (``gc.freeze``), so that its full collections during the run do
     not walk them again and again (about 8% of a cold ``build-shards``)."""
     gc.freeze()
+    _SESSION.as_json = as_json
+    result: CommandResult
     try:
         result = call()
     except (PrlError, OSError) as exc:
         error = exc if isinstance(exc, PrlError) else RetryableIOError(f"{type(exc).__name__}: {exc}")
-        if as_json:
-            report.emit_json({"error": str(error), "exit_code": int(error.exit_code)})
-        report.stderr.print(f"[red]error:[/red] {escape(str(error))}")
-        raise typer.Exit(int(error.exit_code)) from None
+        result = ErrorResult(_SESSION.command, redact_urls(str(error)), int(error.exit_code))
     except KeyboardInterrupt:
-        if as_json:
-            report.emit_json({"error": "interrupted", "exit_code": int(ExitCode.INTERRUPTED)})
-        report.stderr.print("[yellow]interrupted[/yellow]: committed work is kept, uncommitted work is invisible")
-        raise typer.Exit(int(ExitCode.INTERRUPTED)) from None
-    if as_json:
-        report.emit_json(result.to_json())
-    else:
-        render(result)
-    raise typer.Exit(int(result.exit_code))
+        result = ErrorResult(_SESSION.command, "interrupted", int(ExitCode.INTERRUPTED))
+    raise typer.Exit(_finish(result, render))
 
 
 @app.callback()
@@ -80,8 +186,8 @@ def ingest(
     store: StoreOpt,
     format: Annotated[str, typer.Option("--format", help="Wire format, or 'auto' to detect it per file.")] = "auto",
     kind: Annotated[
-        str, typer.Option("--kind", help="What the files hold: traces, rewards, or ref (reference logprobs).")
-    ] = "traces",
+        Kind, typer.Option("--kind", help="What the files hold: traces, rewards, or ref (reference logprobs).")
+    ] = Kind.traces,
     policy_version: Annotated[
         str | None, typer.Option("--policy-version", help="Policy version for records that carry none.")
     ] = None,
@@ -100,38 +206,35 @@ def ingest(
     as_json: JsonOpt = False,
 ) -> None:
     """Read serving traces (or rewards / reference logprobs) into the store, exactly as sampled."""
-    if kind == "traces":
-        from prl.ingestion.traces import ingest as run_ingest
-
-        def call() -> Any:
-            from prl.io.sources import expand
-
-            total = sum(s.size for s in expand(sources))
-            with report.byte_progress(total, "ingest") as progress:
-                return run_ingest(
-                    sources,
-                    store,
-                    format=format,
-                    policy_version=policy_version,
-                    group_field=group_field,
-                    finish_reason=finish_reason,
-                    dry_run=dry_run,
-                    max_quarantine_rate=max_quarantine_rate,
-                    progress=progress,
-                )
-
-        _run(call, report.render_ingest, as_json)
-    elif kind in ("rewards", "ref"):
+    if kind is not Kind.traces:
         from prl.ingestion.side_tables import ingest_side_table
 
         _run(
-            lambda: ingest_side_table(sources, store, kind=kind, dry_run=dry_run),
-            lambda r: r.render(report.stdout),
+            lambda: ingest_side_table(sources, store, kind=kind.value, dry_run=dry_run),
+            report.render_side_ingest,
             as_json,
         )
-    else:
-        report.stderr.print(f"[red]error:[/red] --kind must be traces, rewards or ref, not {kind!r}")
-        raise typer.Exit(int(ExitCode.USAGE))
+        return
+    from prl.ingestion.traces import ingest as run_ingest
+
+    def call() -> CommandResult:
+        from prl.io.sources import expand
+
+        total = sum(s.size for s in expand(sources))
+        with report.byte_progress(total, "ingest") as progress:
+            return run_ingest(
+                sources,
+                store,
+                format=format,
+                policy_version=policy_version,
+                group_field=group_field,
+                finish_reason=finish_reason,
+                dry_run=dry_run,
+                max_quarantine_rate=max_quarantine_rate,
+                progress=progress,
+            )
+
+    _run(call, report.render_ingest, as_json)
 
 
 @app.command("check-tokens")
@@ -166,11 +269,10 @@ def check_tokens_cmd(
     """Check token IDs, logprobs and top-k heads against retokenization drift; one verdict per sample."""
     from prl.checks import check_tokens
     from prl.report.checks import render
-    from prl.store.tables import Store
 
     _run(
         lambda: check_tokens(
-            Store(store),
+            store,
             tokenizer,
             chat_template=chat_template,
             max_drift_rate=max_drift_rate,
@@ -280,11 +382,15 @@ def build_shards_cmd(
 ) -> None:
     """Join checked traces, rewards and reference logprobs into shuffled, atomically published Parquet shards."""
     from prl.shards.build import build_shards
-    from prl.store.tables import Store
+    from prl.store.resolve import open_store
 
     _run(
         lambda: build_shards(
-            Store(store), out, options=_shard_options(recipe, overrides or []), rebuild=rebuild, dry_run=dry_run
+            open_store(store, writing=not dry_run),
+            out,
+            options=_shard_options(recipe, overrides or []),
+            rebuild=rebuild,
+            dry_run=dry_run,
         ),
         report.render_shards,
         as_json,
@@ -303,12 +409,12 @@ def export_cmd(
     from prl.errors import UsageError
     from prl.export.tinker import export_tinker
 
-    def call() -> Any:
+    def call() -> CommandResult:
         if format != "tinker":
             raise UsageError(f"--format must be tinker, not {format!r}")
         return export_tinker(shards, out, with_mask=mask)
 
-    _run(call, lambda r: report.stdout.print(f"{r.rows:,} datums written to {r.out} ({r.skipped} skipped)"), as_json)
+    _run(call, report.render_headline, as_json)
 
 
 @app.command("run")
@@ -370,9 +476,14 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main() -> None:
-    """Console-script entry point: SIGTERM behaves like Ctrl-C (exit 130, committed work kept)."""
+    """Run the command line in this process: SIGTERM behaves like Ctrl-C (exit 130, committed work kept), and
+    once a command's summary is printed signals no longer interrupt it (the exit code stays the one printed).
+    The console script enters through :mod:`prl.__main__`, which covers interrupts while this module loads."""
     set_process_defaults()
-    signal.signal(signal.SIGTERM, _interrupt)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # what the parent ignores stays ignored
+            signal.signal(signum, _interrupt)
+    _SESSION.quiet_signals = True
     app()
 
 

@@ -4,6 +4,7 @@ option."""
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 from typing import Any
@@ -17,6 +18,24 @@ def _cell(text: str) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
+def _usage(command: Any) -> str:
+    """``[OPTIONS] SOURCES...``: arguments by name (optional ones in brackets), as a user types them."""
+    pieces = ["[OPTIONS]"] if any(p.param_type_name == "option" and p.name != "help" for p in command.params) else []
+    for param in command.params:
+        if param.param_type_name != "argument":
+            continue
+        name = param.name.upper() + ("..." if param.nargs == -1 else "")
+        pieces.append(name if param.required else f"[{name}]")
+    return " ".join(pieces)
+
+
+def _type_name(param: Any) -> str:
+    annotation = param.type_descriptor.annotation
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "\\|".join(str(member.value) for member in annotation)  # a table cell: pipes escaped
+    return getattr(annotation, "__name__", str(annotation)).upper()
+
+
 def _param_row(param: Any) -> str:
     if param.param_type_name == "argument":
         name = f"`{param.name.upper()}`" + (" …" if param.nargs == -1 else "")
@@ -24,10 +43,9 @@ def _param_row(param: Any) -> str:
     else:
         name = ", ".join(f"`{opt}`" for opt in [*param.opts, *param.secondary_opts])
         if not param.is_flag:
-            annotation = param.type_descriptor.annotation
-            name += f" `{getattr(annotation, '__name__', str(annotation)).upper()}`"
+            name += f" `{_type_name(param)}`"
         help_text = param.help or ""
-    default = param.default
+    default = param.default.value if isinstance(param.default, enum.Enum) else param.default
     shown = "" if default is None or param.required or default is False or default == () else f"`{default}`"
     return f"| {name} | {'yes' if param.required else ''} | {shown} | {_cell(help_text)} |"
 
@@ -57,7 +75,7 @@ def render() -> str:
             commands.append((name, command))
     for name, command in commands:
         assert command is not None
-        usage = " ".join(command.collect_usage_pieces(context(command, info_name=name, parent=ctx)))
+        usage = _usage(command)
         lines += ["", f"## prl {name}", "", f"`prl {name} {usage}`", "", _cell(command.help or ""), ""]
         lines += ["| argument / option | required | default | meaning |", "|---|---|---|---|"]
         lines += [_param_row(p) for p in command.params if p.name != "help"]

@@ -56,7 +56,7 @@ WORDS = [
 
 def prl_argv(*args: str) -> list[str]:
     """argv that runs the ``prl`` console entry point (SIGTERM handler included) with this checkout."""
-    return [sys.executable, "-c", "from prl.cli import main; main()", *args]
+    return [sys.executable, "-c", "from prl.__main__ import main; main()", *args]
 
 
 def prl_env(base: dict[str, str] | None = None) -> dict[str, str]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import pytest
 from rich.console import Console
 
 from prl.checks import CheckOptions, check_tokens
 from prl.errors import UsageError
+from prl.ingestion.side_tables import ingest_side_table
 from prl.report.checks import render
 from prl.store.tables import Store
 from tests.checks_helpers import EOS, TRACES_SCHEMA_TABLE, chat_prompt, enc, make_store, row, tokenizer_dir
@@ -103,8 +105,14 @@ def test_tokenizer_that_does_not_match_the_data(tmp_path):
     assert store.version("checks") is None
 
 
-def test_empty_store(tmp_path):
-    result = check_tokens(Store(str(tmp_path)), tokenizer_dir())
+def test_empty_folder_is_no_store_and_a_store_without_traces_checks_nothing(tmp_path):
+    with pytest.raises(UsageError, match="is not a prl store: it holds no prl table"):
+        check_tokens(Store(str(tmp_path)), tokenizer_dir())
+    assert os.listdir(tmp_path) == []  # no _locks folder either
+    rewards = tmp_path / "rewards.jsonl"
+    rewards.write_text('{"sample_id": "s", "reward": 1}\n')
+    ingest_side_table([str(rewards)], str(tmp_path / "store"), kind="rewards")
+    result = check_tokens(str(tmp_path / "store"), tokenizer_dir())
     assert (result.checked, result.traces_version, result.exit_code) == (0, None, 0)
 
 

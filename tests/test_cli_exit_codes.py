@@ -1,7 +1,7 @@
 """Every command's exit codes (design.md §7) through the CLI, each with its one-line ``--json`` summary.
 
-0 done · 1 data problems past a threshold · 2 usage / configuration / unknown format · 3 locked ·
-5 retryable I/O (the store path is a file, permission denied) · 130 interrupted.
+0 done · 1 data problems past a threshold · 2 usage / configuration / unknown format / a path that is no store ·
+3 locked · 5 retryable I/O (permission denied, read-only filesystem) · 130 interrupted.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_ingest_codes(tmp_path, monkeypatch):
     code, summary = invoke(["ingest", str(unknown), "--store", store])
     assert code == 2 and "no known format" in summary["files"][0]["error"]
     assert invoke(["ingest", str(unknown), "--store", store, "--format", "csv-ish"])[0] == 2
-    assert runner.invoke(app, ["ingest", str(unknown), "--store", store, "--kind", "labels"]).exit_code == 2
+    assert invoke(["ingest", str(unknown), "--store", store, "--kind", "labels"])[0] == 2
 
     lock = lock_for(store, "ingest")
     lock.acquire()
@@ -78,7 +78,7 @@ def test_ingest_codes(tmp_path, monkeypatch):
 
     (tmp_path / "file-store").write_text("")
     code, summary = invoke(["ingest", str(clean.root / "traces"), "--store", str(tmp_path / "file-store")])
-    assert code == 5 and "is not a folder" in summary["error"]
+    assert code == 2 and "is not a prl store: it is a file" in summary["error"]
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -86,7 +86,7 @@ def test_ingest_codes(tmp_path, monkeypatch):
     monkeypatch.setattr("prl.ingestion.traces.ingest", interrupted)
     assert invoke(["ingest", str(clean.root / "traces"), "--store", store]) == (
         130,
-        {"error": "interrupted", "exit_code": 130},
+        {"command": "ingest", "error": "interrupted", "exit_code": 130},
     )
 
 
@@ -117,7 +117,7 @@ def test_side_table_ingest_codes(tmp_path):
     finally:
         lock.release()
     (tmp_path / "file-store").write_text("")
-    assert invoke(["ingest", "--kind", "rewards", str(good), "--store", str(tmp_path / "file-store")])[0] == 5
+    assert invoke(["ingest", "--kind", "rewards", str(good), "--store", str(tmp_path / "file-store")])[0] == 2
 
 
 # --- build-shards, export ----------------------------------------------------------------------------------
@@ -142,7 +142,7 @@ def test_build_shards_codes(tmp_path):
     code, summary = invoke([*base, "--set", "require_checks=false"])
     assert (code, summary["rows"]) == (0, len(data.good))
     (tmp_path / "file-store").write_text("")
-    assert invoke(["build-shards", "--store", str(tmp_path / "file-store"), "--out", out])[0] == 5
+    assert invoke(["build-shards", "--store", str(tmp_path / "file-store"), "--out", out])[0] == 2
 
 
 def test_export_codes(built, tmp_path):
@@ -201,7 +201,7 @@ def test_check_tokens_codes(built, tmp_path, tokenizer_dir, monkeypatch):
     assert (code, summary["checked"]) == (0, len(data.good))
     assert invoke(["check-tokens", "--store", store, "--tokenizer", str(tmp_path / "no-tokenizer")])[0] == 2
     (tmp_path / "file-store").write_text("")
-    assert invoke(["check-tokens", "--store", str(tmp_path / "file-store"), "--tokenizer", tokenizer_dir])[0] == 5
+    assert invoke(["check-tokens", "--store", str(tmp_path / "file-store"), "--tokenizer", tokenizer_dir])[0] == 2
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -98,8 +98,11 @@ def test_only_runs_the_named_steps(tmp_path, data):
 class FakeCheckResult:
     exit_code = 1
 
-    def to_json(self) -> str:  # the checks result serialises to a string
-        return json.dumps({"command": "check-tokens", "checked": 25, "drift_rate": 0.5, "exit_code": 1})
+    def to_json(self) -> dict:
+        return {"command": "check-tokens", "checked": 25, "drift_rate": 0.5, "exit_code": 1}
+
+    def headline(self) -> str:
+        return "check-tokens: 25 checked"
 
 
 def test_check_step_gets_resolved_paths_holds_its_lock_and_its_exit_code_counts(tmp_path, data, monkeypatch):
@@ -261,14 +264,14 @@ def test_io_errors_in_a_step_are_retryable(tmp_path, data, monkeypatch):
     assert "Permission denied" in result.step("rewards").error
 
 
-def test_store_path_that_is_a_file_is_retryable_io(tmp_path, data):
+def test_store_path_that_is_a_file_is_a_usage_error(tmp_path, data):
     (tmp_path / "store").write_text("not a folder")
     res = runner.invoke(app, ["run", str(data.recipe(tmp_path / "store", tmp_path / "out")), "--json"])
-    assert res.exit_code == 5
-    assert "is not a folder" in json.loads(res.stdout)["error"]
+    assert res.exit_code == 2
+    assert "is not a prl store: it is a file" in json.loads(res.stdout)["error"]
     nested = data.recipe(tmp_path / "store" / "inner", tmp_path / "out")  # a folder under a file
     res = runner.invoke(app, ["run", str(nested), "--json"])
-    assert res.exit_code == 5 and "Not a directory" in json.loads(res.stdout)["error"]
+    assert res.exit_code == 2 and f"{tmp_path / 'store'} is a file" in json.loads(res.stdout)["error"]
 
 
 def test_demo_recipe_end_to_end(tmp_path):

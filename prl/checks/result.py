@@ -96,3 +96,11 @@ class CheckResult:
         out["exit_code"] = self.exit_code
         out["reason_verdicts"] = {code: REASONS[code][1] for code in self.reasons}
         return out
+
+    def headline(self) -> str:
+        """``check-tokens: 40 checked (ok 38, warn 0, drift 2, invalid 0), 12 already checked; drift rate 5.00%``."""
+        verdicts = ", ".join(f"{name} {n:,}" for name, n in self.verdicts.items())
+        return (
+            f"check-tokens{' (dry run)' if self.dry_run else ''}: {self.checked:,} checked ({verdicts}), "
+            f"{self.skipped_existing:,} already checked; drift rate {self.drift_rate:.2%}"
+        )

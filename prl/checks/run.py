@@ -38,6 +38,7 @@ from prl.checks.verdict import REASONS, SEVERITY, RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.errors import UsageError
 from prl.store.locks import holding
+from prl.store.resolve import open_store
 from prl.store.tables import Store
 
 MISMATCH_FRACTION = 0.5
@@ -113,14 +114,14 @@ class BatchChecker:
 
 
 def check_tokens(
-    store: Store,
+    store: Store | str,
     tokenizer: str,
+    *,
     chat_template: str | None = None,
     max_drift_rate: float | None = None,
     sample_rate: float = 1.0,
     allow_warn: bool = True,
     dry_run: bool = False,
-    *,
     lock: bool = True,
     options: CheckOptions | None = None,
     batch_size: int = 2048,
@@ -128,7 +129,7 @@ def check_tokens(
     worst: int = 10,
     on_batch: Callable[[int], None] | None = None,
 ) -> CheckResult:
-    """Check every not-yet-checked sample of ``store``'s traces against ``tokenizer``.
+    """Check every not-yet-checked sample of ``store``'s traces (a :class:`Store` or its URI) against ``tokenizer``.
 
     ``tokenizer``: a tokenizer.json or a folder holding one; ``chat_template``: a Jinja file (or source)
     for the ``template`` check, default the folder's tokenizer_config.json template; ``max_drift_rate``: the
@@ -142,6 +143,7 @@ def check_tokens(
         raise UsageError(f"sample rate must be in (0, 1], got {sample_rate}")
     if max_drift_rate is not None and not 0.0 <= max_drift_rate <= 1.0:
         raise UsageError(f"max drift rate must be in [0, 1], got {max_drift_rate}")
+    store = open_store(store, writing=not dry_run)
     started = time.perf_counter()
     opts = options or CheckOptions()
     tok = CheckTokenizer.load(tokenizer, chat_template, opts.stop_token_ids)

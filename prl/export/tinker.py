@@ -61,6 +61,9 @@ class ExportResult:
             "exit_code": self.exit_code,
         }
 
+    def headline(self) -> str:
+        return f"export tinker: {self.rows:,} datums from {self.shards} shards written to {self.out} ({self.skipped} skipped)"
+
 
 def _lines(ref: SetRef, entry: FileEntry, verify: bool, with_mask: bool) -> tuple[list[bytes], int]:
     """JSON lines of one shard and the number of rows skipped (fewer than two tokens)."""
@@ -88,7 +91,7 @@ def _lines(ref: SetRef, entry: FileEntry, verify: bool, with_mask: bool) -> tupl
     return lines, skipped
 
 
-def export_tinker(shard_dir: str, out_jsonl: str, verify: bool = True, with_mask: bool = False) -> ExportResult:
+def export_tinker(shard_dir: str, out_jsonl: str, *, verify: bool = True, with_mask: bool = False) -> ExportResult:
     """Write every row of the shard set(s) at ``shard_dir`` as a Tinker datum line to ``out_jsonl``.
 
     Shards are read in manifest order, one record batch at a time. With ``verify`` each shard's sha256 is checked

@@ -31,8 +31,6 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from rich.console import Console
-from rich.table import Table
 
 from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
@@ -42,6 +40,7 @@ from prl.ingestion.traces import new_quarantine_rows, quarantine_batches, quaran
 from prl.io.sources import LineReader, SourceFile, expand
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.store.locks import holding
+from prl.store.resolve import open_store
 from prl.store.tables import Store, filesystem_for
 
 KINDS = {"rewards": "rewards", "ref": "ref_logprobs"}
@@ -71,20 +70,13 @@ class SideIngestResult:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "command": f"ingest --kind {self.table}", "exit_code": int(self.exit_code)}
 
-    def render(self, console: Console) -> None:
-        table = Table(title=f"prl ingest → {self.store}/{self.table}" + ("  (dry run)" if self.dry_run else ""))
-        for col in ("files", "unchanged", "rows written", "already present", "quarantined"):
-            table.add_column(col, justify="right")
-        table.add_row(
-            str(self.files),
-            str(self.unchanged_files),
-            f"{self.rows:,}",
-            f"{self.already_present:,}",
-            f"{sum(self.quarantined.values()):,}",
+    def headline(self) -> str:
+        """``ingest --kind rewards: 20 rows written, 0 already present, 2 quarantined; 1 files read, 0 unchanged``."""
+        return (
+            f"ingest --kind {self.table}{' (dry run)' if self.dry_run else ''}: {self.rows:,} rows written, "
+            f"{self.already_present:,} already present, {sum(self.quarantined.values()):,} quarantined; "
+            f"{self.files} files read, {self.unchanged_files} unchanged"
         )
-        console.print(table)
-        for reason, count in sorted(self.quarantined.items()):
-            console.print(f"  quarantined [yellow]{reason}[/yellow]: {count}")
 
 
 def _key(row: dict[str, Any]) -> str:
@@ -199,7 +191,7 @@ def ingest_side_table(
 ) -> SideIngestResult:
     """Ingest reward events (``kind="rewards"``) or reference logprobs (``kind="ref"``) into ``store``."""
     table = KINDS[kind]
-    store = store if isinstance(store, Store) else Store(store)
+    store = open_store(store, create=True, writing=not dry_run)
     started = time.perf_counter()
     result = SideIngestResult(store=store.uri, table=table, dry_run=dry_run)
     files = expand(sources)

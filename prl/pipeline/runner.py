@@ -17,7 +17,6 @@ or 2 when some input file had an unknown format).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +26,9 @@ from typing import Any
 from prl.errors import ExitCode, PrlError, RetryableIOError, UsageError
 from prl.pipeline import recipe as recipes
 from prl.pipeline.recipe import Recipe
+from prl.results import CommandResult, one_line
 from prl.store.locks import holding
+from prl.store.resolve import open_store
 from prl.store.tables import Store
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class StepResult:
     seconds: float = 0.0
     summary: dict[str, Any] | None = None
     error: str | None = None
+    result_headline: str | None = None
+    """The step's own result's :meth:`~prl.results.CommandResult.headline`, when it finished."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,8 +57,13 @@ class StepResult:
             "exit_code": self.exit_code,
             "seconds": round(self.seconds, 3),
             "summary": self.summary,
+            "headline": self.headline(),
             "error": self.error,
         }
+
+    def headline(self) -> str:
+        """The step's result in one line: its result's headline, its error, or its status."""
+        return self.error or self.result_headline or self.status
 
 
 @dataclass
@@ -99,13 +107,12 @@ class RunResult:
             "exit_code": self.exit_code,
         }
 
-
-def _summary(result: Any) -> dict[str, Any]:
-    """A step result's JSON summary as a dict (``to_dict()``, or ``to_json()`` returning a dict or a string)."""
-    if hasattr(result, "to_dict"):
-        return result.to_dict()
-    payload = result.to_json()
-    return json.loads(payload) if isinstance(payload, str) else payload
+    def headline(self) -> str:
+        if self.error:
+            return one_line(f"run stopped: {self.error}")
+        steps = ", ".join(f"{s.step} {s.status}" for s in self.steps) or "no steps"
+        dry = " (dry run)" if self.dry_run else ""
+        return f"run{dry}: {steps}; exit {self.exit_code} after {self.seconds:.2f}s"
 
 
 # --- the steps -----------------------------------------------------------------------------------------------
@@ -187,7 +194,7 @@ def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:
     return build_shards(store, recipe.store.out, options=recipe.shards, dry_run=dry_run)
 
 
-STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], Any]] = {
+STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], CommandResult]] = {
     "ingest": _ingest,
     "rewards": _side("rewards"),
     "ref": _side("ref"),
@@ -195,7 +202,7 @@ STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], Any]] = {
     "score_ref": score_ref_step,
     "shards": _shards,
 }
-"""Step name → ``fn(recipe, store, dry_run) -> result with exit_code and to_json()``."""
+"""Step name → ``fn(recipe, store, dry_run) -> CommandResult``."""
 
 
 # --- the run -------------------------------------------------------------------------------------------------
@@ -211,7 +218,8 @@ def run(recipe: str | Recipe, *, dry_run: bool = False, steps: list[str] | tuple
     result = RunResult(recipe=loaded.path, store=loaded.store.uri, dry_run=dry_run)
     started = time.perf_counter()
     try:
-        store = Store(loaded.store.uri)
+        may_create = any(name in chosen for name in ("ingest", "rewards", "ref"))
+        store = open_store(loaded.store.uri, create=may_create, writing=not dry_run)
         with holding(store.uri, RUN_LOCK, enabled=not dry_run):
             _run_steps(loaded, store, chosen, dry_run, result)
     except PrlError as exc:  # the run lock is held, or the store is unusable (a file, permission denied)
@@ -233,9 +241,10 @@ def _run_steps(recipe: Recipe, store: Store, chosen: tuple[str, ...], dry_run: b
         started = time.perf_counter()
         log.info("step %s: started", name)
         try:
-            outcome = STEP_FUNCTIONS[name](recipe, store, dry_run)
-            step.summary = _summary(outcome)
+            outcome: CommandResult = STEP_FUNCTIONS[name](recipe, store, dry_run)
+            step.summary = outcome.to_json()
             step.exit_code = int(outcome.exit_code)
+            step.result_headline = outcome.headline()
         except PrlError as exc:
             step.status, step.exit_code, step.error = "failed", int(exc.exit_code), str(exc)
         except OSError as exc:

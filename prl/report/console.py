@@ -13,13 +13,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from prl.errors import redact_urls
+
 stdout = Console()
 stderr = Console(stderr=True)
 
 
 def emit_json(payload: dict[str, Any]) -> None:
-    """One machine-readable summary on stdout."""
-    sys.stdout.write(json.dumps(payload, sort_keys=True, default=str) + "\n")
+    """One machine-readable summary on stdout, on one line; URL userinfo removed (:func:`prl.errors.redact_urls`)."""
+    sys.stdout.write(redact_urls(json.dumps(payload, sort_keys=True, default=str)) + "\n")
     sys.stdout.flush()
 
 
@@ -100,6 +102,28 @@ def render_ingest(result: Any, console: Console = stdout) -> None:
         f"({result.quarantine_rate:.2%}); {human_count(result.bytes_read)}B read in {result.seconds:.2f}s "
         f"({human_count(rate)} tokens/s); table versions {result.versions}"
     )
+
+
+def render_side_ingest(result: Any, console: Console = stdout) -> None:
+    """The ``ingest --kind rewards|ref`` summary: one row of counts, then quarantine reasons."""
+    table = Table(title=f"prl ingest → {result.store}/{result.table}" + ("  (dry run)" if result.dry_run else ""))
+    for column in ("files", "unchanged", "rows written", "already present", "quarantined"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        str(result.files),
+        str(result.unchanged_files),
+        f"{result.rows:,}",
+        f"{result.already_present:,}",
+        f"{sum(result.quarantined.values()):,}",
+    )
+    console.print(table)
+    for reason, count in sorted(result.quarantined.items()):
+        console.print(f"  quarantined [yellow]{escape(reason)}[/yellow]: {count}")
+
+
+def render_headline(result: Any, console: Console = stdout) -> None:
+    """Any result as its one-line headline (``export``, and commands with nothing more to show)."""
+    console.print(escape(result.headline()), highlight=False)
 
 
 def render_shards(result: Any, console: Console = stdout) -> None:
@@ -188,43 +212,12 @@ def render_run(result: Any, console: Console = stdout) -> None:
             f"[{colors.get(step.status, 'white')}]{step.status}[/]",
             str(step.exit_code),
             f"{step.seconds:.2f}",
-            escape(step.error) if step.error else _headline(step.step, step.summary) if step.summary else "-",
+            escape(step.headline()),
         )
     console.print(table)
     if result.error:
         console.print(f"[red]run stopped:[/red] {escape(result.error)}")
     console.print(f"exit {result.exit_code} after {result.seconds:.2f}s")
-
-
-def _headline(step: str, s: dict[str, Any]) -> str:
-    if step == "ingest":
-        return (
-            f"{s.get('samples', 0):,} samples new, {s.get('already_present', 0):,} already present, "
-            f"{s.get('quarantined_total', 0):,} quarantined ({s.get('quarantine_rate', 0):.2%}); "
-            f"{sum(1 for f in s.get('files', []) if f.get('status') == 'unchanged')} files unchanged"
-        )
-    if step in ("rewards", "ref"):
-        return (
-            f"{s.get('rows', 0):,} rows, {s.get('unchanged_files', 0)} files unchanged, "
-            f"{sum((s.get('quarantined') or {}).values()):,} quarantined"
-        )
-    if step == "check":
-        verdicts = s.get("verdicts") or {}
-        return (
-            f"{s.get('checked', 0):,} checked ({', '.join(f'{k} {v:,}' for k, v in verdicts.items())}); "
-            f"drift rate {s.get('drift_rate', 0):.2%}"
-        )
-    if step == "score_ref":
-        from prl.report.score import headline
-
-        return headline(s)
-    if step == "shards":
-        return (
-            f"{s.get('status')}: {s.get('rows', 0):,} samples, {s.get('tokens', 0):,} tokens in "
-            f"{len(s.get('shards') or [])} shards, {s.get('dropped', 0):,} dropped"
-            + (f" → {s['set_id']}" if s.get("set_id") else "")
-        )
-    return ""
 
 
 def render_inspect(result: Any, console: Console = stdout) -> None:

@@ -28,6 +28,7 @@ from prl.errors import ExitCode, UsageError
 from prl.schema import TABLES
 from prl.shards.layout import is_out, resolve
 from prl.shards.manifest import Manifest
+from prl.store.resolve import open_store
 from prl.store.tables import Store, is_remote
 
 HISTOGRAM_BINS = 12
@@ -107,6 +108,15 @@ class StoreInspection:
             "exit_code": self.exit_code,
         }
 
+    def headline(self) -> str:
+        """``store s3://b/store: traces v3 (120 rows), checks v1 (120 rows), …``."""
+        tables = ", ".join(
+            f"{name} v{t['version']} ({t['rows'] or 0:,} rows)"
+            for name, t in self.tables.items()
+            if t["version"] is not None
+        )
+        return f"store {self.uri}: {tables or 'no tables'}"
+
 
 @dataclass
 class ShardsInspection:
@@ -139,6 +149,13 @@ class ShardsInspection:
             "exit_code": self.exit_code,
         }
 
+    def headline(self) -> str:
+        totals = self.totals
+        return (
+            f"{len(self.sets)} shard set(s) in {self.path}: {totals['rows']:,} rows, {totals['groups']:,} groups, "
+            f"{totals['tokens']:,} tokens in {totals['shards']:,} shards"
+        )
+
 
 # --- what is it? ---------------------------------------------------------------------------------------------
 def _is_shards(path: str) -> bool:
@@ -155,7 +172,7 @@ def _is_store(path: str) -> bool:
 def inspect(path: str) -> StoreInspection | ShardsInspection:
     """Inspect ``path``: an ``s3://`` store, a store folder, a shard set or an ``OUT`` folder of shard sets."""
     if is_remote(path):
-        return inspect_store(Store(path))
+        return inspect_store(open_store(path, writing=False))
     if not os.path.exists(path):
         raise UsageError(f"{path} does not exist")
     if _is_shards(path):

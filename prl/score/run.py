@@ -77,6 +77,14 @@ class ScoreResult:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "command": "score-ref", "exit_code": int(self.exit_code)}
 
+    def headline(self) -> str:
+        """``score-ref: 40 of 40 missing samples scored (ref, vllm), 0 quarantined, 12,000 tokens/s``."""
+        return (
+            f"score-ref{' (dry run)' if self.dry_run else ''}: {self.scored:,} of {self.candidates:,} missing "
+            f"samples scored ({self.ref_model}, {self.backend}), {sum(self.quarantined.values()):,} quarantined, "
+            f"{self.tokens_per_second:,.0f} tokens/s"
+        )
+
 
 def score_ref(
     store: Store | str,

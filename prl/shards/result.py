@@ -54,6 +54,13 @@ class ShardResult:
             "exit_code": self.exit_code,
         }
 
+    def headline(self) -> str:
+        """``build-shards built: 120 samples, 48,000 tokens in 2 shards, 3 dropped → <set id>``."""
+        return (
+            f"build-shards {self.status}: {self.rows:,} samples, {self.tokens:,} tokens in {len(self.shards)} "
+            f"shards, {sum(self.drops.values()):,} dropped" + (f" → {self.set_id}" if self.set_id else "")
+        )
+
     def count(self, plan: Plan, options: ShardOptions) -> None:
         """Copy the plan's counts and flag a drop rate above ``options.max_drop_rate``."""
         self.considered = plan.considered

@@ -57,6 +57,14 @@ class VerifyResult:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "command": "verify", "ok": self.ok, "exit_code": self.exit_code}
 
+    def headline(self) -> str:
+        """``verify ok: 2 set(s), 5 shards, 120 rows, 48,000 tokens in OUT`` (or ``verify: 1 problem(s): …``)."""
+        status = "ok" if self.ok else f"{len(self.problems)} problem(s)"
+        return (
+            f"verify {status}: {len(self.sets)} set(s), {self.shards:,} shards, {self.rows:,} rows, "
+            f"{self.tokens:,} tokens in {self.path}"
+        )
+
 
 def set_dirs(path: str) -> list[str]:
     """The shard-set folders ``path`` names: itself when it is a set, else the sets of an ``OUT`` folder

@@ -192,21 +192,24 @@ def _run(
     heap: list[tuple[int, int, str, int, Example]] = []
 
     def verdict_batches() -> Iterator[pa.RecordBatch]:
-        first = True
-        for rb in store.scan("traces", columns=COLUMNS, filter=flt, batch_size=batch_size, version=traces_version):
-            checker.remember(rb)
-            keep = keep_sampled(rb.column("sample_id").to_pylist(), sample_rate)
-            result.sampled_out += int((~keep).sum())
-            if not keep.all():
-                rb = rb.filter(pa.array(keep))
-            if rb.num_rows == 0:
-                continue
-            out, flagged, status = checker.check(rb, guard=first)
-            first = False
-            _tally(result, out, flagged, status, heap, worst)
-            if on_batch is not None:
-                on_batch(rb.num_rows)
-            yield out
+        try:
+            first = True
+            for rb in store.scan("traces", columns=COLUMNS, filter=flt, batch_size=batch_size, version=traces_version):
+                checker.remember(rb)
+                keep = keep_sampled(rb.column("sample_id").to_pylist(), sample_rate)
+                result.sampled_out += int((~keep).sum())
+                if not keep.all():
+                    rb = rb.filter(pa.array(keep))
+                if rb.num_rows == 0:
+                    continue
+                out, flagged, status = checker.check(rb, guard=first)
+                first = False
+                _tally(result, out, flagged, status, heap, worst)
+                if on_batch is not None:
+                    on_batch(rb.num_rows)
+                yield out
+        finally:
+            checker.template.close()  # the render worker ends with the scan
 
     metadata = {
         "operation": "check-tokens",

@@ -6,7 +6,8 @@ add_generation_prompt=True)`` encoded without added special tokens must equal ``
 
 Reasons: ``template_prompt`` (drift) at the first prompt position where the rendered IDs differ (e.g. a
 reasoning template that strips earlier ``<think>`` blocks); ``template_error`` (warn) when the messages cannot
-be parsed or rendered.
+be parsed or rendered; ``template_budget`` (warn) when rendering them takes too long, too much memory or renders
+too much text (:mod:`prl.checks.template_worker`): a template is code, and a runaway one must not stall the run.
 """
 
 from __future__ import annotations
@@ -14,55 +15,56 @@ from __future__ import annotations
 import hashlib
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
-import orjson
 
 from prl.checks.batch import TokenBatch
 from prl.checks.findings import Findings
+from prl.checks.template_worker import Rendered, TemplateWorker, parse_messages
 from prl.checks.tokenizer import CheckTokenizer
 
 WINDOW_BEFORE = 3
 WINDOW_AFTER = 6
 
 
-def parse_messages(text: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """(messages, tools) from the stored ``messages`` JSON. Raises ValueError when it is neither form."""
-    value = orjson.loads(text)
-    tools = None
-    if isinstance(value, dict):
-        tools = value.get("tools")
-        value = value.get("messages")
-    if not isinstance(value, list) or not all(isinstance(m, dict) for m in value):
-        raise ValueError("messages is not a list of message objects")
-    if tools is not None and not isinstance(tools, list):
-        raise ValueError("tools is not a list")
-    return value, tools
-
-
 @dataclass
 class TemplateChecker:
-    """Renders and encodes each distinct ``messages`` once (cache of at most ``max_entries``)."""
+    """Renders and encodes each distinct ``messages`` once (cache of at most ``max_entries``), in a
+    :class:`TemplateWorker` under a time, memory and size budget."""
 
     tok: CheckTokenizer
     max_entries: int = 1 << 16
-    cache: dict[bytes, list[int] | str] = field(default_factory=dict)
+    cache: dict[bytes, list[int] | tuple[str, str]] = field(default_factory=dict)
+    """messages digest → prompt IDs as rendered, or (reason, message) when it did not render."""
     rendered: int = 0
+    worker: TemplateWorker = field(default_factory=TemplateWorker)
 
     def _render_missing(self, texts: dict[bytes, str]) -> None:
+        assert self.tok.template is not None
+        keys = list(texts)
+        try:
+            outcomes = self.worker.render(
+                self.tok.template, self.tok.template_variables(), self.tok.path, [texts[k] for k in keys]
+            )
+        except RuntimeError as exc:  # no worker: every conversation is a template error, the run goes on
+            outcomes = [Rendered(error=str(exc))] * len(keys)
         ok_keys: list[bytes] = []
         ok_texts: list[str] = []
-        for key, text in texts.items():
-            try:
-                messages, tools = parse_messages(text)
-                ok_texts.append(self.tok.render(messages, tools))
+        for key, outcome in zip(keys, outcomes, strict=True):
+            if outcome.text is not None:
                 ok_keys.append(key)
-            except Exception as exc:  # a template error is a finding, not a crash
-                self.cache[key] = f"{type(exc).__name__}: {exc}"[:300]
+                ok_texts.append(outcome.text)
+            elif outcome.budget is not None:
+                self.cache[key] = ("template_budget", outcome.budget)
+            else:
+                self.cache[key] = ("template_error", outcome.error or "rendering failed")
         self.rendered += len(texts)
-        for key, ids in zip(ok_keys, self.tok.encode_batch(ok_texts), strict=False):
+        for key, ids in zip(ok_keys, self.tok.encode_batch(ok_texts), strict=True):
             self.cache[key] = ids
+
+    def close(self) -> None:
+        """Stop the render worker (a later check starts a new one)."""
+        self.worker.close()
 
     def check(self, batch: TokenBatch, use_R: np.ndarray) -> Findings:
         out = Findings()
@@ -79,8 +81,8 @@ class TemplateChecker:
             self._render_missing(missing)
         for r in rows:
             got = self.cache[keys[r]]
-            if isinstance(got, str):
-                out.add_one(r, "template_error", -1, {"error": got})
+            if isinstance(got, tuple):
+                out.add_one(r, got[0], -1, {"error": got[1]})
                 continue
             prompt = batch.prompt.row(r)
             if len(got) == len(prompt) and got == prompt.tolist():
@@ -104,3 +106,6 @@ class TemplateChecker:
                 },
             )
         return out
+
+
+__all__ = ["TemplateChecker", "parse_messages"]

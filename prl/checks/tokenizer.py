@@ -205,43 +205,23 @@ class CheckTokenizer:
         return self.tokenizer.decode_batch([[int(i)] for i in ids], skip_special_tokens=False)
 
     # --- chat templates -----------------------------------------------------------------------------------
+    def template_variables(self) -> dict[str, str]:
+        """The special tokens a chat template may use (``bos_token``, ``eos_token``, ``pad_token``, ``unk_token``)."""
+        return {
+            name: content
+            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
+            if (content := self.special_token(name)) is not None
+        }
+
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         """Render ``messages`` with the chat template (``add_generation_prompt=True``) in transformers'
-        sandboxed Jinja environment. Raises ValueError without a template."""
+        sandboxed Jinja environment, in this process and without a budget (the ``template`` check renders in
+        a :class:`~prl.checks.template_worker.TemplateWorker`). Raises ValueError without a template."""
         if self.template is None:
             raise ValueError("no chat template")
-        extra = {
-            name: content
-            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
-            if (content := self.special_token(name)) is not None
-        }
-        try:
-            _quiet_transformers()
-            from transformers.utils.chat_template_utils import render_jinja_template
-        except ImportError:  # older transformers: go through a fast tokenizer object
-            return self._fast_tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=self.template, add_generation_prompt=True, tokenize=False
-            )
-        rendered, _ = render_jinja_template(  # type: ignore[str-unpack]
-            conversations=[messages],
-            tools=tools,  # type: ignore[arg-type]
-            chat_template=self.template,
-            add_generation_prompt=True,
-            **extra,  # type: ignore[arg-type]
-        )
-        return rendered[0]
+        from prl.checks.template_worker import render_chat
 
-    @cached_property
-    def _fast_tokenizer(self) -> Any:
-        _quiet_transformers()
-        from transformers import PreTrainedTokenizerFast
-
-        kwargs = {
-            name: content
-            for name in ("bos_token", "eos_token", "pad_token", "unk_token")
-            if (content := self.special_token(name)) is not None
-        }
-        return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, **kwargs)
+        return render_chat(self.template, messages, tools, self.template_variables(), self.path)
 
 
 def _read_config(folder: str) -> dict[str, Any]:

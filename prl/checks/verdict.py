@@ -22,6 +22,7 @@ special_no_stop                special    warn     finish_reason stop without a 
 special_mid_completion         special    warn     a special token inside the completion
 roundtrip_partial_char         roundtrip  warn     a UTF-8 character cut at the end of the sequence
 template_error                 template   warn     messages could not be parsed or rendered
+template_budget                template   warn     rendering broke its time, memory or size budget
 =============================  =========  =======  ===========================================================
 
 ``first_divergence`` is the position of the worst reason that has one (a prompt position for ``*_prompt``,
@@ -76,6 +77,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "special_mid_completion": ("special", "warn"),
     "roundtrip_partial_char": ("roundtrip", "warn"),
     "template_error": ("template", "warn"),
+    "template_budget": ("template", "warn"),
 }
 """reason code → (check family, verdict)."""
 
@@ -130,8 +132,9 @@ def assemble(
         evidence = findings.evidence.get((r, main_code))
         if evidence:
             primaries.append((r, main_code, evidence))
-        if (r, "template_error") in findings.evidence:
-            detail["template_error"] = findings.evidence[(r, "template_error")].get("error")
+        for code in ("template_error", "template_budget"):
+            if (r, code) in findings.evidence:
+                detail[code] = findings.evidence[(r, code)].get("error")
         flagged.append(RowVerdict(r, verdicts[r], codes, first[r], detail))
     _attach_pieces(primaries, {fv.row: fv.detail for fv in flagged}, tok)
     for fv in flagged:

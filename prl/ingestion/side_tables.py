@@ -37,7 +37,7 @@ from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
 from prl.ingestion.assemble import list_column
 from prl.ingestion.traces import new_quarantine_rows, quarantine_batches, quarantine_row
-from prl.io.sources import LineReader, SourceFile, expand
+from prl.io.sources import LineReader, SourceFile, scan
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.store.locks import holding
 from prl.store.resolve import open_store
@@ -61,9 +61,13 @@ class SideIngestResult:
     seconds: float = 0.0
     version: int | None = None
     dry_run: bool = False
+    problems: list[dict[str, str]] = field(default_factory=list)
+    """Entries not read (``uri``, ``status`` skipped | failed, ``reason``): see :class:`prl.io.sources.SourceProblem`."""
 
     @property
     def exit_code(self) -> ExitCode:
+        if any(p["status"] == "failed" for p in self.problems):
+            return ExitCode.USAGE
         seen = self.rows + sum(self.quarantined.values())
         return ExitCode.DATA_PROBLEMS if seen and sum(self.quarantined.values()) / seen > 0.05 else ExitCode.OK
 
@@ -194,7 +198,9 @@ def ingest_side_table(
     store = open_store(store, create=True, writing=not dry_run)
     started = time.perf_counter()
     result = SideIngestResult(store=store.uri, table=table, dry_run=dry_run)
-    files = expand(sources)
+    found = scan(sources)
+    files = found.files
+    result.problems = [asdict(p) for p in found.problems]
     with holding(store.uri, f"ingest-{table}", enabled=lock and not dry_run):
         existing = store.open(table)
         for src in files:

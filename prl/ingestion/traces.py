@@ -32,7 +32,7 @@ from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sampl
 from prl.formats.guard import as_quarantined, read_record, source_position
 from prl.ingestion.assemble import Located, assemble, record_digest, sample_id_of, validate
 from prl.ingestion.inline_rewards import inline_reward_rows, reward_batches
-from prl.io.sources import LineReader, SourceFile, expand, first_lines, lines_of
+from prl.io.sources import LineReader, SourceFile, first_lines, lines_of, scan
 from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
 from prl.store.locks import holding
 from prl.store.resolve import open_store
@@ -57,7 +57,7 @@ class FileReport:
 
     uri: str
     format: str | None = None
-    status: str = "ingested"  # ingested | unchanged | empty | failed
+    status: str = "ingested"  # ingested | unchanged | empty | skipped (not a regular file) | failed
     records: int = 0
     samples: int = 0
     prompt_tokens: int = 0
@@ -235,7 +235,9 @@ def ingest(
     store = open_store(store, create=True, writing=not dry_run)
     started = time.perf_counter()
     result = IngestResult(store=store.uri, dry_run=dry_run, max_quarantine_rate=max_quarantine_rate)
-    files = expand(sources)
+    found = scan(sources)
+    files = found.files
+    result.files.extend(FileReport(p.uri, status=p.status, error=p.reason) for p in found.problems)
     if max_quarantine_rate is not None and not 0.0 <= max_quarantine_rate <= 1.0:
         raise UsageError(f"--max-quarantine-rate must be a fraction in [0, 1], not {max_quarantine_rate!r}")
     if finish_reason is not None and finish_reason not in FINISH_REASONS:

@@ -11,6 +11,7 @@ import glob
 import hashlib
 import os
 import queue
+import stat
 import threading
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator
@@ -54,20 +55,52 @@ def _info_to_source(uri: str, info: pafs.FileInfo) -> SourceFile:
     return SourceFile(uri, int(info.size or 0), mtime - mtime % 1_000_000_000)
 
 
-def expand(specs: list[str]) -> list[SourceFile]:
-    """Files named by ``specs``: a file, a folder (all files below it, recursively), a glob, or an ``s3://``
-    key / prefix / glob. Sorted by URI within each spec; duplicates removed; hidden files skipped.
+@dataclass(frozen=True, slots=True)
+class SourceProblem:
+    """A matched entry that is not read: ``status`` is ``skipped`` (not a regular file: a FIFO, socket or device,
+    which would block a reader or never end) or ``failed`` (a dangling symlink, an entry that cannot be read or
+    listed); ``reason`` says which, in words."""
 
-    Raises :class:`UsageError` when a spec matches nothing.
+    uri: str
+    status: str
+    reason: str
+
+
+@dataclass
+class Sources:
+    """What ``specs`` matched: the files to read, and the entries that will not be read, with why."""
+
+    files: list[SourceFile] = field(default_factory=list)
+    problems: list[SourceProblem] = field(default_factory=list)
+
+
+def scan(specs: list[str]) -> Sources:
+    """Files named by ``specs``: a file, a folder (all files below it, recursively), a glob, or an ``s3://``
+    key / prefix / glob. Sorted by URI within each spec; duplicates removed; hidden files skipped. Entries that
+    cannot be read are :class:`SourceProblem` s, reported one by one, so one bad entry never hides the files
+    beside it.
+
+    Raises :class:`UsageError` when a spec matches nothing at all.
     """
     seen: dict[str, SourceFile] = {}
+    problems: dict[str, SourceProblem] = {}
     for spec in specs:
-        found = _expand_remote(spec) if spec.startswith("s3://") else _expand_local(spec)
-        if not found:
+        if spec.startswith("s3://"):
+            found, bad = _expand_remote(spec), []
+        else:
+            found, bad = _expand_local(spec)
+        if not found and not bad:
             raise UsageError(f"no input files match {spec!r}")
         for src in found:
             seen.setdefault(src.uri, src)
-    return list(seen.values())
+        for problem in bad:
+            problems.setdefault(problem.uri, problem)
+    return Sources(list(seen.values()), [p for uri, p in problems.items() if uri not in seen])
+
+
+def expand(specs: list[str]) -> list[SourceFile]:
+    """The readable files of :func:`scan` (its problems left out)."""
+    return scan(specs).files
 
 
 def _visible(path: str) -> bool:
@@ -75,28 +108,66 @@ def _visible(path: str) -> bool:
     return not name.startswith(".") and name not in SKIP_NAMES
 
 
-def _expand_local(spec: str) -> list[SourceFile]:
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def _classify(path: str) -> SourceFile | SourceProblem | None:
+    """A matched local path as a file to read, a problem, or None (a folder, which a glob may match)."""
+    uri = os.path.abspath(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return SourceProblem(uri, "failed", f"dangling symlink (to {os.readlink(path)})")
+        return SourceProblem(uri, "failed", "vanished while the folder was listed")
+    except OSError as exc:
+        return SourceProblem(uri, "failed", f"cannot read: {exc.strerror or exc}")
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a plain file")
+        return SourceProblem(uri, "skipped", f"not a regular file ({kind})")
+    if not os.access(path, os.R_OK):
+        return SourceProblem(uri, "failed", "cannot read: permission denied")
+    return SourceFile(uri, st.st_size, st.st_mtime_ns)
+
+
+def _expand_local(spec: str) -> tuple[list[SourceFile], list[SourceProblem]]:
     spec = spec.removeprefix("file://")
+    problems: list[SourceProblem] = []
     if any(ch in spec for ch in "*?["):
-        paths = sorted(p for p in glob.glob(spec, recursive=True) if os.path.isfile(p))
+        paths = sorted(glob.glob(spec, recursive=True))
     elif os.path.isdir(spec):
+
+        def unlisted(exc: OSError) -> None:
+            where = os.path.abspath(exc.filename or spec)
+            problems.append(SourceProblem(where, "failed", f"cannot list folder: {exc.strerror or exc}"))
+
         paths = sorted(
             os.path.join(root, name)
-            for root, dirs, names in os.walk(spec)
+            for root, dirs, names in os.walk(spec, onerror=unlisted)
             for name in names
             if not any(part.startswith(".") for part in os.path.relpath(root, spec).split(os.sep) if part != ".")
         )
-    elif os.path.isfile(spec):
+    elif os.path.lexists(spec):
         paths = [spec]
     else:
-        return []
-    out = []
+        return [], []
+    files: list[SourceFile] = []
     for path in paths:
         if not _visible(path):
             continue
-        st = os.stat(path)
-        out.append(SourceFile(os.path.abspath(path), st.st_size, st.st_mtime_ns))
-    return out
+        entry = _classify(path)
+        if isinstance(entry, SourceFile):
+            files.append(entry)
+        elif entry is not None:
+            problems.append(entry)
+    return files, problems
 
 
 def _expand_remote(spec: str) -> list[SourceFile]:

@@ -53,8 +53,8 @@ and the key.
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields, replace
@@ -265,27 +265,34 @@ def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> 
 
 def resolve_package_path(spec: str) -> str:
     """``package:NAME`` → the folder of installed package ``NAME``; ``package:NAME/sub/path`` → that path
-    inside it. Raises :class:`UsageError` when the package is not installed or the path is missing."""
+    inside it; ``NAME`` may be dotted (``package:prl.templates``). Nothing is imported: the top-level name is
+    looked up by the import system's finders (which read, never run, a module) and each further part as a
+    folder inside it, so naming a module never executes it (``package:this`` is refused, and prints nothing). Raises
+    :class:`UsageError` when the package is not installed or the path is missing."""
     rest = spec[len(PACKAGE_PREFIX) :] if spec.startswith(PACKAGE_PREFIX) else spec
     name, _, sub = rest.partition("/")
-    if not name:
+    top, *inner = name.split(".")
+    if not top or not all(part.isidentifier() for part in (top, *inner)):
         raise UsageError(f"{spec!r}: expected package:NAME or package:NAME/path/inside")
-    try:
-        found = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise UsageError(f"{spec!r}: Python package {name!r} is not installed")
-    if found.submodule_search_locations:
-        folder = next(iter(found.submodule_search_locations))
-    elif found.origin:
-        folder = os.path.dirname(found.origin)
-    else:  # pragma: no cover - namespace packages without a location
-        raise UsageError(f"{spec!r}: package {name!r} has no folder")
-    target = os.path.join(folder, sub) if sub else folder
+    folder = _package_folder(spec, top)
+    target = os.path.join(folder, *inner, *([sub] if sub else []))
     if not os.path.exists(target):
         raise UsageError(f"{spec!r}: {target} does not exist")
     return target
+
+
+def _package_folder(spec: str, top: str) -> str:
+    """The folder of top-level package (or module) ``top``, found without importing anything."""
+    found = None
+    for finder in sys.meta_path:  # as importlib.util.find_spec(top) does, minus its import of a parent
+        find = getattr(finder, "find_spec", None)
+        if find is not None and (found := find(top, None)) is not None:
+            break
+    if found is None:
+        raise UsageError(f"{spec!r}: Python package {top!r} is not installed")
+    if not found.submodule_search_locations:
+        raise UsageError(f"{spec!r}: {top!r} is a module, not a package: it has no folder of its own")
+    return next(iter(found.submodule_search_locations))
 
 
 Check = Callable[[Validator, str, Any], Any]

@@ -83,7 +83,8 @@ def render_chat(
         return _fast_tokenizer(tokenizer_file, tuple(sorted(special_tokens.items()))).apply_chat_template(
             messages, tools=tools, chat_template=template, add_generation_prompt=True, tokenize=False
         )
-    rendered, _ = render_jinja_template(
+    renderer: Any = render_jinja_template  # its signature types the template variables too narrowly
+    rendered, _ = renderer(
         conversations=[messages], tools=tools, chat_template=template, add_generation_prompt=True, **special_tokens
     )
     return str(rendered[0])

@@ -85,8 +85,9 @@ def scan(specs: list[str]) -> Sources:
     seen: dict[str, SourceFile] = {}
     problems: dict[str, SourceProblem] = {}
     for spec in specs:
+        bad: list[SourceProblem] = []
         if spec.startswith("s3://"):
-            found, bad = _expand_remote(spec), []
+            found = _expand_remote(spec)
         else:
             found, bad = _expand_local(spec)
         if not found and not bad:

@@ -247,8 +247,3 @@ def _tiktoken(path: str, raw: bytes, pattern: Any, config: dict[str, Any]) -> tu
     tokenizer = bpe_tokenizer(path, pattern, specials)
     identity = raw + b"\0pattern\0" + pattern.encode() + b"\0specials\0" + json.dumps(specials, sort_keys=True).encode()
     return tokenizer, identity
-
-
-def _quiet_transformers() -> None:
-    """transformers announces at import that PyTorch is absent; prl only renders templates with it."""
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

@@ -47,6 +47,11 @@ class ShardList:
             "exit_code": self.exit_code,
         }
 
+    def headline(self) -> str:
+        """``shards list: 2 set(s), 5 files, 120 rows in OUT``."""
+        rows = sum(s.rows for s in self.sets)
+        return f"shards list: {len(self.sets)} set(s), {len(self.files)} files, {rows:,} rows in {self.out}"
+
 
 def list_sets(path: str) -> ShardList:
     """The files of the current complete sets of an ``OUT`` folder (or of one set folder). Staged builds, retired

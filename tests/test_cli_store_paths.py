@@ -45,12 +45,13 @@ def built(tmp_path_factory):
 
 def test_reading_commands_refuse_what_is_not_a_store_and_create_nothing(built, tmp_path, tokenizer_dir):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "a-file").write_text("x")
     candidates = {
         "mistyped": (tmp_path / "stroe", "no such folder"),
         "empty": (tmp_path / "empty", "it holds no prl table"),
         "shard set": (built["set_dir"], "it holds a shard set"),
-        "shard OUT": (built["root"] / "out", "it holds a shard set"),
-        "file": (built["set_dir"] / "manifest.json", "it is a file"),
+        "shard OUT": (built["root"] / "out", ""),  # an OUT folder: no Delta table in it
+        "file": (tmp_path / "a-file", "it is a file"),
     }
     before = tree(built["root"]), tree(tmp_path)
     for name, (path, why) in candidates.items():

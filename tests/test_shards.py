@@ -428,7 +428,6 @@ def test_singleton_baseline_field_and_none(tmp_path):
         ({"topk": True}, "topk: expected an integer ≥ 1, got True"),
         ({"finish_reasons": []}, "finish_reasons: keep at least one finish reason"),
         ({"finish_reasons": "stop,halt"}, "finish_reasons: expected names from stop, length"),
-        ({"rewards": {}}, "rewards: expected a table of name = weight"),
         ({"rewards": "a=1,b=x"}, "rewards: expected NAME=WEIGHT pairs"),
         ({"rewards": {"a": True}}, "rewards.a: expected a finite number, got True"),
         ({"rewards": 3}, "rewards: expected a table of name = weight"),
@@ -587,3 +586,32 @@ def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
     from prl.shards.verify import verify_shards
 
     assert verify_shards(str(out)).exit_code == 0
+
+
+def test_the_one_reward_name_in_the_table_is_the_score(tmp_path):
+    traces = [trace("a:0", "g", [1], [5]), trace("b:0", "g", [1], [6])]
+    rewards = [reward("a:0", 1.0, name="pass_rate"), reward("b:0", 0.0, name="pass_rate")]
+    res = build_shards(make_store(str(tmp_path / "s"), traces, rewards), str(tmp_path / "out"))
+    assert res.status == "built" and res.exit_code == 0
+    assert {sid: row["reward"] for sid, row in by_id(read_set(res)).items()} == {"a:0": 1.0, "b:0": 0.0}
+    assert json.loads(Path(res.manifest_path).read_text())["options"]["rewards"] == {"pass_rate": 1.0}
+
+
+def test_several_reward_names_and_none_chosen_is_a_usage_error(tmp_path):
+    traces = [trace("a:0", "g", [1], [5])]
+    rewards = [reward("a:0", 1.0, name="pass"), reward("a:0", 0.2, name="style")]
+    store = make_store(str(tmp_path / "s"), traces, rewards)
+    with pytest.raises(UsageError, match=r"2 reward names \(pass, style\)"):
+        build_shards(store, str(tmp_path / "out"))
+    chosen = build_shards(store, str(tmp_path / "out"), options=ShardOptions(rewards={"style": 1.0}))
+    assert chosen.status == "built" and by_id(read_set(chosen))["a:0"]["reward"] == 0.2
+
+
+def test_a_build_that_drops_every_sample_exits_1_naming_the_reason(tmp_path):
+    store = small_store(tmp_path)
+    res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(rewards={"other": 1.0}))
+    assert (res.status, res.exit_code, res.rows) == ("all_dropped", 1, 0)
+    assert res.headline == "every new sample was dropped: 3 of 3 as missing_reward (the score uses reward other)"
+    assert res.to_json()["headline"] == res.headline
+    assert not os.path.exists(tmp_path / "out")
+    assert build_shards(store, str(tmp_path / "out")).status == "built"  # the table's one name: reward

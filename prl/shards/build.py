@@ -56,6 +56,7 @@ from prl.shards.publish import (
     write_json,
 )
 from prl.shards.result import ShardResult
+from prl.shards.rewards import resolve_rewards
 from prl.shards.scan import HEAD_COLUMNS
 from prl.shards.scores import Scores, compute_scores, log_ratio_totals
 from prl.shards.spill import ScanSpill
@@ -125,6 +126,7 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
     result = ShardResult(out=out, status="nothing_new", source_versions=versions)
     if versions.get("traces") is None:
         return result
+    options = resolve_rewards(store, versions.get("rewards"), options)
     prior = [] if rebuild else existing_sets(out)
     shipped = shipped_ids(out, prior)
     set_id = _set_id(versions, options, prior)
@@ -165,6 +167,8 @@ def _build(
         plan = make_plan(store, versions, options, shipped, trace_spill, ref_spill)
         result.count(plan, options)
         if plan.ship.is_empty():
+            if result.all_dropped:
+                result.status = "all_dropped"
             discard_staging(staging, out)
             if made_out:
                 os.rmdir(out)

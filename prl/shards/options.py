@@ -42,8 +42,9 @@ BASELINE_FIELDS = ("request_id", "session_id", "model", "policy_version", "sourc
 class ShardOptions:
     """What ``build_shards`` keeps and how it scores it. See design.md §5–6 and each field's note."""
 
-    rewards: dict[str, float] = field(default_factory=lambda: {"reward": 1.0})
-    """Score = Σ weight · value of these named reward components (latest event per sample and name)."""
+    rewards: dict[str, float] = field(default_factory=dict)
+    """Score = Σ weight · value of these named reward components (latest event per sample and name). Empty: the
+    one reward name the rewards table holds (:func:`prl.shards.rewards.resolve_rewards`)."""
     advantage: str = "mean"
     """``mean`` (r − group mean), ``loo`` (leave-one-out) or ``std`` (divide by unbiased σ + 1e-6)."""
     singleton_baseline: str = "batch"
@@ -152,6 +153,8 @@ def _topk(v: Validator, key: str, value: Any) -> int | str:
 
 
 def _rewards(v: Validator, key: str, value: Any) -> dict[str, float]:
+    if value == {}:
+        return {}  # none chosen: the one name the rewards table holds (prl.shards.rewards)
     return dict(sorted(v.weights(key, value).items()))
 
 

@@ -12,7 +12,8 @@ from prl.shards.plan import Plan
 
 @dataclass
 class ShardResult:
-    """What :func:`build_shards` did. ``status``: ``built``, ``nothing_new`` or ``dry_run``."""
+    """What :func:`build_shards` did. ``status``: ``built``, ``nothing_new``, ``all_dropped`` (every sample was
+    dropped and none ever shipped into ``OUT``: exit 1) or ``dry_run``."""
 
     out: str
     status: str
@@ -29,10 +30,23 @@ class ShardResult:
     statistics: dict[str, Any] = field(default_factory=dict)
     source_versions: dict[str, int | None] = field(default_factory=dict)
     drop_rate_exceeded: bool = False
+    all_dropped: bool = False
+    score_names: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
-        return int(ExitCode.DATA_PROBLEMS if self.drop_rate_exceeded else ExitCode.OK)
+        return int(ExitCode.DATA_PROBLEMS if self.drop_rate_exceeded or self.all_dropped else ExitCode.OK)
+
+    @property
+    def headline(self) -> str:
+        """One line for people: what shipped, or why nothing did (the top drop reason when all were dropped)."""
+        if not self.all_dropped:
+            return f"{self.status}: {self.rows:,} rows"
+        reason, count = sorted(self.drops.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+        line = f"every new sample was dropped: {count:,} of {sum(self.drops.values()):,} as {reason}"
+        if reason == "missing_reward":
+            line += f" (the score uses reward {', '.join(self.score_names)})"
+        return line
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +65,7 @@ class ShardResult:
             "drops": self.drops,
             "statistics": self.statistics,
             "source_versions": self.source_versions,
+            "headline": self.headline,
             "exit_code": self.exit_code,
         }
 
@@ -68,6 +83,10 @@ class ShardResult:
         self.drops = plan.drops
         dropped = sum(plan.drops.values())
         denominator = plan.considered - plan.already_shipped
+        # every sample dropped and none ever shipped into OUT: the build cannot work as configured (exit 1); once
+        # sets exist, samples dropped before are dropped again on every run and that is nothing new
+        self.all_dropped = bool(denominator and dropped == denominator and not plan.already_shipped)
+        self.score_names = sorted(options.rewards)
         self.drop_rate_exceeded = bool(
             options.max_drop_rate is not None and denominator and dropped / denominator > options.max_drop_rate
         )

@@ -611,7 +611,8 @@ def test_a_build_that_drops_every_sample_exits_1_naming_the_reason(tmp_path):
     store = small_store(tmp_path)
     res = build_shards(store, str(tmp_path / "out"), options=ShardOptions(rewards={"other": 1.0}))
     assert (res.status, res.exit_code, res.rows) == ("all_dropped", 1, 0)
-    assert res.headline == "every new sample was dropped: 3 of 3 as missing_reward (the score uses reward other)"
-    assert res.to_json()["headline"] == res.headline
+    assert res.headline() == (
+        "build-shards all_dropped: every new sample was dropped: 3 of 3 as missing_reward (the score uses reward other)"
+    )
     assert not os.path.exists(tmp_path / "out")
     assert build_shards(store, str(tmp_path / "out")).status == "built"  # the table's one name: reward

@@ -129,7 +129,7 @@ def render_headline(result: Any, console: Console = stdout) -> None:
 def render_shards(result: Any, console: Console = stdout) -> None:
     """The build-shards summary: shards written, then drops by reason."""
     if getattr(result, "all_dropped", False):
-        console.print(f"[red]{escape(result.headline)}[/red]")
+        console.print(f"[red]{escape(result.headline())}[/red]")
     title = f"prl build-shards → {result.set_dir or result.out}  ({result.status})"
     table = Table(title=title)
     for column in ("file", "rows", "tokens", "bytes"):

@@ -37,17 +37,6 @@ class ShardResult:
     def exit_code(self) -> int:
         return int(ExitCode.DATA_PROBLEMS if self.drop_rate_exceeded or self.all_dropped else ExitCode.OK)
 
-    @property
-    def headline(self) -> str:
-        """One line for people: what shipped, or why nothing did (the top drop reason when all were dropped)."""
-        if not self.all_dropped:
-            return f"{self.status}: {self.rows:,} rows"
-        reason, count = sorted(self.drops.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-        line = f"every new sample was dropped: {count:,} of {sum(self.drops.values()):,} as {reason}"
-        if reason == "missing_reward":
-            line += f" (the score uses reward {', '.join(self.score_names)})"
-        return line
-
     def to_json(self) -> dict[str, Any]:
         return {
             "command": "build-shards",
@@ -65,12 +54,21 @@ class ShardResult:
             "drops": self.drops,
             "statistics": self.statistics,
             "source_versions": self.source_versions,
-            "headline": self.headline,
+            "headline": self.headline(),
             "exit_code": self.exit_code,
         }
 
     def headline(self) -> str:
-        """``build-shards built: 120 samples, 48,000 tokens in 2 shards, 3 dropped → <set id>``."""
+        """``build-shards built: 120 samples, 48,000 tokens in 2 shards, 3 dropped → <set id>``; when every sample
+        was dropped, the top drop reason (``build-shards all_dropped: every new sample was dropped: 3 of 3 as
+        missing_reward …``)."""
+        if self.all_dropped and self.drops:
+            reason, count = sorted(self.drops.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+            line = f"build-shards all_dropped: every new sample was dropped: {count:,} of {sum(self.drops.values()):,}"
+            line += f" as {reason}"
+            if reason == "missing_reward":
+                line += f" (the score uses reward {', '.join(self.score_names)})"
+            return line
         return (
             f"build-shards {self.status}: {self.rows:,} samples, {self.tokens:,} tokens in {len(self.shards)} "
             f"shards, {sum(self.drops.values()):,} dropped" + (f" → {self.set_id}" if self.set_id else "")

@@ -20,7 +20,11 @@ DATA = os.path.join(REPO, "sample_data")
 def checked_store(tmp_path_factory, tokenizer_dir) -> Store:
     store = Store(str(tmp_path_factory.mktemp("sample") / "store"))
     result = ingest(
-        [os.path.join(DATA, "traces"), os.path.join(DATA, "bad")], store, finish_reason="stop", max_quarantine_rate=None
+        [os.path.join(DATA, "traces"), os.path.join(DATA, "bad")],
+        store,
+        finish_reason="stop",
+        max_quarantine_rate=None,
+        partial_line_grace=0,  # a fresh checkout's files are young; bad/truncated.jsonl is not being written
     )
     # 111 samples from the 12 trace files; bad/ adds 2 records identical to ones already read (present) and
     # 6 quarantined records, each with the reason the README plants

@@ -32,6 +32,7 @@ from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sampl
 from prl.formats.guard import as_quarantined, read_record, source_position
 from prl.ingestion.assemble import Located, assemble, record_digest, sample_id_of, validate
 from prl.ingestion.inline_rewards import inline_reward_rows, reward_batches
+from prl.io import sources as io_sources
 from prl.io.sources import LineReader, SourceFile, first_lines, lines_of, scan
 from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
 from prl.store.locks import holding
@@ -67,6 +68,8 @@ class FileReport:
     bytes: int = 0
     sha256: str | None = None
     error: str | None = None
+    held_back_bytes: int = 0
+    """Bytes of an unterminated last line left for a later run (a plain file still being written)."""
     formats: dict[str, int] = field(default_factory=dict)
     """Decoded records per format that read them (detection is per record: a proxy log may mix formats)."""
 
@@ -186,6 +189,8 @@ class _GroupState:
     quarantine_rows: list[dict[str, Any]] = field(default_factory=list)
     ledger: list[dict[str, Any]] = field(default_factory=list)
     reward_rows: list[dict[str, Any]] = field(default_factory=list)
+    partial_line_grace: float = 0.0
+    """Seconds since its last change during which a plain file ending mid-line is left to grow."""
 
 
 class _EmptySource(Exception):
@@ -221,6 +226,7 @@ def ingest(
     batch_tokens: int = BATCH_TOKENS,
     progress: Callable[[int], None] | None = None,
     lock: bool = True,
+    partial_line_grace: float | None = None,
 ) -> IngestResult:
     """Ingest trace files into ``store``'s ``traces`` table (bad records into ``quarantine``).
 
@@ -229,6 +235,9 @@ def ingest(
     ``group_field`` names the record field that defines centering groups (default: a digest of the prompt IDs);
     ``finish_reason`` is used for records that carry none (RL rollout dumps often do not).
     ``progress`` is called with the number of source bytes read since the last call.
+    ``partial_line_grace`` (seconds; default ``PRL_PARTIAL_LINE_GRACE`` or 300): a plain file that ends mid-line
+    and changed more recently than this is still being written; its last line is not consumed (the ledger
+    records the bytes read and the file is read again by the next run). Older, the line is ``truncated_line``.
     """
     if format != "auto":
         registry.by_name(format)  # fail fast on an unknown name
@@ -242,6 +251,7 @@ def ingest(
         raise UsageError(f"--max-quarantine-rate must be a fraction in [0, 1], not {max_quarantine_rate!r}")
     if finish_reason is not None and finish_reason not in FINISH_REASONS:
         raise UsageError(f"--finish-reason must be one of {', '.join(FINISH_REASONS)}, not {finish_reason!r}")
+    grace = io_sources.partial_line_grace() if partial_line_grace is None else partial_line_grace
     options = ParseOptions(policy_version=policy_version, group_field=group_field, finish_reason=finish_reason)
     with holding(store.uri, "ingest", enabled=lock and not dry_run):
         traces = store.open("traces")
@@ -252,7 +262,7 @@ def ingest(
                 continue
             pending.append(src)
         for group in _groups(pending):
-            _ingest_group(group, store, format, options, result, dry_run, batch_tokens, progress)
+            _ingest_group(group, store, format, options, result, dry_run, batch_tokens, progress, grace)
         result.versions = {"traces": store.version("traces"), "quarantine": store.version("quarantine")}
     result.seconds = time.perf_counter() - started
     return result
@@ -280,8 +290,9 @@ def _ingest_group(
     dry_run: bool,
     batch_tokens: int,
     progress: Callable[[int], None] | None,
+    partial_line_grace: float,
 ) -> None:
-    state = _GroupState()
+    state = _GroupState(partial_line_grace=partial_line_grace)
     dedup = _Deduper(store)
     now_ms = int(time.time() * 1000)
     reports: list[FileReport] = []
@@ -298,7 +309,11 @@ def _ingest_group(
         store.commit("quarantine", quarantine_batches(rows), dry_run=dry_run)
     if state.reward_rows:  # rewards the records carry inline: visible no later than their samples
         store.commit("rewards", reward_batches(state.reward_rows), dry_run=dry_run)
-    transactions = {f"prl.source:{SourceFile(r['uri'], r['size'], r['mtime_ns']).identity}": 1 for r in state.ledger}
+    transactions = {  # a file still being written is not marked consumed: the next run reads it again
+        f"prl.source:{SourceFile(r['uri'], r['size'], r['mtime_ns']).identity}": 1
+        for r in state.ledger
+        if r["complete"]
+    }
     pending_traces.commit(metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions)
 
     for report in reports:
@@ -324,7 +339,7 @@ def _ingest_file(
     batch_tokens: int,
     progress: Callable[[int], None] | None,
 ) -> Iterator[pa.RecordBatch]:
-    reader = LineReader(src)
+    reader = LineReader(src, hold_partial=src.changed_within(state.partial_line_grace))
     counts: Counter[str] = Counter()
     try:
         fmt, records = _framed(reader, format, src.uri)
@@ -429,6 +444,7 @@ def _record_truncation(
 
 def _ledger_entry(src: SourceFile, reader: LineReader, fmt: str | None, report: FileReport) -> dict[str, Any]:
     report.sha256 = reader.sha256 or None
+    report.held_back_bytes = reader.held_back
     return {
         "uri": src.uri,
         "size": src.size,
@@ -437,6 +453,8 @@ def _ledger_entry(src: SourceFile, reader: LineReader, fmt: str | None, report: 
         "format": fmt,
         "records": report.records,
         "samples": report.samples,
+        "bytes_consumed": reader.bytes_read - reader.held_back,
+        "complete": not reader.held_back,
     }
 
 

@@ -13,6 +13,7 @@ import os
 import queue
 import stat
 import threading
+import time
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,23 @@ READ_AHEAD_CHUNKS = 2
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 SKIP_NAMES = ("_SUCCESS", ".DS_Store")
+PARTIAL_LINE_GRACE_S = 300.0
+"""Seconds after its last change during which a plain file ending mid-line is taken to be still written
+(``PRL_PARTIAL_LINE_GRACE`` overrides): its last line is left for a later run instead of quarantined."""
+
+
+def partial_line_grace() -> float:
+    """The grace period in seconds: ``PRL_PARTIAL_LINE_GRACE`` if set (a number ≥ 0), else 300."""
+    raw = os.environ.get("PRL_PARTIAL_LINE_GRACE", "").strip()
+    if not raw:
+        return PARTIAL_LINE_GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0.0:
+        raise UsageError(f"PRL_PARTIAL_LINE_GRACE must be a number of seconds >= 0, not {raw!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +64,11 @@ class SourceFile:
     def identity(self) -> str:
         """``uri|size|mtime`` digest: the same file unchanged has the same identity."""
         return hashlib.sha256(f"{self.uri}|{self.size}|{self.mtime_ns}".encode()).hexdigest()[:40]
+
+    def changed_within(self, seconds: float, now_ns: int | None = None) -> bool:
+        """Whether the file was modified less than ``seconds`` ago (it may still be written)."""
+        now_ns = time.time_ns() if now_ns is None else now_ns
+        return now_ns - self.mtime_ns < seconds * 1e9
 
 
 def _info_to_source(uri: str, info: pafs.FileInfo) -> SourceFile:
@@ -214,6 +237,8 @@ class LineReader:
 
     After iteration: ``sha256`` is the digest of the stored (possibly compressed) bytes, ``compression`` is
     ``gzip``/``zstd``/``none``, ``unterminated_line`` is the number of a last line without a newline, and
+    ``held_back`` is that line's length in bytes when ``hold_partial`` kept it back (a plain file still being
+    written: the line is not yielded, and the bytes consumed are ``bytes_read - held_back``), and
     ``truncated`` holds a message when a compressed stream ended early or was
     corrupt (the lines decoded before the damage were yielded; a partial last line is yielded too and its
     record will fail to parse).
@@ -226,6 +251,8 @@ class LineReader:
     truncated: str | None = None
     unterminated_line: int | None = None
     bytes_read: int = 0
+    hold_partial: bool = False
+    held_back: int = 0
     _hasher: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
@@ -250,7 +277,10 @@ class LineReader:
             line_no += newlines  # the newlines of whole: those of block (parts hold none)
         if parts:
             self.unterminated_line = line_no
-            yield line_no, b"".join(parts)
+            if self.hold_partial and self.compression == "none":
+                self.held_back = sum(len(part) for part in parts)
+            else:
+                yield line_no, b"".join(parts)
         self.sha256 = self._hasher.hexdigest()
 
     def _counted(self) -> Generator[tuple[bytes, int], None, None]:

@@ -27,6 +27,8 @@ from prl.errors import RetryableIOError, UsageError
 from prl.io.locations import aws_endpoint, filesystem_for
 
 READ_CHUNK = 4 * 1024 * 1024
+INFLATE_PIECE = 64 * 1024
+"""Compressed bytes per decompressor call: a damaged stream loses no output of the calls before the damage."""
 READ_AHEAD_CHUNKS = 2
 """Chunks of an ``s3://`` source fetched (and hashed) ahead by a background thread, while the caller parses."""
 GZIP_MAGIC = b"\x1f\x8b"
@@ -341,28 +343,72 @@ class LineReader:
         name: str,
         error: type[Exception],
     ) -> Iterator[bytes]:
-        """Decompress concatenated members/frames; a stream that ends inside one, or a corrupt one, sets
-        :attr:`truncated` after yielding everything decoded before the damage."""
+        """Decompress concatenated members/frames, fed :data:`INFLATE_PIECE` bytes at a time; a stream that ends
+        inside one, or a corrupt one, sets :attr:`truncated` after yielding everything decoded before the damage
+        (the output of the piece that failed is recovered by :meth:`_salvage`)."""
         decomp = new()
         inside = False
-        try:
-            for chunk in _chain(first, chunks):
-                while chunk:
-                    out = decomp.decompress(chunk)
+        offset = 0  # compressed bytes fed before ``piece``
+        frame_start = 0  # where the current member / frame begins
+        for chunk in _chain(first, chunks):
+            for start in range(0, len(chunk), INFLATE_PIECE):
+                piece = chunk[start : start + INFLATE_PIECE]
+                while piece:
+                    try:
+                        out = decomp.decompress(piece)
+                    except error as exc:
+                        yield from self._salvage(new, error, frame_start, offset, piece)
+                        self.truncated = f"{name} stream is corrupt: {exc}"
+                        return
                     inside = True
                     if out:
                         yield out
-                    chunk = decomp.unused_data if decomp.eof else b""
-                    if decomp.eof:  # the next member / frame starts here
-                        inside = False
-                        decomp = new()
-            if inside and not decomp.eof:
-                tail = decomp.flush() if name == "gzip" else b""
-                if tail:
-                    yield tail
-                self.truncated = f"{name} stream ends before its end marker (truncated file)"
-        except error as exc:
-            self.truncated = f"{name} stream is corrupt: {exc}"
+                    if not decomp.eof:
+                        offset += len(piece)
+                        break
+                    rest = decomp.unused_data  # the next member / frame starts here
+                    offset += len(piece) - len(rest)
+                    frame_start, piece, inside, decomp = offset, rest, False, new()
+        if inside and not decomp.eof:
+            tail = decomp.flush() if name == "gzip" else b""
+            if tail:
+                yield tail
+            self.truncated = f"{name} stream ends before its end marker (truncated file)"
+
+    def _salvage(
+        self, new: Callable[[], Any], error: type[Exception], frame_start: int, offset: int, piece: bytes
+    ) -> Iterator[bytes]:
+        """What ``piece`` decodes to before its damage (a decompressor that raises returns nothing of the call):
+        a fresh decompressor is brought to the state before ``piece`` by the member's earlier bytes, read
+        again from the source, then fed ``piece`` one byte at a time until the error."""
+        decomp = new()
+        try:
+            for block in self._reread(frame_start, offset):
+                decomp.decompress(block)
+            for i in range(len(piece)):
+                out = decomp.decompress(piece[i : i + 1])
+                if out:
+                    yield out
+                if decomp.eof:  # a member ended inside the piece: the damage is in the next one
+                    decomp = new()
+        except error:
+            return
+
+    def _reread(self, start: int, end: int) -> Iterator[bytes]:
+        """The stored bytes ``[start, end)`` of the source, read again in chunks."""
+        fs, path = filesystem_for(self.source.uri)
+        try:
+            with fs.open_input_file(path) as handle:
+                handle.seek(start)
+                left = end - start
+                while left > 0:
+                    data = handle.read(min(left, self.chunk_size))
+                    if not data:
+                        return
+                    left -= len(data)
+                    yield data
+        except OSError as exc:
+            raise RetryableIOError(f"reading {self.source.uri} again failed: {exc}") from exc
 
 
 def lines_of(blocks: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:

@@ -199,6 +199,13 @@ def ingest(
         str | None,
         typer.Option("--finish-reason", help="Finish reason for records that carry none (stop, length, ...)."),
     ] = None,
+    agent_field: Annotated[
+        str | None,
+        typer.Option(
+            "--agent-field",
+            help="Record field naming the agent inside a session (default: agent_id, agent_name, agent, agent_ref).",
+        ),
+    ] = None,
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
     ] = 0.05,
@@ -229,6 +236,7 @@ def ingest(
                 policy_version=policy_version,
                 group_field=group_field,
                 finish_reason=finish_reason,
+                agent_field=agent_field,
                 dry_run=dry_run,
                 max_quarantine_rate=max_quarantine_rate,
                 progress=progress,

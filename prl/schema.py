@@ -24,6 +24,7 @@ TRACES = pa.schema(
         pa.field("choice_index", pa.int32(), nullable=False),
         pa.field("session_id", pa.string()),
         pa.field("turn", pa.int32()),
+        pa.field("agent_id", pa.string()),
         pa.field("group_id", pa.string(), nullable=False),
         pa.field("policy_version", pa.string()),
         pa.field("policy_version_spans", pa.list_(VERSION_SPAN)),
@@ -49,7 +50,8 @@ TRACES = pa.schema(
         pa.field("ingested_at", TIMESTAMP_MS, nullable=False),
     ]
 )
-"""One row per sampled completion. ``record_digest`` is a sha256 over the sample's token IDs and logprobs:
+"""One row per sampled completion. A trajectory is the rows of one (``session_id``, ``agent_id``): the calls one
+agent made inside a session (``agent_id`` null: the session's calls that name no agent). ``record_digest`` is a sha256 over the sample's token IDs and logprobs:
 re-reading the same record is recognised and skipped, a different record under a known ``sample_id`` is
 quarantined as ``duplicate_sample_id``."""
 

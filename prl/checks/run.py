@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from prl.checks.batch import COLUMNS, TokenBatch
 from prl.checks.findings import Findings
 from prl.checks.heads import check_heads
-from prl.checks.history import SequenceCache, previous_for, session_index
+from prl.checks.history import SequenceCache, previous_for, trajectory_index
 from prl.checks.logprobs import check_logprobs
 from prl.checks.options import CheckOptions
 from prl.checks.prefix import check_prefix
@@ -69,6 +69,8 @@ class BatchChecker:
     roundtrip: RoundTripper = field(init=False)
     template: TemplateChecker = field(init=False)
     sequences: SequenceCache = field(default_factory=SequenceCache)
+    undetermined: dict[str, int] = field(default_factory=dict)
+    """Why → samples whose previous turn could not be determined (reason ``prefix_unordered``)."""
 
     def __post_init__(self) -> None:
         self.roundtrip = RoundTripper(self.tok)
@@ -97,12 +99,15 @@ class BatchChecker:
         return out, flagged, status
 
     def _prefix(self, rb: pa.RecordBatch, tb: TokenBatch, findings: Findings) -> list[str | None]:
-        previous = previous_for(self.index, tb.sample_id)
+        previous, undetermined = previous_for(self.index, tb.sample_id)
         wanted = {sid for cands in previous if cands for sid in cands}
-        if not wanted:
+        if not wanted and not any(undetermined):
             return [None] * tb.rows
-        sequences = self.sequences.get_many(self.store, self.traces_version, wanted)
-        found, status = check_prefix(tb, previous, sequences, self.opts.realign_window)
+        sequences = self.sequences.get_many(self.store, self.traces_version, wanted) if wanted else {}
+        found, status = check_prefix(tb, previous, sequences, self.opts.realign_window, undetermined)
+        for (_, code), evidence in found.evidence.items():
+            if code == "prefix_unordered":
+                self.undetermined[evidence["why"]] = self.undetermined.get(evidence["why"], 0) + 1
         findings.extend(found)
         return status
 
@@ -187,7 +192,7 @@ def _run(
     done = store.read("checks", columns=["sample_id"], filter=pc.field("tokenizer_fingerprint") == fingerprint)
     done_ids = pc.unique(done.column("sample_id").combine_chunks()) if done.num_rows else None
     result.skipped_existing = 0 if done_ids is None else len(done_ids)
-    checker = BatchChecker(store, tok, opts, fingerprint, traces_version, session_index(store, traces_version))
+    checker = BatchChecker(store, tok, opts, fingerprint, traces_version, trajectory_index(store, traces_version))
     flt = None if done_ids is None else ~pc.field("sample_id").isin(done_ids)
     heap: list[tuple[int, int, str, int, Example]] = []
 
@@ -242,6 +247,7 @@ def _run(
             result.checks_version = committed.version
 
     result.tokens = checker.roundtrip.stats.tokens
+    result.prefix_undetermined = dict(sorted(checker.undetermined.items()))
     result.tokens_roundtripped = checker.roundtrip.stats.tokens_encoded
     result.worst = [ex for *_, ex in sorted(heap, reverse=True)]
 

@@ -18,6 +18,7 @@ prefix_fork                    prefix     drift    previous turn is not a prefix
 logprob_placeholder            logprobs   drift    exact 0.0 placeholders
 logprob_low                    logprobs   drift    many sampled tokens below −15: retokenized data
 prefix_realign                 prefix     warn     only the previous turn's last few tokens differ
+prefix_unordered               prefix     warn     the previous turn of its trajectory cannot be determined
 special_no_stop                special    warn     finish_reason stop without a stop token at the end
 special_mid_completion         special    warn     a special token inside the completion
 roundtrip_partial_char         roundtrip  warn     a UTF-8 character cut at the end of the sequence
@@ -73,6 +74,7 @@ REASONS: dict[str, tuple[str, str]] = {
     "logprob_placeholder": ("logprobs", "drift"),
     "logprob_low": ("logprobs", "drift"),
     "prefix_realign": ("prefix", "warn"),
+    "prefix_unordered": ("prefix", "warn"),
     "special_no_stop": ("special", "warn"),
     "special_mid_completion": ("special", "warn"),
     "roundtrip_partial_char": ("roundtrip", "warn"),

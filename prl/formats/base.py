@@ -51,6 +51,7 @@ class Sample:
     finish_reason: str | None
     session_id: str | None = None
     turn: int | None = None
+    agent_id: str | None = None
     group_key: str | None = None
     policy_version: str | None = None
     policy_version_spans: list[dict[str, Any]] | None = None
@@ -83,11 +84,12 @@ class RawRecord:
 @dataclass(slots=True)
 class ParseOptions:
     """Options that apply to every record: the policy version and finish reason for records that carry none,
-    and the field naming the centering group."""
+    the field naming the centering group, and the field naming the agent inside a session."""
 
     policy_version: str | None = None
     group_field: str | None = None
     finish_reason: str | None = None
+    agent_field: str | None = None
 
 
 class Format:

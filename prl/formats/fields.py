@@ -235,13 +235,24 @@ class RequestSide:
             "top_p",
             "top_k",
             "logprobs_mode",
-            "created_at_ms",
             "model",
             "policy_version",
         ):
             if getattr(sample, name) is None:
                 setattr(sample, name, getattr(self, name))
+        sample.created_at_ms = finer_ms(sample.created_at_ms, self.created_at_ms)
         return sample
+
+
+def finer_ms(response_ms: int | None, request_ms: int | None) -> int | None:
+    """The finer of a record's two timestamps (epoch ms): a request-side time with milliseconds replaces a
+    response ``created`` given in whole seconds (OpenAI-style ``created`` has one-second resolution, so turns
+    sampled within one second would tie); otherwise the response side wins."""
+    if response_ms is None:
+        return request_ms
+    if request_ms is not None and response_ms % 1000 == 0 and request_ms % 1000 != 0:
+        return request_ms
+    return response_ms
 
 
 def sampling_settings(params: dict[str, Any]) -> dict[str, Any]:

@@ -149,6 +149,7 @@ def assemble(rows: list[Located], digests: list[str], ingested_at_ms: int) -> pa
         "choice_index": pa.array([s.choice_index for s in samples], pa.int32()),
         "session_id": pa.array([s.session_id for s in samples], pa.string()),
         "turn": pa.array([s.turn for s in samples], pa.int32()),
+        "agent_id": pa.array([s.agent_id for s in samples], pa.string()),
         "group_id": pa.array(
             [s.group_key if s.group_key is not None else prompt_digest(s.prompt_token_ids) for s in samples],
             pa.string(),

@@ -28,6 +28,7 @@ import pyarrow.dataset as ds
 
 from prl.errors import ExitCode, FormatDetectionError, UsageError
 from prl.formats import registry
+from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.formats.guard import as_quarantined, read_record, source_position
 from prl.ingestion.assemble import Located, assemble, record_digest, sample_id_of, validate
@@ -221,6 +222,7 @@ def ingest(
     policy_version: str | None = None,
     group_field: str | None = None,
     finish_reason: str | None = None,
+    agent_field: str | None = None,
     dry_run: bool = False,
     max_quarantine_rate: float | None = DEFAULT_MAX_QUARANTINE_RATE,
     batch_tokens: int = BATCH_TOKENS,
@@ -233,7 +235,9 @@ def ingest(
     ``sources``: files, folders, globs or ``s3://`` prefixes. ``format``: ``auto`` (detected per file) or a
     format name from :mod:`prl.formats.registry`. ``policy_version`` fills in records that carry none;
     ``group_field`` names the record field that defines centering groups (default: a digest of the prompt IDs);
-    ``finish_reason`` is used for records that carry none (RL rollout dumps often do not).
+    ``finish_reason`` is used for records that carry none (RL rollout dumps often do not); ``agent_field`` names
+    the record field that holds the agent inside a multi-agent session (default: where systems put it, see
+    :mod:`prl.formats.agents`).
     ``progress`` is called with the number of source bytes read since the last call.
     ``partial_line_grace`` (seconds; default ``PRL_PARTIAL_LINE_GRACE`` or 300): a plain file that ends mid-line
     and changed more recently than this is still being written; its last line is not consumed (the ledger
@@ -252,7 +256,9 @@ def ingest(
     if finish_reason is not None and finish_reason not in FINISH_REASONS:
         raise UsageError(f"--finish-reason must be one of {', '.join(FINISH_REASONS)}, not {finish_reason!r}")
     grace = io_sources.partial_line_grace() if partial_line_grace is None else partial_line_grace
-    options = ParseOptions(policy_version=policy_version, group_field=group_field, finish_reason=finish_reason)
+    options = ParseOptions(
+        policy_version=policy_version, group_field=group_field, finish_reason=finish_reason, agent_field=agent_field
+    )
     with holding(store.uri, "ingest", enabled=lock and not dry_run):
         traces = store.open("traces")
         pending: list[SourceFile] = []
@@ -393,7 +399,7 @@ def _ingest_file(
                 quarantine(record.line, record.raw, item, name=name)
                 continue
             try:
-                sample = validate(_apply_options(item, options))
+                sample = validate(_apply_options(item, options, record.obj))
             except Exception as exc:  # whatever fails on one sample quarantines that sample
                 q = as_quarantined(exc)
                 q.choice_index = item.choice_index
@@ -421,12 +427,15 @@ def _ingest_file(
     state.ledger.append(_ledger_entry(src, reader, report.format, report))
 
 
-def _apply_options(sample: Sample, options: ParseOptions) -> Sample:
+def _apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:
     """What the run's options say about a parsed sample: ``--finish-reason`` fills a missing finish reason;
     a named ``--group-field`` the record lacks is ``missing_group_field`` (its group is unknown, and falling
-    back to the prompt digest would silently put it in the wrong group)."""
+    back to the prompt digest would silently put it in the wrong group). The agent comes from the record
+    (:func:`prl.formats.agents.agent_of`, ``--agent-field`` when named) where the reader set none."""
     if sample.finish_reason is None:
         sample.finish_reason = options.finish_reason
+    if sample.agent_id is None:
+        sample.agent_id = agent_of(obj, options.agent_field)
     if options.group_field and sample.group_key is None:
         raise Quarantined("missing_group_field", f"the record has no {options.group_field!r} field (--group-field)")
     return sample

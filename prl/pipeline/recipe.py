@@ -11,6 +11,7 @@ A recipe has up to six tables; a step runs when its table is present (``[store]`
     format = "auto"             # or one wire format name
     policy_version = "step-12"  # for records that carry none (optional)
     group_field = "uid"         # record field that defines centering groups (optional)
+    agent_field = "agent"       # record field naming the agent inside a session (optional)
     finish_reason = "stop"      # for records that carry none, e.g. verl dumps (optional)
     max_quarantine_rate = 0.05  # exit 1 above this fraction of quarantined records
 
@@ -87,6 +88,7 @@ class IngestSection:
     policy_version: str | None = None
     group_field: str | None = None
     finish_reason: str | None = None
+    agent_field: str | None = None
     max_quarantine_rate: float = 0.05
 
 
@@ -207,6 +209,7 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
                 "policy_version": Validator.string,
                 "group_field": Validator.string,
                 "finish_reason": Validator.string,
+                "agent_field": Validator.string,
                 "max_quarantine_rate": Validator.rate,
             },
         )

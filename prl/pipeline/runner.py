@@ -128,6 +128,7 @@ def _ingest(recipe: Recipe, store: Store, dry_run: bool) -> Any:
         policy_version=section.policy_version,
         group_field=section.group_field,
         finish_reason=section.finish_reason,
+        agent_field=section.agent_field,
         dry_run=dry_run,
         max_quarantine_rate=section.max_quarantine_rate,
     )

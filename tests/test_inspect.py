@@ -14,6 +14,7 @@ from rich.console import Console
 
 from prl.report import console as report
 from prl.report.inspect import histogram, inspect, inspect_shards, inspect_store
+from prl.schema import TRACES
 from prl.shards.build import build_shards
 from prl.shards.options import ShardOptions
 from prl.store.tables import Store
@@ -129,7 +130,7 @@ def test_store_inspection_projects_a_few_scalar_columns(tmp_path, monkeypatch):
     inspect_store(Store(str(tmp_path / "s")))
     projections = [tuple(map(int, m)) for plan in plans for m in re.findall(r"PROJECT (\d+)/(\d+) COLUMNS", plan)]
     assert len(plans) == 3 + 1 + 2 + 1  # traces by 3 columns, quarantine, checks (verdicts, reasons), rewards
-    assert projections.count((1, 28)) == 3  # traces: one column per aggregate, never the token lists
+    assert projections.count((1, len(TRACES))) == 3  # traces: one column per aggregate, never the token lists
     assert all(n <= 4 for n, _ in projections), projections
 
 

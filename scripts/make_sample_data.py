@@ -37,6 +37,7 @@ import zstandard
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import itertools
 
+import sample_multi_agent
 import sample_text as T
 
 REPO = Path(__file__).resolve().parent.parent
@@ -1087,6 +1088,12 @@ class Writer:
             e["created_at"] = iso(t + 7200 + j)
             events.append(e)
             facts[kind] += 1
+        # The multi-agent session: every call graded (the worker's forked history still did the job).
+        for j, (req_id, idx, _, _) in enumerate(r for r in self.rewardable if r[3] == "multi_agent_capture"):
+            key = {"sample_id": f"{req_id}#{idx}"}
+            events.append({**key, "name": "correct", "value": 1.0, "created_at": iso(t + 10800 + j)})
+            events.append({**key, "name": "format", "value": 0.9, "created_at": iso(t + 10800 + j)})
+            facts["multi_agent"] = facts.get("multi_agent", 0) + 1
         lines = [json.dumps(e, ensure_ascii=False, separators=(",", ":")) for e in events]
         self.write_text("rewards.jsonl", "\n".join(lines) + "\n")
         buf = io.StringIO()
@@ -1297,6 +1304,8 @@ def write_readme(w: Writer, checks: dict) -> None:
         pc=f["proxy_capture"],
         vl=f["verl_rollouts"],
         sl=f["slime_rollouts"],
+        ma=f["multi_agent_capture"],
+        ma_calls=", ".join(f["multi_agent_capture"]["calls"]),
         rw=f["rewards"],
         rf=f["ref_logprobs"],
         bad=f["bad"],
@@ -1322,6 +1331,7 @@ def make_sample_data(outdir: str | Path = "sample_data") -> dict:
     w.proxy_capture()
     w.verl()
     w.slime()
+    sample_multi_agent.multi_agent(w, Sampler(tok, SEED + 30), sys.modules[__name__])
     w.rewards()
     w.ref_logprobs()
     w.bad()

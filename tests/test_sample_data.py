@@ -311,7 +311,7 @@ def test_other_formats_are_consistent():
 def test_rewards_and_refs():
     lines = (SAMPLE / "rewards.jsonl").read_text(encoding="utf-8").splitlines()
     events = [json.loads(line) for line in lines]
-    assert len(events) == 153
+    assert len(events) == 153 + 2 * 7  # and 2 components for each of the multi-agent session's 7 calls
     values = [e.get("value", "missing") for e in events]
     assert sum(isinstance(v, float) and math.isnan(v) for v in values) == 2
     assert values.count(None) == 1 and values.count("missing") == 1
@@ -352,3 +352,25 @@ def test_bad_records():
     first, second = _records("bad/duplicate_request_id.jsonl")
     assert first["id"] == second["id"] and first["choices"] != second["choices"]
     assert first == next(r for r in _records("traces/vllm_chat.jsonl") if r["id"] == first["id"])
+
+
+def test_multi_agent_session():
+    """Two agents interleaved in one session, all in one second; ordered by the capture's milliseconds; the
+    worker's third call is a FORK (its earlier reasoning dropped), everything else extends its own agent's history."""
+    recs = _records("traces/multi_agent_capture.jsonl")
+    agents = [
+        r["request"]["body"]["metadata"].get("agent_id") or r["request"]["headers"].get("X-LiteLLM-Agent-Id")
+        for r in recs
+    ]
+    assert agents == ["planner", "worker", "worker", "planner", "worker", "worker", "planner"]
+    assert len({r["request"]["body"]["metadata"]["session_id"] for r in recs}) == 1
+    assert len({r["response"]["body"]["created"] for r in recs}) == 1
+    stamps = [r["timestamp"] for r in recs]
+    assert stamps == sorted(stamps) and len({s[:19] for s in stamps}) == 1 and len(set(stamps)) == len(stamps)
+    assert all("turn" not in r["request"]["body"]["metadata"] for r in recs)
+    bodies = {"planner": [], "worker": []}
+    for agent, r in zip(agents, recs, strict=True):
+        bodies[agent].append(r["response"]["body"])
+    divergence = {a: [_divergence(p, c) for p, c in itertools.pairwise(b)] for a, b in bodies.items()}
+    assert divergence == {"planner": [None, None], "worker": [None, 0, None]}
+    assert bodies["worker"][1]["choices"][0]["token_ids"][0] == 128821  # <think>: the reasoning the history drops

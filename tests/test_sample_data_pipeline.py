@@ -26,9 +26,9 @@ def checked_store(tmp_path_factory, tokenizer_dir) -> Store:
         max_quarantine_rate=None,
         partial_line_grace=0,  # a fresh checkout's files are young; bad/truncated.jsonl is not being written
     )
-    # 111 samples from the 12 trace files; bad/ adds 2 records identical to ones already read (present) and
+    # 118 samples from the 13 trace files; bad/ adds 2 records identical to ones already read (present) and
     # 6 quarantined records, each with the reason the README plants
-    assert (result.samples, result.already_present) == (111, 2)
+    assert (result.samples, result.already_present) == (118, 2)
     assert result.quarantined == {
         "truncated_line": 1,
         "nonfinite_logprob": 1,
@@ -39,7 +39,7 @@ def checked_store(tmp_path_factory, tokenizer_dir) -> Store:
     rewards = ingest_side_table(
         [os.path.join(DATA, "rewards.jsonl"), os.path.join(DATA, "rewards.csv")], store, kind="rewards"
     )
-    assert (rewards.rows, rewards.quarantined) == (159, {"nonfinite_reward": 2, "missing_value": 2})
+    assert (rewards.rows, rewards.quarantined) == (159 + 14, {"nonfinite_reward": 2, "missing_value": 2})
     check_tokens(store, tokenizer_dir, chat_template="deepseek_v4")
     return store
 
@@ -54,17 +54,19 @@ def test_sessions_classified_as_planted(checked_store):
     df = _verdicts(checked_store)
     flagged = df.filter(pl.col("prefix_status").is_in(["REALIGN", "FORK"])).sort("session_id", "turn")
     assert flagged.select("session_id", "turn", "prefix_status", "verdict").rows() == [
+        ("sess-multi-79fac48c5e12", None, "FORK", "drift"),  # the worker's earlier reasoning stripped from history
         ("sess-thinking-d090d62f8916", 1, "FORK", "drift"),  # reasoning stripped from history
         ("sess-thinking-d090d62f8916", 2, "FORK", "drift"),
         ("sess-trailing-3406b735ee18", 1, "REALIGN", "warn"),  # trailing '\n\n' trimmed by the client
     ]
-    # every other later turn (trivia, code, agent, the trailing session's last turn, the proxy session) is clean
-    assert df.filter(pl.col("prefix_status") == "CLEAN").height == 8
+    # every other later turn (trivia, code, agent, the trailing session's last turn, the proxy session, and in the
+    # multi-agent session 2 of the planner's and 2 of the worker's) is clean
+    assert df.filter(pl.col("prefix_status") == "CLEAN").height == 8 + 4
 
 
 def test_verdict_counts_and_the_floored_logprob(checked_store):
     df = _verdicts(checked_store)
-    assert dict(df.group_by("verdict").len().rows()) == {"ok": 107, "warn": 1, "drift": 2, "invalid": 1}
+    assert dict(df.group_by("verdict").len().rows()) == {"ok": 113, "warn": 1, "drift": 3, "invalid": 1}
     invalid = df.filter(pl.col("verdict") == "invalid").row(0, named=True)
     # vllm_completions.jsonl.gz holds one token at vLLM's -9999.0 floor: stored as null, flagged, never 0.0
     assert invalid["source_format"] == "openai_completions"
@@ -72,6 +74,24 @@ def test_verdict_counts_and_the_floored_logprob(checked_store):
     assert "logprob_missing" in invalid["reasons"]
 
 
-def test_keep_think_template_drifts_exactly_twice(checked_store, tokenizer_dir):
+def test_keep_think_template_drifts_where_history_holds_reasoning(checked_store, tokenizer_dir):
     result = check_tokens(checked_store, tokenizer_dir, chat_template="deepseek_v4_keep_think", dry_run=True)
-    assert result.reasons.get("template_prompt") == 2
+    # two prompts of vllm_chat.jsonl, and the multi-agent worker's two calls after its reasoning answer
+    assert result.reasons.get("template_prompt") == 2 + 2
+
+
+def test_multi_agent_session_is_checked_per_agent(checked_store):
+    checks = pl.read_delta(checked_store.table_uri("checks")).select("sample_id", "prefix_status")
+    traces = pl.read_delta(checked_store.table_uri("traces")).filter(pl.col("session_id").str.starts_with("sess-multi"))
+    got = traces.join(checks, on="sample_id").sort("created_at").select("agent_id", "prefix_status").rows()
+    assert got == [
+        ("planner", None),
+        ("worker", None),
+        ("worker", "CLEAN"),
+        ("planner", "CLEAN"),
+        ("worker", "FORK"),  # the worker's history dropped its earlier reasoning; the planner is not touched
+        ("worker", "CLEAN"),
+        ("planner", "CLEAN"),
+    ]
+    # all calls were answered within one second: the capture's milliseconds order them
+    assert traces.get_column("created_at").dt.truncate("1s").n_unique() == 1

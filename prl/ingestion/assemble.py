@@ -1,4 +1,5 @@
-"""Validation of parsed samples and their assembly into ``traces`` record batches.
+"""Validation of one parsed sample (the explainer of a bad row: :mod:`prl.ingestion.batch` validates whole
+batches and asks this module why a row failed), and the digests that identify a record.
 
 Validation never fixes data: the only normalisation is design.md's vLLM ``-9999.0`` floor → null. Everything
 else that is wrong sends the sample to quarantine with one reason code:
@@ -26,7 +27,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.formats.base import ParseOptions, Quarantined, Sample
-from prl.schema import TIMESTAMP_MS, TRACES, VERSION_SPAN
 
 VLLM_LOGPROB_FLOOR = -9999.0
 INT32_MAX = 2**31 - 1
@@ -137,47 +137,4 @@ def list_column(arrays: list[pa.Array | None], value_type: pa.DataType) -> pa.Ar
     return pa.ListArray.from_arrays(pa.array(offsets), values, mask=mask)
 
 
-def assemble(rows: list[Located], digests: list[str], ingested_at_ms: int) -> pa.RecordBatch:
-    """Build one ``traces`` record batch from validated samples (``digests`` aligned with ``rows``)."""
-    samples = [r.sample for r in rows]
-    n = len(samples)
-    topk_inner = pa.list_(pa.int32())
-    topk_lp_inner = pa.list_(pa.float32())
-    columns = {
-        "sample_id": pa.array([sample_id_of(s) for s in samples], pa.string()),
-        "request_id": pa.array([s.request_id for s in samples], pa.string()),
-        "choice_index": pa.array([s.choice_index for s in samples], pa.int32()),
-        "session_id": pa.array([s.session_id for s in samples], pa.string()),
-        "turn": pa.array([s.turn for s in samples], pa.int32()),
-        "agent_id": pa.array([s.agent_id for s in samples], pa.string()),
-        "group_id": pa.array(
-            [s.group_key if s.group_key is not None else prompt_digest(s.prompt_token_ids) for s in samples],
-            pa.string(),
-        ),
-        "policy_version": pa.array([s.policy_version for s in samples], pa.string()),
-        "policy_version_spans": pa.array([s.policy_version_spans for s in samples], pa.list_(VERSION_SPAN)),
-        "model": pa.array([s.model for s in samples], pa.string()),
-        "created_at": pa.array([s.created_at_ms for s in samples], pa.int64()).cast(TIMESTAMP_MS),
-        "prompt_token_ids": list_column([s.prompt_token_ids for s in samples], pa.int32()),
-        "completion_token_ids": list_column([s.completion_token_ids for s in samples], pa.int32()),
-        "completion_logprobs": list_column([s.completion_logprobs for s in samples], pa.float32()),
-        "completion_mask": list_column([s.completion_mask for s in samples], pa.bool_()),
-        "topk_ids": list_column([s.topk_ids for s in samples], topk_inner),
-        "topk_logprobs": list_column([s.topk_logprobs for s in samples], topk_lp_inner),
-        "finish_reason": pa.array([s.finish_reason for s in samples], pa.string()),
-        "temperature": pa.array([s.temperature for s in samples], pa.float32()),
-        "top_p": pa.array([s.top_p for s in samples], pa.float32()),
-        "top_k": pa.array([s.top_k for s in samples], pa.int32()),
-        "logprobs_mode": pa.array([s.logprobs_mode for s in samples], pa.string()),
-        "messages": pa.array([s.messages for s in samples], pa.string()),
-        "completion_text": pa.array([s.completion_text for s in samples], pa.string()),
-        "record_digest": pa.array(digests, pa.string()),
-        "source_uri": pa.array([r.source_uri for r in rows], pa.string()),
-        "source_line": pa.array([r.source_line for r in rows], pa.int64()),
-        "source_format": pa.array([r.source_format for r in rows], pa.string()),
-        "ingested_at": pa.array([ingested_at_ms] * n, pa.int64()).cast(TIMESTAMP_MS),
-    }
-    return pa.RecordBatch.from_pydict(columns, schema=TRACES)
-
-
-__all__ = ["Located", "ParseOptions", "assemble", "list_column", "record_digest", "sample_id_of", "validate"]
+__all__ = ["Located", "ParseOptions", "list_column", "prompt_digest", "record_digest", "sample_id_of", "validate"]

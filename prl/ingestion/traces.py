@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 
@@ -31,11 +32,13 @@ from prl.formats import registry
 from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.formats.guard import as_quarantined, read_record, source_position
-from prl.ingestion.assemble import Located, assemble, record_digest, sample_id_of, validate
+from prl.ingestion.assemble import Located, sample_id_of
+from prl.ingestion.batch import Checked, check_and_assemble
 from prl.ingestion.inline_rewards import inline_reward_rows, reward_batches
 from prl.io import sources as io_sources
 from prl.io.sources import LineReader, SourceFile, first_lines, lines_of, scan
-from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT
+from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT, TRACES
+from prl.store.index import SampleIndex
 from prl.store.locks import holding
 from prl.store.resolve import open_store
 from prl.store.tables import Store
@@ -169,19 +172,16 @@ def quarantine_row(
 
 
 class _Deduper:
-    """Knows which sample IDs exist (with their digests) in the traces table and earlier in this run."""
+    """Knows which sample IDs exist (with their digests) in the traces table, from the sample index, and
+    earlier in this group (``seen``: exactly the rows the group's commit adds)."""
 
-    def __init__(self, store: Store) -> None:
-        self.dataset = store.dataset("traces")
+    def __init__(self, index: SampleIndex) -> None:
+        self.index = index
         self.seen: dict[str, str] = {}
 
     def existing(self, sample_ids: list[str]) -> dict[str, str]:
-        found = {sid: self.seen[sid] for sid in sample_ids if sid in self.seen}
-        if self.dataset is not None:
-            table = self.dataset.to_table(
-                columns=["sample_id", "record_digest"], filter=ds.field("sample_id").isin(sample_ids)
-            )
-            found.update(zip(table.column("sample_id").to_pylist(), table.column("record_digest").to_pylist()))
+        found = self.index.lookup(sample_ids)
+        found.update((sid, self.seen[sid]) for sid in sample_ids if sid in self.seen)
         return found
 
 
@@ -267,8 +267,9 @@ def ingest(
                 result.files.append(FileReport(src.uri, status="unchanged", bytes=src.size))
                 continue
             pending.append(src)
+        index = SampleIndex(store, write=not dry_run)
         for group in _groups(pending):
-            _ingest_group(group, store, format, options, result, dry_run, batch_tokens, progress, grace)
+            _ingest_group(group, store, index, format, options, result, dry_run, batch_tokens, progress, grace)
         result.versions = {"traces": store.version("traces"), "quarantine": store.version("quarantine")}
     result.seconds = time.perf_counter() - started
     return result
@@ -290,6 +291,7 @@ def _groups(files: list[SourceFile]) -> Iterator[list[SourceFile]]:
 def _ingest_group(
     group: list[SourceFile],
     store: Store,
+    index: SampleIndex,
     format: str,
     options: ParseOptions,
     result: IngestResult,
@@ -299,7 +301,8 @@ def _ingest_group(
     partial_line_grace: float,
 ) -> None:
     state = _GroupState(partial_line_grace=partial_line_grace)
-    dedup = _Deduper(store)
+    index.refresh()
+    dedup = _Deduper(index)
     now_ms = int(time.time() * 1000)
     reports: list[FileReport] = []
 
@@ -320,7 +323,11 @@ def _ingest_group(
         for r in state.ledger
         if r["complete"]
     }
-    pending_traces.commit(metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions)
+    committed = pending_traces.commit(
+        metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions
+    )
+    if not dry_run:
+        index.committed(committed.version, dedup.seen)
 
     for report in reports:
         result.files.append(report)
@@ -399,7 +406,7 @@ def _ingest_file(
                 quarantine(record.line, record.raw, item, name=name)
                 continue
             try:
-                sample = validate(_apply_options(item, options, record.obj))
+                sample = _apply_options(item, options, record.obj)  # validated with its batch, see _dedup_and_assemble
             except Exception as exc:  # whatever fails on one sample quarantines that sample
                 q = as_quarantined(exc)
                 q.choice_index = item.choice_index
@@ -476,43 +483,72 @@ def _dedup_and_assemble(
     now_ms: int,
     reward_rows: list[dict[str, Any]],
 ) -> pa.RecordBatch | None:
-    ids = [sample_id_of(r.sample) for r in rows]
-    digests = [record_digest(r.sample) for r in rows]
+    """Validate and assemble one batch (columnar), quarantine its bad rows, and keep the rows not yet in the
+    store: a known sample ID with the same digest is counted as already present, with another digest it is
+    quarantined as ``duplicate_sample_id``."""
+    checked = _checked(rows, now_ms)
+    for i, q in checked.rejected:
+        q.choice_index = rows[i].sample.choice_index
+        quarantine(rows[i].source_line, raws[i], q, sample_id_of(rows[i].sample), name=rows[i].source_format)
+    batch = checked.batch
+    ids = batch.column("sample_id").to_pylist()
+    digests = batch.column("record_digest").to_pylist()
     known = dedup.existing(ids)
-    keep: list[int] = []
-    for i, (sid, digest) in enumerate(zip(ids, digests)):
+    keep = np.zeros(len(ids), dtype=bool)
+    for j, (sid, digest) in enumerate(zip(ids, digests, strict=True)):
         previous = known.get(sid)
         if previous is None:
-            keep.append(i)
+            keep[j] = True
             known[sid] = digest
             dedup.seen[sid] = digest
         elif previous == digest:
             report.already_present += 1
         else:
-            quarantine(
-                rows[i].source_line,
-                raws[i],
-                Quarantined(
-                    "duplicate_sample_id",
-                    f"sample {sid} already exists with different tokens or logprobs",
-                    rows[i].sample.choice_index,
-                ),
-                sid,
-            )
-    if not keep:
+            i = int(checked.rows[j])
+            message = f"sample {sid} already exists with different tokens or logprobs"
+            q = Quarantined("duplicate_sample_id", message, rows[i].sample.choice_index)
+            quarantine(rows[i].source_line, raws[i], q, sid, name=rows[i].source_format)
+    if not keep.any():
         return None
-    kept = [rows[i] for i in keep]
-    for i in keep:
+    for j in np.flatnonzero(keep).tolist():
+        i = int(checked.rows[j])
         try:
             reward_rows.extend(
-                inline_reward_rows(rows[i].sample, ids[i], rows[i].source_uri, rows[i].source_line, now_ms)
+                inline_reward_rows(rows[i].sample, ids[j], rows[i].source_uri, rows[i].source_line, now_ms)
             )
         except Quarantined as q:  # the sample lands; its unreadable reward is quarantined in the rewards table
-            quarantine(rows[i].source_line, raws[i], q, ids[i], table="rewards")
-    report.samples += len(kept)
-    report.prompt_tokens += sum(len(r.sample.prompt_token_ids) for r in kept)
-    report.completion_tokens += sum(len(r.sample.completion_token_ids) for r in kept)
-    return assemble(kept, [digests[i] for i in keep], now_ms)
+            quarantine(rows[i].source_line, raws[i], q, ids[j], table="rewards")
+    kept = batch.filter(pa.array(keep))
+    report.samples += kept.num_rows
+    report.prompt_tokens += len(kept.column("prompt_token_ids").values)
+    report.completion_tokens += len(kept.column("completion_token_ids").values)
+    return kept
+
+
+def _checked(rows: list[Located], now_ms: int) -> Checked:
+    """:func:`check_and_assemble` of the batch; should a sample the readers produced break the batch (arrays
+    no check expected), each sample is tried alone and the ones that fail are quarantined with the error, so
+    one poison sample never costs its batch."""
+    try:
+        return check_and_assemble(rows, now_ms)
+    except Exception:
+        rejected: list[tuple[int, Quarantined]] = []
+        fine: list[int] = []
+        for i, row in enumerate(rows):
+            try:
+                alone = check_and_assemble([row], now_ms)
+            except Exception as exc:
+                rejected.append((i, as_quarantined(exc)))
+                continue
+            if alone.rejected:
+                rejected.append((i, alone.rejected[0][1]))
+            else:
+                fine.append(i)
+        if not fine:
+            return Checked(pa.RecordBatch.from_pylist([], schema=TRACES), np.array([], np.int64), rejected)
+        good = check_and_assemble([rows[i] for i in fine], now_ms)
+        rejected += [(fine[j], q) for j, q in good.rejected]
+        return Checked(good.batch, np.array(fine, dtype=np.int64)[good.rows], rejected)
 
 
 def new_quarantine_rows(store: Store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

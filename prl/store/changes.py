@@ -1,0 +1,54 @@
+"""What a table's commits added: data files read from the Delta log, for work proportional to new data.
+
+A Delta commit ``N`` is the file ``_delta_log/<N:020>.json``, one action per line; its ``add`` actions with
+``dataChange: true`` are the files that brought new rows. Maintenance rewrites (compaction) add files with
+``dataChange: false`` holding rows that were already there; they are left out, so the files listed for a
+range of versions hold each new row exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from prl.store.tables import Store
+
+
+def added_files(store: Store, table: str, after: int, upto: int) -> list[str] | None:
+    """Paths (relative to the table folder) of the data files that commits ``after + 1 .. upto`` of ``table``
+    added with new rows, in commit order. None when a commit file of the range is gone (the log was cleaned
+    up past it): the caller must fall back to the whole snapshot."""
+    paths: list[str] = []
+    log = f"{store.table_path(table)}/_delta_log"
+    for version in range(after + 1, upto + 1):
+        try:
+            with store.fs.open_input_stream(f"{log}/{version:020d}.json") as stream:
+                body = stream.read()
+        except FileNotFoundError:
+            return None
+        for line in body.splitlines():
+            if b'"add"' not in line:
+                continue
+            add = json.loads(line).get("add")
+            if add is not None and add.get("dataChange", True):
+                paths.append(unquote(add["path"]))
+    return paths
+
+
+def snapshot_files(store: Store, table: str, version: int) -> list[str]:
+    """Paths (relative to the table folder) of every data file of ``table`` at ``version``."""
+    opened = store.open(table, version)
+    if opened is None:
+        return []
+    return [unquote(p) for p in pa.table(opened.get_add_actions()).column("path").to_pylist()]
+
+
+def files_dataset(store: Store, table: str, paths: list[str]) -> ds.Dataset:
+    """A pyarrow dataset over some data files of ``table`` (paths relative to the table folder)."""
+    from prl.schema import TABLES
+
+    root = store.table_path(table)
+    return ds.dataset([f"{root}/{p}" for p in paths], schema=TABLES[table], format="parquet", filesystem=store.fs)

@@ -1,0 +1,120 @@
+"""The sample index behind ingest's dedup: exact, caught up after a killed run, rebuilt when it cannot be."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import prl.store.index as index_module
+from prl.ingestion.traces import ingest
+from prl.store.changes import added_files
+from prl.store.index import INDEX_TABLE, SampleIndex, key_batch, sample_keys
+from tests.records import vllm_chat
+
+
+def records(prefix: str, n: int, token: int = 2) -> list[dict]:
+    return [vllm_chat(f"{prefix}{i}", [i + 1], [([token], [-1.0])]) for i in range(n)]
+
+
+def index_rows(store) -> dict[str, str]:
+    table = store.read(INDEX_TABLE) if store.open(INDEX_TABLE) else None
+    assert table is not None
+    return dict(zip(table.column("sample_id").to_pylist(), table.column("record_digest").to_pylist(), strict=True))
+
+
+def covered(store) -> int | None:
+    traces, idx = store.open("traces"), store.open(INDEX_TABLE)
+    return idx.transaction_version(f"prl.index.traces:{traces.metadata().id}")
+
+
+def test_keys_are_stable_blake2b_prefixes():
+    assert sample_keys(["a#0"]).tolist() == [
+        int.from_bytes(__import__("hashlib").blake2b(b"a#0", digest_size=8).digest(), "big", signed=True)
+    ]
+    batch = key_batch(pa.array(["b", "a", "c"]), pa.array(["db", "da", "dc"]))
+    assert batch.column(0).to_pylist() == sorted(sample_keys(["b", "a", "c"]).tolist())
+    assert dict(zip(batch.column(1).to_pylist(), batch.column(2).to_pylist())) == {"a": "da", "b": "db", "c": "dc"}
+
+
+def test_each_ingest_commit_indexes_its_rows(store, write_trace):
+    ingest([str(write_trace("a.jsonl", records("a", 3)))], store)
+    ingest([str(write_trace("b.jsonl", records("b", 2)))], store)
+    digests = dict(zip(*[store.read("traces").column(c).to_pylist() for c in ("sample_id", "record_digest")]))
+    assert index_rows(store) == digests and len(digests) == 5
+    assert covered(store) == store.version("traces")
+
+
+def test_rows_committed_before_a_kill_are_found_from_the_log(store, write_trace, monkeypatch):
+    def killed(self, version, rows):
+        raise KeyboardInterrupt  # the run dies right after its traces commit
+
+    monkeypatch.setattr(SampleIndex, "committed", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ingest([str(write_trace("a.jsonl", records("a", 3)))], store)
+    monkeypatch.undo()
+    assert store.open(INDEX_TABLE) is None and store.read("traces").num_rows == 3
+    again = ingest([str(write_trace("copy.jsonl", records("a", 3) + records("z", 1, token=9)))], store)
+    assert (again.samples, again.already_present) == (1, 3)
+    assert sorted(index_rows(store)) == ["a0#0", "a1#0", "a2#0", "z0#0"]
+    assert covered(store) == store.version("traces")
+
+
+def test_a_conflicting_record_behind_the_index_is_still_quarantined(store, write_trace, monkeypatch):
+    ingest([str(write_trace("a.jsonl", records("a", 2)))], store)
+    monkeypatch.setattr(SampleIndex, "committed", lambda self, version, rows: None)  # the index falls behind
+    ingest([str(write_trace("b.jsonl", records("b", 2)))], store)
+    monkeypatch.undo()
+    assert covered(store) == store.version("traces") - 1
+    result = ingest([str(write_trace("c.jsonl", records("b", 2, token=7)))], store)
+    assert (result.samples, result.quarantined) == (0, {"duplicate_sample_id": 2})
+
+
+def test_recreated_traces_table_never_reads_as_present(store, write_trace):
+    ingest([str(write_trace("a.jsonl", records("a", 2)))], store)
+    shutil.rmtree(store.table_uri("traces"))  # a new traces table; the old index describes rows that are gone
+    again = ingest([str(write_trace("again.jsonl", records("a", 2)))], store)
+    assert (again.samples, again.already_present) == (2, 0)
+    assert sorted(index_rows(store)) == ["a0#0", "a1#0"]
+
+
+def test_missing_index_is_rebuilt_from_the_snapshot(store, write_trace):
+    ingest([str(write_trace("a.jsonl", records("a", 3)))], store)
+    shutil.rmtree(f"{store.uri}/_index")
+    again = ingest([str(write_trace("b.jsonl", records("a", 3)))], store)
+    assert (again.samples, again.already_present) == (0, 3)
+    assert sorted(index_rows(store)) == ["a0#0", "a1#0", "a2#0"]
+
+
+def test_lookup_stays_exact_when_every_key_collides(store, write_trace, monkeypatch):
+    monkeypatch.setattr(index_module, "sample_keys", lambda ids: np.zeros(len(list(ids)), dtype=np.int64))
+    ingest([str(write_trace("a.jsonl", records("a", 3)))], store)
+    result = ingest([str(write_trace("b.jsonl", records("a", 1) + records("b", 2)))], store)
+    assert (result.samples, result.already_present, result.quarantined) == (2, 1, {})
+    idx = SampleIndex(store)
+    idx.refresh()
+    assert sorted(idx.lookup(["a2#0", "b1#0", "nope#0"])) == ["a2#0", "b1#0"]
+
+
+def test_dry_run_leaves_the_index_alone_but_still_dedups(store, write_trace):
+    ingest([str(write_trace("a.jsonl", records("a", 2)))], store)
+    shutil.rmtree(f"{store.uri}/_index")
+    dry = ingest([str(write_trace("b.jsonl", records("a", 2) + records("b", 1)))], store, dry_run=True)
+    assert (dry.samples, dry.already_present) == (1, 2)
+    assert store.open(INDEX_TABLE) is None
+
+
+def test_added_files_skip_rewrites_and_say_when_the_log_is_gone(store, write_trace):
+    ingest([str(write_trace("a.jsonl", records("a", 2)))], store)
+    ingest([str(write_trace("b.jsonl", records("b", 2)))], store)
+    version = store.version("traces")
+    table = store.open("traces")
+    table.optimize.compact()
+    assert store.version("traces") == version + 1
+    assert added_files(store, "traces", version, version + 1) == []
+    assert len(added_files(store, "traces", -1, version)) == 2
+    (tmp := f"{store.table_path('traces')}/_delta_log/{0:020d}.json")
+    shutil.move(tmp, tmp + ".gone")
+    assert added_files(store, "traces", -1, version) is None

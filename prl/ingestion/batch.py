@@ -149,9 +149,10 @@ def _digests(flats: dict[str, _Flat], lp32: np.ndarray, keep: np.ndarray) -> tup
     """``record_digest`` (as :func:`prl.ingestion.assemble.record_digest`) and the prompt digest of the rows
     in ``keep``."""
     prompt, comp = flats["prompt"], flats["completion"]
-    p32 = _numpy(prompt.values, 0).astype(np.int32, copy=False)
-    c32 = _numpy(comp.values, 0).astype(np.int32, copy=False)
-    po, co, lo = prompt.offsets, comp.offsets, flats["logprobs"].offsets
+    p32 = _numpy(prompt.values, 0).astype(np.int32, copy=False).data
+    c32 = _numpy(comp.values, 0).astype(np.int32, copy=False).data
+    lps = lp32.data
+    po, co, lo = prompt.offsets.tolist(), comp.offsets.tolist(), flats["logprobs"].offsets.tolist()
     records, prompts = [], []
     for i in keep.tolist():
         prompt_bytes = p32[po[i] : po[i + 1]]
@@ -160,7 +161,7 @@ def _digests(flats: dict[str, _Flat], lp32: np.ndarray, keep: np.ndarray) -> tup
         h.update(b"|")
         h.update(c32[co[i] : co[i + 1]])
         h.update(b"|")
-        h.update(lp32[lo[i] : lo[i + 1]])
+        h.update(lps[lo[i] : lo[i + 1]])
         records.append(h.hexdigest())
     return records, prompts
 

@@ -14,8 +14,10 @@ import hashlib
 import heapq
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -25,10 +27,11 @@ import pyarrow.compute as pc
 from prl.checks.batch import COLUMNS, TokenBatch
 from prl.checks.findings import Findings
 from prl.checks.heads import check_heads
-from prl.checks.history import SequenceCache, previous_for, trajectory_index
+from prl.checks.history import INDEX_SCHEMA, SequenceCache, previous_for, trajectory_index
 from prl.checks.logprobs import check_logprobs
 from prl.checks.options import CheckOptions
 from prl.checks.prefix import check_prefix
+from prl.checks.progress import progress
 from prl.checks.result import GROUP_COLUMNS, CheckResult, Example
 from prl.checks.roundtrip import RoundTripper, check_roundtrip
 from prl.checks.special import check_special
@@ -37,10 +40,13 @@ from prl.checks.tokenizer import CheckTokenizer
 from prl.checks.verdict import REASONS, SEVERITY, RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.errors import UsageError
+from prl.store.changes import files_dataset
 from prl.store.locks import holding
 from prl.store.resolve import open_store
 from prl.store.tables import Store
 
+NO_SESSIONS = pl.DataFrame(schema=INDEX_SCHEMA)
+"""The session index of new rows that belong to no session: the multi-turn history need not be read."""
 MISMATCH_FRACTION = 0.5
 """More than this fraction of a run's first batch with out-of-vocabulary IDs means the wrong tokenizer."""
 
@@ -189,21 +195,32 @@ def _run(
     fingerprint, traces_version, sample_rate = result.fingerprint, result.traces_version, result.sample_rate
     assert traces_version is not None
 
-    done = store.read("checks", columns=["sample_id"], filter=pc.field("tokenizer_fingerprint") == fingerprint)
-    done_ids = pc.unique(done.column("sample_id").combine_chunks()) if done.num_rows else None
-    result.skipped_existing = 0 if done_ids is None else len(done_ids)
-    checker = BatchChecker(store, tok, opts, fingerprint, traces_version, trajectory_index(store, traces_version))
-    flt = None if done_ids is None else ~pc.field("sample_id").isin(done_ids)
+    plan = progress(store, fingerprint, sample_rate, traces_version)
+    result.skipped_existing = plan.previously
+    if plan.up_to_date:
+        return
+    flt = None if plan.done is None else ~pc.field("sample_id").isin(plan.done)
+    if plan.paths is None:
+        rows: Iterator[pa.RecordBatch] = store.scan(
+            "traces", columns=COLUMNS, filter=flt, batch_size=batch_size, version=traces_version
+        )
+        sessions = trajectory_index(store, traces_version)
+    else:
+        new = files_dataset(store, "traces", plan.paths)
+        rows = new.to_batches(columns=COLUMNS, filter=flt, batch_size=batch_size)
+        multi_turn = new.count_rows(filter=pc.field("session_id").is_valid()) > 0
+        sessions = trajectory_index(store, traces_version) if multi_turn else NO_SESSIONS
+    checker = BatchChecker(store, tok, opts, fingerprint, traces_version, sessions)
     heap: list[tuple[int, int, str, int, Example]] = []
 
     def verdict_batches() -> Iterator[pa.RecordBatch]:
         try:
             first = True
-            for rb in store.scan("traces", columns=COLUMNS, filter=flt, batch_size=batch_size, version=traces_version):
+            for rb in rows:
                 checker.remember(rb)
-                keep = keep_sampled(rb.column("sample_id").to_pylist(), sample_rate)
-                result.sampled_out += int((~keep).sum())
-                if not keep.all():
+                if sample_rate < 1.0:
+                    keep = keep_sampled(rb.column("sample_id").to_pylist(), sample_rate)
+                    result.sampled_out += int((~keep).sum())
                     rb = rb.filter(pa.array(keep))
                 if rb.num_rows == 0:
                     continue
@@ -216,7 +233,7 @@ def _run(
         finally:
             checker.template.close()  # the render worker ends with the scan
 
-    metadata = {
+    metadata: dict[str, Any] = {
         "operation": "check-tokens",
         "tokenizer_fingerprint": fingerprint,
         "tokenizer": tok.path,
@@ -242,7 +259,12 @@ def _run(
         exhausted = True
 
     while not exhausted:
-        committed = store.commit("checks", chunk(), metadata=metadata, dry_run=dry_run)
+        pending = store.write_files("checks", chunk(), dry_run=dry_run)
+        watermark = None  # the last commit says that everything up to traces_version is checked
+        if exhausted:
+            metadata["checked_total"] = plan.previously + result.checked
+            watermark = {plan.app_id: traces_version}
+        committed = pending.commit(metadata=metadata, transactions=watermark)
         if committed.version is not None:
             result.checks_version = committed.version
 
@@ -262,20 +284,19 @@ def _tally(
 ) -> None:
     """Fold one batch of verdicts into the run summary."""
     result.checked += out.num_rows
-    verdicts = out.column("verdict").to_pylist()
-    for v in verdicts:
-        result.verdicts[v] += 1
-    for s in status:
-        if s is not None:
-            result.prefix[s] += 1
-    groups = {name: out.column(name).to_pylist() for name in GROUP_COLUMNS}
-    for name, values in groups.items():
+    frame = pl.from_arrow(out.select(["verdict", *GROUP_COLUMNS]))
+    assert isinstance(frame, pl.DataFrame)
+    for verdict, count in frame.group_by("verdict").len().iter_rows():
+        result.verdicts[verdict] += count
+    for s, count in Counter(s for s in status if s is not None).items():
+        result.prefix[s] += count
+    for name in GROUP_COLUMNS:
         slot = result.groups[name]
-        for value, v in zip(values, verdicts, strict=False):
+        for value, verdict, count in frame.group_by([name, "verdict"]).len().sort(name, "verdict").iter_rows():
             counts = slot.setdefault(str(value) if value is not None else "(none)", {"checked": 0})
-            counts["checked"] += 1
-            counts[v] = counts.get(v, 0) + 1
-    sample_ids = out.column("sample_id").to_pylist()
+            counts["checked"] += count
+            counts[verdict] = counts.get(verdict, 0) + count
+    sample_ids = out.column("sample_id")
     for fv in flagged:
         families = set()
         for code in fv.reasons:
@@ -284,12 +305,12 @@ def _tally(
         for fam in families:
             result.checks[fam] += 1
         ex = Example(
-            sample_id=sample_ids[fv.row],
+            sample_id=sample_ids[fv.row].as_py(),
             verdict=fv.verdict,
             reasons=fv.reasons,
             first_divergence=fv.position,
             detail=fv.detail,
-            **{name: groups[name][fv.row] for name in GROUP_COLUMNS},
+            **{name: out.column(name)[fv.row].as_py() for name in GROUP_COLUMNS},
         )
         item = (SEVERITY[fv.verdict], len(fv.reasons), _neg_key(ex.sample_id), -result.checked - fv.row, ex)
         if len(heap) < worst:

@@ -430,12 +430,15 @@ def run_cmd(
     recipe: Annotated[str, typer.Argument(help="TOML recipe (see docs/recipes.md).")],
     only: Annotated[
         list[str] | None,
-        typer.Option("--only", help="Run only this step: ingest, rewards, ref, check, score_ref, shards (repeatable)."),
+        typer.Option(
+            "--only",
+            help="Run only this step: ingest, rewards, ref, check, score_ref, shards, maintain (repeatable).",
+        ),
     ] = None,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the steps a recipe names (ingest, rewards, ref, check, score_ref, shards) incrementally: what cron calls."""
+    """Run the steps a recipe names (ingest, rewards, ref, check, score_ref, shards, maintain) incrementally; for cron."""
     from prl.pipeline.runner import run
 
     _run(lambda: run(recipe, dry_run=dry_run, steps=only), report.render_run, as_json)
@@ -477,6 +480,33 @@ def shards_list_cmd(
     from prl.shards.listing import list_sets
 
     _run(lambda: list_sets(out), render_shard_list, as_json)
+
+
+@app.command("maintain")
+def maintain_cmd(
+    store: StoreOpt,
+    retention_hours: Annotated[
+        int,
+        typer.Option(
+            "--retention-hours", help="Keep replaced and never-committed files this long for older readers (>= 1)."
+        ),
+    ] = 168,
+    target_mb: Annotated[int, typer.Option("--target-mb", help="Size of the compacted data files, in MB.")] = 128,
+    table: Annotated[
+        list[str] | None,
+        typer.Option("--table", help="Maintain only this table (repeatable); default: every table and the index."),
+    ] = None,
+    dry_run: DryRunOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compact small files, checkpoint the logs, vacuum files no retained version needs (safe beside cron runs)."""
+    from prl.report.maintain import render
+    from prl.store.maintain import maintain
+
+    def call() -> Any:
+        return maintain(store, retention_hours=retention_hours, target_mb=target_mb, tables=table, dry_run=dry_run)
+
+    _run(call, lambda r: render(r, report.stdout), as_json)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,8 +36,9 @@ from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
 from prl.ingestion.assemble import list_column
+from prl.ingestion.rewards_columnar import reward_block
 from prl.ingestion.traces import new_quarantine_rows, quarantine_batches, quarantine_row
-from prl.io.sources import LineReader, SourceFile, scan
+from prl.io.sources import LineReader, SourceFile, lines_of, scan
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.store.locks import holding
 from prl.store.resolve import open_store
@@ -178,7 +179,13 @@ def _rows(src: SourceFile) -> Iterator[tuple[int, bytes, dict[str, Any] | None, 
                     line += 1
                     yield line, repr(row).encode(), row, None
         return
-    for line_no, raw in LineReader(src):
+    yield from _json_rows(LineReader(src))
+
+
+def _json_rows(
+    lines: Iterable[tuple[int, bytes]],
+) -> Iterator[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]:
+    for line_no, raw in lines:
         if not raw.strip():
             continue
         record = decode_json_line(line_no, raw)
@@ -188,6 +195,11 @@ def _rows(src: SourceFile) -> Iterator[tuple[int, bytes, dict[str, Any] | None, 
             yield line_no, raw, None, Quarantined("bad_shape", "row is not a JSON object")
         else:
             yield line_no, raw, record.obj, None
+
+
+def _is_jsonl(uri: str) -> bool:
+    name = uri.lower()
+    return not (name.endswith(".parquet") or name.endswith(".csv"))
 
 
 def ingest_side_table(
@@ -228,9 +240,10 @@ def _ingest_one(
     quarantined: list[dict[str, Any]] = []
     schema = REWARDS if table == "rewards" else REF_LOGPROBS
 
-    def batches() -> Iterator[pa.RecordBatch]:
-        buffer: list[dict[str, Any]] = []
-        for line, raw, row, error in _rows(src):
+    def events(
+        rows: Iterable[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]],
+    ) -> Iterator[dict[str, Any]]:
+        for line, raw, row, error in rows:
             if line in done_lines:
                 result.already_present += 1
                 continue
@@ -245,7 +258,15 @@ def _ingest_one(
                 continue
             for item in produced:
                 item.update(source_uri=src.uri, source_line=line, ingested_at=now_ms)
-                buffer.append(item)
+                yield item
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        if table == "rewards" and _is_jsonl(src.uri):
+            yield from _reward_batches(src, now_ms, done_lines, result, events)
+            return
+        buffer: list[dict[str, Any]] = []
+        for item in events(_rows(src)):
+            buffer.append(item)
             if len(buffer) >= BATCH_ROWS:
                 yield _batch(buffer, schema)
                 buffer = []
@@ -265,6 +286,33 @@ def _ingest_one(
     result.rows += pending.rows
     for reason, count in counts.items():
         result.quarantined[reason] = result.quarantined.get(reason, 0) + count
+
+
+def _reward_batches(
+    src: SourceFile,
+    now_ms: int,
+    done_lines: set[int],
+    result: SideIngestResult,
+    events: Callable[
+        [Iterable[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]], Iterator[dict[str, Any]]
+    ],
+) -> Iterator[pa.RecordBatch]:
+    """Reward events of a JSONL source: blocks in the common shapes columnar (:mod:`prl.ingestion.rewards_columnar`),
+    any other block row by row through ``events``; rows of ``done_lines`` are counted as already present."""
+    done = np.fromiter(done_lines, dtype=np.int64, count=len(done_lines)) if done_lines else None
+    for first, block in LineReader(src).blocks():
+        fast = reward_block(block, first, src.uri, now_ms)
+        if fast is None:
+            slow = list(events(_json_rows(lines_of([(first, block)]))))
+            if slow:
+                yield _batch(slow, REWARDS)
+            continue
+        batch, lines = fast
+        if done is not None:
+            fresh = ~np.isin(lines, done)
+            result.already_present += int((~fresh).sum())
+            batch = batch.filter(pa.array(fresh))
+        yield batch
 
 
 def _batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:

@@ -1,6 +1,6 @@
 """Recipes: one TOML file naming the steps ``prl run`` takes, validated on load.
 
-A recipe has up to six tables; a step runs when its table is present (``[store]`` is required)::
+A recipe has up to eight tables; a step runs when its table is present (``[store]`` is required)::
 
     [store]                     # where data lives
     uri = "store"               # the trace store: a folder or an s3:// prefix
@@ -43,6 +43,10 @@ A recipe has up to six tables; a step runs when its table is present (``[store]`
     [shards]                    # prl build-shards: exactly the options of prl.shards.options.ShardOptions
     advantage = "mean"
 
+    [maintain]                  # prl maintain: compact, checkpoint, vacuum (after the other steps)
+    retention_hours = 168       # keep replaced / never-committed files this long for older readers (>= 1)
+    target_mb = 128             # size of compacted data files
+
 Relative paths (``uri``, ``out``, ``sources``, ``tokenizer``, ``chat_template``, ``model``) are relative to the recipe
 file, not to the working directory, so cron can run a recipe from anywhere. ``package:NAME`` is the folder of the
 installed Python package ``NAME`` and ``package:NAME/sub/path`` a file inside it, so a recipe can name data
@@ -65,7 +69,7 @@ from prl.errors import UsageError
 from prl.shards.options import ShardOptions
 from prl.validation import Validator
 
-STEPS = ("ingest", "rewards", "ref", "check", "score_ref", "shards")
+STEPS = ("ingest", "rewards", "ref", "check", "score_ref", "shards", "maintain")
 """Steps in the order ``prl run`` takes them; each is named by its recipe table."""
 STEP_ALIASES = {"check-tokens": "check", "build-shards": "shards", "traces": "ingest", "score-ref": "score_ref"}
 PACKAGE_PREFIX = "package:"
@@ -128,6 +132,14 @@ class ScoreRefSection:
 
 
 @dataclass(frozen=True)
+class MaintainSection:
+    """``[maintain]``: arguments of :func:`prl.store.maintain.maintain`."""
+
+    retention_hours: int = 168
+    target_mb: int = 128
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A loaded, validated recipe. ``path`` is the recipe file (None when built in code)."""
 
@@ -138,6 +150,7 @@ class Recipe:
     check: CheckSection | None = None
     score_ref: ScoreRefSection | None = None
     shards: ShardOptions | None = None
+    maintain: MaintainSection | None = None
     path: str | None = None
 
     def __post_init__(self) -> None:
@@ -158,6 +171,8 @@ class Recipe:
                 out[step] = _fields(section)
         if self.shards is not None:
             out["shards"] = self.shards.to_dict()
+        if self.maintain is not None:
+            out["maintain"] = _fields(self.maintain)
         return out
 
 
@@ -238,7 +253,15 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
         if score_ref is not None and shards.ref_model is None:  # KL against the model this recipe scores with
             shards = replace(shards, ref_model=score_ref.ref_model)
     return Recipe(
-        store=store, ingest=ingest, rewards=rewards, ref=ref, check=check, score_ref=score_ref, shards=shards, path=path
+        store=store,
+        ingest=ingest,
+        rewards=rewards,
+        ref=ref,
+        check=check,
+        score_ref=score_ref,
+        shards=shards,
+        maintain=_maintain_section(where, doc),
+        path=path,
     )
 
 
@@ -263,6 +286,14 @@ def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> 
     )
     if (section.endpoint is None) == (section.model is None):
         raise UsageError(f"{where}: [score_ref] needs exactly one of endpoint and model")
+    return section
+
+
+def _maintain_section(where: str, doc: Mapping[str, Any]) -> MaintainSection | None:
+    if "maintain" not in doc:
+        return None
+    checks: dict[str, Check] = {"retention_hours": _at_least_one, "target_mb": _at_least_one}
+    section: MaintainSection = _section(where, "maintain", doc["maintain"], MaintainSection, checks)
     return section
 
 
@@ -300,6 +331,10 @@ def _package_folder(spec: str, top: str) -> str:
 
 Check = Callable[[Validator, str, Any], Any]
 """A recipe key's check: ``check(validator, key, value) -> value as loaded``."""
+
+
+def _at_least_one(v: Validator, key: str, value: Any) -> int:
+    return v.integer(key, value, 1)
 
 
 def _sample_rate(v: Validator, key: str, value: Any) -> float:
@@ -376,6 +411,7 @@ __all__ = [
     "STEPS",
     "CheckSection",
     "IngestSection",
+    "MaintainSection",
     "Recipe",
     "ScoreRefSection",
     "SideSection",

@@ -1,13 +1,13 @@
 """``prl run RECIPE``: the steps a recipe names, in order, incrementally — what cron calls.
 
-ingest → rewards → ref → check → score_ref → shards. Each step is the library call its command makes, and each commits
+ingest → rewards → ref → check → score_ref → shards → maintain. Each step is the library call its command makes, and each commits
 atomically on its own (Delta commits for the store tables, rename-published shard sets), so a run killed at any
 instant keeps what its finished commits wrote and the next run picks up the rest: files already in the ingest
 ledger are skipped, checked samples are not checked again, shipped samples are not shipped again.
 
 Locks: the whole run holds the store's ``run`` lock, so a second ``prl run`` on the same store exits 3 at once,
 naming the holder; each writing step also takes its own lock (``ingest``, ``ingest-rewards``,
-``ingest-ref_logprobs``, ``check-tokens``, ``score-ref``, ``build-shards-<OUT digest>``), so hand-run commands cannot collide with
+``ingest-ref_logprobs``, ``check-tokens``, ``score-ref``, ``build-shards-<OUT digest>``, ``maintain``), so hand-run commands cannot collide with
 a run either. A dry run takes no lock and writes nothing.
 
 Exit code of a run: when a step fails (locked, bad configuration, I/O trouble) or the run is interrupted, the run
@@ -195,6 +195,14 @@ def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:
     return build_shards(store, recipe.store.out, options=recipe.shards, dry_run=dry_run)
 
 
+def _maintain(recipe: Recipe, store: Store, dry_run: bool) -> CommandResult:
+    from prl.store.maintain import maintain
+
+    assert recipe.maintain is not None
+    section = recipe.maintain
+    return maintain(store, retention_hours=section.retention_hours, target_mb=section.target_mb, dry_run=dry_run)
+
+
 STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], CommandResult]] = {
     "ingest": _ingest,
     "rewards": _side("rewards"),
@@ -202,6 +210,7 @@ STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], CommandResult]] = {
     "check": check_tokens_step,
     "score_ref": score_ref_step,
     "shards": _shards,
+    "maintain": _maintain,
 }
 """Step name → ``fn(recipe, store, dry_run) -> CommandResult``."""
 

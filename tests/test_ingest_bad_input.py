@@ -436,3 +436,17 @@ def test_fuzzed_real_records_never_crash_ingest(tmp_path_factory, data):
         landed |= set(pl.read_delta(store.table_uri("quarantine"))["source_line"].to_list())
     unaccounted = [number for number in range(1, len(lines) + 1) if number not in landed]
     assert len(unaccounted) <= result.already_present  # a repeat of an earlier sample adds nothing, and says so
+
+
+def test_a_record_with_no_sample_in_it_is_quarantined(store, tmp_path):
+    """A vLLM RequestOutput whose ``outputs`` list is empty holds no sample: it becomes a quarantine row
+    (``no_choices``), never a line that lands nowhere (found by the fuzz test below)."""
+    record = {"request_id": "r-empty", "prompt_token_ids": [1, 2, 3], "outputs": [], "finished": True}
+    path = tmp_path / "empty.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    result = ingest([str(path)], store, max_quarantine_rate=None)
+    assert result.samples == 0
+    assert result.quarantined == {"no_choices": 1}
+    rows = pl.read_delta(store.table_uri("quarantine"))
+    assert rows["reason"].to_list() == ["no_choices"]
+    assert rows["source_line"].to_list() == [1]

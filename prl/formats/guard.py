@@ -67,6 +67,8 @@ def read_record(
         if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit, MemoryError)):
             raise
         out = [as_quarantined(exc)]
+    if not out and type(reader).frame is Format.frame:  # a record must end as samples or as a quarantine row
+        out = [Quarantined("no_choices", f"{reader.name} record with no sample in it (an empty choices/outputs list)")]
     if (
         type(reader).frame is Format.frame  # a decoded JSON record (SSE framers hand over their own objects)
         and any(isinstance(item, Quarantined) and item.reason != "no_token_ids" for item in out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -185,7 +186,7 @@ def timestamp_ms(value: Any) -> int | None:
         moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
         return round(moment.timestamp() * 1000.0)
     if isinstance(value, (int, float)):
-        if not np.isfinite(value) or value < 0:
+        if value < 0 or value >= _MS_LIMIT or not math.isfinite(value):  # ints of any size compare exactly
             return None
         ms = round(value if value > _MS_THRESHOLD else value * 1000.0)
         return ms if ms < _MS_LIMIT else None

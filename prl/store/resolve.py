@@ -26,7 +26,7 @@ from prl.schema import TABLES
 from prl.store.tables import Store, describe_error, is_remote
 
 LOCKS_FOLDER = "_locks"
-STORE_ENTRIES = frozenset({*TABLES, LOCKS_FOLDER})
+STORE_ENTRIES = frozenset({*TABLES, LOCKS_FOLDER, "_index"})
 """Top-level names prl itself creates in a store."""
 SHARD_MARKERS = ("manifest.json", "_index.json")
 TABLE_ORDER = ("traces", "checks", "rewards", "ref_logprobs", "quarantine")

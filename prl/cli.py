@@ -6,27 +6,18 @@ Exit codes (design.md §7): 0 done (also when there was nothing new), 1 done but
 
 from __future__ import annotations
 
-import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
-from typer.core import TyperGroup
 
-from prl.errors import ExitCode, PrlError, RetryableIOError, redact_urls
 from prl.report import console as report
-from prl.results import CommandResult, ErrorResult
+from prl.report.session import SESSION, PrlGroup, run_command
+from prl.results import CommandResult
 from prl.runtime import set_process_defaults
-
-try:  # typer ≥ 0.20 parses with its own copy of click
-    from typer._click.exceptions import ClickException as _ClickException
-except ImportError:  # pragma: no cover - older typer parses with click itself
-    from click import ClickException as _ClickException  # type: ignore[assignment]
 
 
 class Kind(StrEnum):
@@ -37,105 +28,9 @@ class Kind(StrEnum):
     ref = "ref"
 
 
-class _Group(TyperGroup):
-    """The ``prl`` group: every way a command line ends goes through :meth:`main`, so that under ``--json``
-    exactly one JSON object reaches stdout, its ``exit_code`` equal to the process's, including usage errors
-    that click raises before any command runs (missing option, unknown flag, bad value) and interrupts."""
-
-    def main(  # type: ignore[override]
-        self,
-        args: Sequence[str] | None = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        **extra: Any,
-    ) -> Any:
-        argv = list(sys.argv[1:] if args is None else args)
-        _SESSION.start(argv)
-        try:
-            code = super().main(argv, prog_name or "prl", complete_var, standalone_mode=False, **extra)
-        except _ClickException as exc:  # parsing failed: nothing ran
-            code = _usage_error(exc)
-        except (typer.Abort, KeyboardInterrupt):
-            code = _finish(ErrorResult(_SESSION.command, "interrupted", int(ExitCode.INTERRUPTED)), None)
-        code = _SESSION.close(int(code or 0))
-        if standalone_mode:
-            sys.exit(code)
-        return code
-
-
-class _Session:
-    """What one command line asked (``--json``, the command's name) and whether its JSON object went out."""
-
-    def __init__(self) -> None:
-        self.start([])
-        self.quiet_signals = False
-        """Set by :func:`main` (a real process): once the summary is printed, signals no longer interrupt."""
-
-    def start(self, argv: list[str]) -> None:
-        head = argv[: argv.index("--")] if "--" in argv else argv
-        self.as_json = "--json" in head
-        self.command = next((a for a in head if not a.startswith("-")), "prl")
-        self.emitted: int | None = None
-
-    def emit(self, payload: dict[str, Any]) -> None:
-        if self.emitted is not None:
-            return
-        if self.quiet_signals:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        self.emitted = int(payload["exit_code"])
-        report.emit_json(payload)
-
-    def close(self, code: int) -> int:
-        """The process's exit code; under ``--json`` the one object is printed now if nothing printed it
-        (help and ``--version`` print text and exit 0)."""
-        if self.emitted is not None:
-            return self.emitted
-        if self.as_json and code != 0:
-            error = "interrupted" if code == ExitCode.INTERRUPTED else f"exit {code}"
-            self.emit(ErrorResult(self.command, error, code).to_json())
-        return code
-
-
-_SESSION = _Session()
-
-
-def _usage_error(exc: Any) -> int:
-    """A command line that did not parse: exit 2, whatever click's own code for the error. (With no command at
-    all, the help was printed already and the error has no message.)"""
-    message = exc.format_message()
-    context = getattr(exc, "ctx", None)
-    if message and context is not None:
-        report.stderr.print(escape(context.get_usage()), highlight=False)
-        report.stderr.print(f"Try '{escape(context.command_path)} --help' for help.", highlight=False)
-    result = ErrorResult(_SESSION.command, message or "no command given", int(ExitCode.USAGE))
-    if not message:
-        if _SESSION.as_json:
-            _SESSION.emit(result.to_json())
-        return result.exit_code
-    return _finish(result, None)
-
-
-def _finish(result: CommandResult, render: Callable[[Any], None] | None) -> int:
-    """Print ``result`` (its JSON object under ``--json``, else ``render`` or, for errors, a line on stderr)
-    and return its exit code."""
-    code = int(result.exit_code)
-    if _SESSION.as_json:
-        _SESSION.emit(result.to_json())
-    if isinstance(result, ErrorResult):
-        if result.error == "interrupted":
-            report.stderr.print("[yellow]interrupted[/yellow]: committed work is kept, uncommitted work is invisible")
-        else:
-            report.stderr.print(f"[red]error:[/red] {escape(result.error)}", highlight=False)
-    elif not _SESSION.as_json and render is not None:
-        render(result)
-    return code
-
-
 app = typer.Typer(
     name="prl",
-    cls=_Group,
+    cls=PrlGroup,
     help="Production-RL data pipelines: serving traces in, checked training shards out.",
     no_args_is_help=True,
     add_completion=False,
@@ -145,26 +40,6 @@ app = typer.Typer(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON summary on stdout.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Do all the reading and checking, write nothing.")]
 StoreOpt = Annotated[str, typer.Option("--store", help="Trace store: a folder or an s3:// prefix.")]
-
-
-def _run(call: Callable[[], CommandResult], render: Callable[[Any], None], as_json: bool) -> None:
-    """Run a library call, print its result, exit with its exit code; errors become an :class:`ErrorResult`
-    (an ``OSError`` that no layer below translated is retryable I/O: exit 5; an interrupt is 130).
-
-    The modules imported by now (the command's library) live as long as this process: they are moved out of
-    the cyclic garbage collector's reach first (``gc.freeze``), so that its full collections during the run do
-    not walk them again and again (about 8% of a cold ``build-shards``)."""
-    gc.freeze()
-    _SESSION.as_json = as_json
-    result: CommandResult
-    try:
-        result = call()
-    except (PrlError, OSError) as exc:
-        error = exc if isinstance(exc, PrlError) else RetryableIOError(f"{type(exc).__name__}: {exc}")
-        result = ErrorResult(_SESSION.command, redact_urls(str(error)), int(error.exit_code))
-    except KeyboardInterrupt:
-        result = ErrorResult(_SESSION.command, "interrupted", int(ExitCode.INTERRUPTED))
-    raise typer.Exit(_finish(result, render))
 
 
 @app.callback()
@@ -216,7 +91,7 @@ def ingest(
     if kind is not Kind.traces:
         from prl.ingestion.side_tables import ingest_side_table
 
-        _run(
+        run_command(
             lambda: ingest_side_table(sources, store, kind=kind.value, dry_run=dry_run),
             report.render_side_ingest,
             as_json,
@@ -242,7 +117,7 @@ def ingest(
                 progress=progress,
             )
 
-    _run(call, report.render_ingest, as_json)
+    run_command(call, report.render_ingest, as_json)
 
 
 @app.command("check-tokens")
@@ -278,7 +153,7 @@ def check_tokens_cmd(
     from prl.checks import check_tokens
     from prl.report.checks import render
 
-    _run(
+    run_command(
         lambda: check_tokens(
             store,
             tokenizer,
@@ -333,7 +208,7 @@ def score_ref_cmd(
     from prl.report.score import render_score
     from prl.score.run import score_ref
 
-    _run(
+    run_command(
         lambda: score_ref(
             store,
             ref_model,
@@ -392,7 +267,7 @@ def build_shards_cmd(
     from prl.shards.build import build_shards
     from prl.store.resolve import open_store
 
-    _run(
+    run_command(
         lambda: build_shards(
             open_store(store, writing=not dry_run),
             out,
@@ -422,7 +297,7 @@ def export_cmd(
             raise UsageError(f"--format must be tinker, not {format!r}")
         return export_tinker(shards, out, with_mask=mask)
 
-    _run(call, report.render_headline, as_json)
+    run_command(call, report.render_headline, as_json)
 
 
 @app.command("run")
@@ -441,7 +316,7 @@ def run_cmd(
     """Run the steps a recipe names (ingest, rewards, ref, check, score_ref, shards, maintain) incrementally; for cron."""
     from prl.pipeline.runner import run
 
-    _run(lambda: run(recipe, dry_run=dry_run, steps=only), report.render_run, as_json)
+    run_command(lambda: run(recipe, dry_run=dry_run, steps=only), report.render_run, as_json)
 
 
 @app.command("inspect")
@@ -452,7 +327,7 @@ def inspect_cmd(
     """Summarise a store (tables, traces, quarantine, checks, rewards) or shard sets (manifests, histograms)."""
     from prl.report.inspect import inspect
 
-    _run(lambda: inspect(path), report.render_inspect, as_json)
+    run_command(lambda: inspect(path), report.render_inspect, as_json)
 
 
 @app.command("verify")
@@ -463,7 +338,7 @@ def verify_cmd(
     """Recompute sha256, rows and tokens of every shard against its manifest; exit 1 naming any mismatch."""
     from prl.shards.verify import verify_shards
 
-    _run(lambda: verify_shards(shards), report.render_verify, as_json)
+    run_command(lambda: verify_shards(shards), report.render_verify, as_json)
 
 
 shards_app = typer.Typer(help="Shard sets in an OUT folder.", no_args_is_help=True)
@@ -479,7 +354,7 @@ def shards_list_cmd(
     from prl.report.listing import render_shard_list
     from prl.shards.listing import list_sets
 
-    _run(lambda: list_sets(out), render_shard_list, as_json)
+    run_command(lambda: list_sets(out), render_shard_list, as_json)
 
 
 @app.command("maintain")
@@ -506,7 +381,7 @@ def maintain_cmd(
     def call() -> Any:
         return maintain(store, retention_hours=retention_hours, target_mb=target_mb, tables=table, dry_run=dry_run)
 
-    _run(call, lambda r: render(r, report.stdout), as_json)
+    run_command(call, lambda r: render(r, report.stdout), as_json)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -521,7 +396,7 @@ def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # what the parent ignores stays ignored
             signal.signal(signum, _interrupt)
-    _SESSION.quiet_signals = True
+    SESSION.quiet_signals = True
     app()
 
 

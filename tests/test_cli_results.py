@@ -16,8 +16,8 @@ import prl
 from prl.checks.result import CheckResult
 from prl.cli import app
 from prl.export.tinker import ExportResult
+from prl.ingestion.result import FileReport, IngestResult
 from prl.ingestion.side_tables import SideIngestResult
-from prl.ingestion.traces import FileReport, IngestResult
 from prl.pipeline.runner import RunResult, StepResult
 from prl.report.inspect import ShardsInspection, StoreInspection
 from prl.results import CommandResult, ErrorResult

@@ -36,8 +36,8 @@ from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
 from prl.ingestion.assemble import list_column
+from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.ingestion.rewards_columnar import reward_block
-from prl.ingestion.traces import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.io.sources import LineReader, SourceFile, lines_of, scan
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.store.locks import holding

@@ -15,19 +15,17 @@ running it again loses nothing and duplicates nothing:
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as ds
 
-from prl.errors import ExitCode, FormatDetectionError, UsageError
+from prl.errors import FormatDetectionError, UsageError
 from prl.formats import registry
 from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
@@ -35,9 +33,11 @@ from prl.formats.guard import as_quarantined, read_record, source_position
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.batch import Checked, check_and_assemble
 from prl.ingestion.inline_rewards import inline_reward_rows, reward_batches
+from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
+from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, IngestResult
 from prl.io import sources as io_sources
 from prl.io.sources import LineReader, SourceFile, first_lines, lines_of, scan
-from prl.schema import FINISH_REASONS, QUARANTINE, RAW_LIMIT, TRACES
+from prl.schema import FINISH_REASONS, RAW_LIMIT, TRACES
 from prl.store.index import SampleIndex
 from prl.store.locks import holding
 from prl.store.resolve import open_store
@@ -53,122 +53,6 @@ RAW_KEEP = 4 * RAW_LIMIT + 4
 """Bytes of a kept record's raw text held until its batch is written: enough for the ``RAW_LIMIT``
 characters (and the truncation flag) of a quarantine row, should the record turn out to be a duplicate;
 holding whole SSE streams would cost hundreds of MB per batch."""
-DEFAULT_MAX_QUARANTINE_RATE = 0.05
-
-
-@dataclass
-class FileReport:
-    """What happened to one source file."""
-
-    uri: str
-    format: str | None = None
-    status: str = "ingested"  # ingested | unchanged | empty | skipped (not a regular file) | failed
-    records: int = 0
-    samples: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    already_present: int = 0
-    quarantined: dict[str, int] = field(default_factory=dict)
-    bytes: int = 0
-    sha256: str | None = None
-    error: str | None = None
-    held_back_bytes: int = 0
-    """Bytes of an unterminated last line left for a later run (a plain file still being written)."""
-    formats: dict[str, int] = field(default_factory=dict)
-    """Decoded records per format that read them (detection is per record: a proxy log may mix formats)."""
-
-
-@dataclass
-class IngestResult:
-    """Summary of an ingest run; ``exit_code`` follows design.md §7."""
-
-    store: str
-    files: list[FileReport] = field(default_factory=list)
-    samples: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    records: int = 0
-    already_present: int = 0
-    quarantined: dict[str, int] = field(default_factory=dict)
-    bytes_read: int = 0
-    seconds: float = 0.0
-    versions: dict[str, int | None] = field(default_factory=dict)
-    dry_run: bool = False
-    max_quarantine_rate: float | None = DEFAULT_MAX_QUARANTINE_RATE
-
-    @property
-    def quarantined_total(self) -> int:
-        return sum(self.quarantined.values())
-
-    @property
-    def quarantine_rate(self) -> float:
-        seen = self.samples + self.quarantined_total
-        return self.quarantined_total / seen if seen else 0.0
-
-    @property
-    def tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    @property
-    def exit_code(self) -> ExitCode:
-        if any(f.status == "failed" for f in self.files):
-            return ExitCode.USAGE
-        if self.max_quarantine_rate is not None and self.quarantine_rate > self.max_quarantine_rate:
-            return ExitCode.DATA_PROBLEMS
-        return ExitCode.OK
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(
-            command="ingest",
-            quarantined_total=self.quarantined_total,
-            quarantine_rate=round(self.quarantine_rate, 6),
-            tokens=self.tokens,
-            tokens_per_second=round(self.tokens / self.seconds, 1) if self.seconds else None,
-            exit_code=int(self.exit_code),
-        )
-        return out
-
-    def headline(self) -> str:
-        """``ingest: 120 samples new (48,000 tokens), 3 already present, 2 quarantined (1.64%); 4 files (1
-        unchanged, 0 failed)``."""
-        unchanged = sum(1 for f in self.files if f.status == "unchanged")
-        failed = sum(1 for f in self.files if f.status == "failed")
-        return (
-            f"ingest{' (dry run)' if self.dry_run else ''}: {self.samples:,} samples new ({self.tokens:,} tokens), "
-            f"{self.already_present:,} already present, {self.quarantined_total:,} quarantined "
-            f"({self.quarantine_rate:.2%}); {len(self.files)} files ({unchanged} unchanged, {failed} failed)"
-        )
-
-
-def quarantine_row(
-    uri: str,
-    line: int,
-    fmt: str | None,
-    raw: bytes,
-    q: Quarantined,
-    now_ms: int,
-    sample_id: str | None = None,
-    table: str = "traces",
-) -> dict[str, Any]:
-    """One quarantine row; its id is derived from the record's location, content and reason, so re-reading
-    the same record never quarantines it twice."""
-    digest = hashlib.sha256(f"{table}|{uri}|{line}|{q.choice_index}|{q.reason}|".encode())
-    digest.update(raw)
-    text = raw.decode("utf-8", errors="replace")
-    return {
-        "quarantine_id": digest.hexdigest()[:40],
-        "table": table,
-        "source_uri": uri,
-        "source_line": line,
-        "source_format": fmt,
-        "sample_id": sample_id,
-        "reason": q.reason,
-        "message": q.message[:1000],
-        "raw": text[:RAW_LIMIT],
-        "raw_truncated": len(text) > RAW_LIMIT,
-        "quarantined_at": now_ms,
-    }
 
 
 class _Deduper:
@@ -551,18 +435,12 @@ def _checked(rows: list[Located], now_ms: int) -> Checked:
         return Checked(good.batch, np.array(fine, dtype=np.int64)[good.rows], rejected)
 
 
-def new_quarantine_rows(store: Store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows whose ``quarantine_id`` is not in the table yet (and not repeated within ``rows``)."""
-    unique = {row["quarantine_id"]: row for row in rows}
-    existing = store.read("quarantine", columns=["quarantine_id"], filter=ds.field("quarantine_id").isin(list(unique)))
-    for qid in existing.column("quarantine_id").to_pylist():
-        unique.pop(qid, None)
-    return list(unique.values())
-
-
-def quarantine_batches(rows: list[dict[str, Any]], size: int = 10_000) -> Iterable[pa.RecordBatch]:
-    for start in range(0, len(rows), size):
-        yield pa.RecordBatch.from_pylist(rows[start : start + size], schema=QUARANTINE)
-
-
-__all__ = ["FileReport", "IngestResult", "Sample", "ingest"]
+__all__ = [
+    "FileReport",
+    "IngestResult",
+    "Sample",
+    "ingest",
+    "new_quarantine_rows",
+    "quarantine_batches",
+    "quarantine_row",
+]

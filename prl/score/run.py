@@ -30,7 +30,7 @@ import pyarrow.dataset as ds
 
 from prl.errors import ExitCode, UsageError
 from prl.formats.base import Quarantined
-from prl.ingestion.traces import new_quarantine_rows, quarantine_batches, quarantine_row
+from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.schema import REF_LOGPROBS
 from prl.score.base import Backend, ScoreRequest
 from prl.score.http import public_url

@@ -1,0 +1,58 @@
+"""Quarantine rows: a record that was read and not kept, with why (table ``quarantine``, design.md §1)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from prl.formats.base import Quarantined
+from prl.schema import QUARANTINE, RAW_LIMIT
+from prl.store.tables import Store
+
+
+def quarantine_row(
+    uri: str,
+    line: int,
+    fmt: str | None,
+    raw: bytes,
+    q: Quarantined,
+    now_ms: int,
+    sample_id: str | None = None,
+    table: str = "traces",
+) -> dict[str, Any]:
+    """One quarantine row; its id is derived from the record's location, content and reason, so re-reading
+    the same record never quarantines it twice."""
+    digest = hashlib.sha256(f"{table}|{uri}|{line}|{q.choice_index}|{q.reason}|".encode())
+    digest.update(raw)
+    text = raw.decode("utf-8", errors="replace")
+    return {
+        "quarantine_id": digest.hexdigest()[:40],
+        "table": table,
+        "source_uri": uri,
+        "source_line": line,
+        "source_format": fmt,
+        "sample_id": sample_id,
+        "reason": q.reason,
+        "message": q.message[:1000],
+        "raw": text[:RAW_LIMIT],
+        "raw_truncated": len(text) > RAW_LIMIT,
+        "quarantined_at": now_ms,
+    }
+
+
+def new_quarantine_rows(store: Store, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows whose ``quarantine_id`` is not in the table yet (and not repeated within ``rows``)."""
+    unique = {row["quarantine_id"]: row for row in rows}
+    existing = store.read("quarantine", columns=["quarantine_id"], filter=ds.field("quarantine_id").isin(list(unique)))
+    for qid in existing.column("quarantine_id").to_pylist():
+        unique.pop(qid, None)
+    return list(unique.values())
+
+
+def quarantine_batches(rows: list[dict[str, Any]], size: int = 10_000) -> Iterable[pa.RecordBatch]:
+    for start in range(0, len(rows), size):
+        yield pa.RecordBatch.from_pylist(rows[start : start + size], schema=QUARANTINE)

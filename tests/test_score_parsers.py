@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from prl.formats.base import Quarantined
 from prl.score import sglang, vllm
-from prl.score.base import ScoreRequest, completion_logprobs
+from prl.score.base import ScoreRequest, answer_empty, completion_logprobs
 from prl.score.http import public_url
 
 FIXTURES = Path(__file__).parent / "fixtures" / "score"
@@ -152,3 +152,17 @@ def test_parsers_round_trip_their_shapes(prompt, completion, as_sglang):
         entries += [{str(t): {"logprob": v, "rank": 1, "decoded_token": "x"}} for t, v in completion]
         got = vllm.parse({"choices": [{"index": 0, "prompt_logprobs": entries}]}, request)
     assert isinstance(got, np.ndarray) and got.tolist() == np.array(values, np.float32).tolist()
+
+
+def test_empty_prompts_and_completions_need_no_model():
+    def refuse(todo):
+        raise AssertionError(f"asked the model for {todo}")
+
+    ids = np.array([7], np.int32)
+    empty = np.zeros(0, np.int32)
+    got = answer_empty([ScoreRequest("a", empty, ids), ScoreRequest("b", ids, empty)], refuse)
+    assert _reason(got[0]) == "empty_prompt" and got[1].shape == (0,)
+    sent = answer_empty(
+        [ScoreRequest("c", ids, ids), ScoreRequest("d", empty, empty)], lambda todo: [todo[0].sample_id]
+    )
+    assert sent[0] == "c" and sent[1].shape == (0,)

@@ -89,8 +89,17 @@ def misaligned(request: ScoreRequest, position: int, got: object) -> Quarantined
 def answer_empty(
     requests: Sequence[ScoreRequest], send: Callable[[list[ScoreRequest]], list[Outcome]]
 ) -> list[Outcome]:
-    """Answer requests with an empty completion (nothing to score) without asking the model; ``send`` the rest.
-    Outcomes come back in request order."""
-    todo = [r for r in requests if len(r.completion_ids)]
-    answers = iter(send(todo) if todo else [])
-    return [next(answers) if len(r.completion_ids) else np.zeros(0, np.float32) for r in requests]
+    """Answer what needs no model: an empty completion (nothing to score) and an empty prompt (nothing precedes
+    the first completion token: ``empty_prompt``); ``send`` the rest. Outcomes come back in request order."""
+
+    def local(request: ScoreRequest) -> Outcome | None:
+        if not len(request.completion_ids):
+            return np.zeros(0, np.float32)
+        if not len(request.prompt_ids):
+            return Quarantined("empty_prompt", "no prompt token precedes the first completion token")
+        return None
+
+    answered = [local(r) for r in requests]
+    todo = [r for r, a in zip(requests, answered) if a is None]
+    sent = iter(send(todo) if todo else [])
+    return [next(sent) if a is None else a for a in answered]

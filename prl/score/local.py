@@ -10,8 +10,7 @@ logits, kept only at completion positions, are bounded to ``LOGITS_BYTES`` (rows
 vocabulary × 4 bytes). Rows
 are left-padded with explicit position IDs, so every row sees exactly what an unpadded forward pass would.
 
-A request that cannot be scored is quarantined: ``empty_prompt`` (no token precedes the first completion token),
-``token_out_of_vocab``, ``too_long`` (longer than the model's positions), ``exceeds_batch_tokens`` (longer than
+A request that cannot be scored is quarantined: ``empty_prompt`` (as by every backend), ``token_out_of_vocab``, ``too_long`` (longer than the model's positions), ``exceeds_batch_tokens`` (longer than
 ``batch_tokens`` alone).
 """
 
@@ -113,8 +112,6 @@ class LocalBackend:
         return [o for o in outcomes if o is not None]
 
     def _refusal(self, request: ScoreRequest) -> Quarantined | None:
-        if not len(request.prompt_ids):
-            return Quarantined("empty_prompt", "no prompt token precedes the first completion token")
         ids = np.concatenate([request.prompt_ids, request.completion_ids])
         if ids.min() < 0 or ids.max() >= self.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])

@@ -91,7 +91,7 @@ def test_only_missing_samples_are_scored(tiny, tmp_path):
     store, samples = traces_store(tmp_path, 6, seed=4)
     first = score_ref(store, "tiny", model=str(folder))
     assert first.scored == len(samples)
-    again = score_ref(store, "tiny", model=str(folder))
+    again = score_ref(store, "tiny", model=str(tmp_path / "no-model"))  # nothing missing: no model is loaded
     assert (again.candidates, again.scored, again.batches) == (0, 0, 0)
     more = write_traces(tmp_path / "in", 3, seed=4, start=100)
     ingest([str(tmp_path / "in")], store)

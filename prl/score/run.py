@@ -16,6 +16,7 @@ the samples and tokens it would score, and neither loads the model nor calls the
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -124,7 +125,8 @@ def score_ref(
                 result.candidates += len(batch)
                 result.input_tokens += sum(r.tokens for r in batch)
                 result.completion_tokens += sum(len(r.completion_ids) for r in batch)
-        else:
+        elif (first := next(todo, None)) is not None:  # nothing missing: the model is never loaded
+            todo = itertools.chain([first], todo)
             loading = time.perf_counter()
             scorer = _open_backend(kind, endpoint, model, served_model, batch_tokens, concurrency, retries, timeout)
             result.load_seconds = time.perf_counter() - loading

@@ -57,8 +57,9 @@ def test_recipe_scores_then_builds_kl_shards(tmp_path):
     assert again.exit_code == 0 and again.step("score_ref").summary["scored"] == 0
     only = run(str(recipe), steps=["score-ref"])
     assert [s.step for s in only.steps] == ["score_ref"]
+    write_traces(tmp_path / "in", 1, seed=6)  # a new sample, so the model is needed again
     (tmp_path / "model" / "config.json").unlink()  # a model folder that is gone: the step fails, exit 2
-    gone = run(str(recipe), steps=["score_ref"])
+    gone = run(str(recipe), steps=["ingest", "score_ref"])
     assert gone.exit_code == 2 and "config.json" in (gone.step("score_ref").error or "")
 
 

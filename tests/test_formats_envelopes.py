@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from prl.formats.envelopes import LiteLLMLog, OpenAIBatch, ProxyCapture
-from prl.formats.registry import detect_file
+from prl.formats.base import ParseOptions
+from prl.formats.registry import by_name, detect_file
 from tests.formats_helpers import C2, FIXTURES, P2, lines_of, parse_file, reason_of, reasons, samples
 
 
@@ -55,7 +55,7 @@ def test_streamed_body_in_a_proxy_capture():
         "request": {"messages": [{"role": "user", "content": "q"}], "temperature": 0.2},
         "response": body,
     }
-    (s,) = ProxyCapture().parse(record, __import__("prl.formats.base").formats.base.ParseOptions())
+    (s,) = by_name("proxy_capture").parse(record, ParseOptions())
     assert (s.request_id, s.completion_token_ids.to_pylist(), s.temperature) == ("c9", [5], 0.2)
 
 
@@ -63,26 +63,26 @@ def test_streamed_body_in_a_proxy_capture():
     ("fmt", "record", "reason"),
     [
         (
-            OpenAIBatch(),
+            by_name("openai_batch"),
             {"custom_id": "a", "response": {"status_code": 200, "body": {"foo": 1}}},
             "unknown_format",
         ),
-        (OpenAIBatch(), {"custom_id": "a", "response": "nope"}, "bad_shape"),
-        (OpenAIBatch(), {"custom_id": "a", "response": {"status_code": 200, "body": [1, 2]}}, "bad_shape"),
+        (by_name("openai_batch"), {"custom_id": "a", "response": "nope"}, "bad_shape"),
+        (by_name("openai_batch"), {"custom_id": "a", "response": {"status_code": 200, "body": [1, 2]}}, "bad_shape"),
         (
-            ProxyCapture(),
+            by_name("proxy_capture"),
             {"request": {}, "response": {"status_code": 200, "body": "plain text"}},
             "no_token_ids",
         ),
-        (ProxyCapture(), {"request": {"prompt_token_ids": [1.5]}, "response": {}}, "bad_token_id"),
+        (by_name("proxy_capture"), {"request": {"prompt_token_ids": [1.5]}, "response": {}}, "bad_token_id"),
         (
-            ProxyCapture(),
+            by_name("proxy_capture"),
             {"request": {}, "response": {"custom_id": "x", "response": {"status_code": 200, "body": {}}}},
             "unknown_format",
         ),
-        (LiteLLMLog(), {"response": "just text", "model_parameters": {}}, "no_token_ids"),
+        (by_name("litellm_log"), {"response": "just text", "model_parameters": {}}, "no_token_ids"),
         (
-            LiteLLMLog(),
+            by_name("litellm_log"),
             {
                 "response": {
                     "id": "x",

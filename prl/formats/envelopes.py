@@ -25,17 +25,19 @@ and the creation time. Response-side values win where both exist.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
 from prl.formats.fields import RequestSide, as_dict, opt_dict, opt_str, request_side, timestamp_ms
+from prl.formats.sse.exact import frame_decoded, is_chunk, parse_chunks
 
 
-def dispatch(body: Any, side: RequestSide | None, options: ParseOptions) -> list[Sample | Quarantined]:
-    """Parse an unwrapped response ``body`` with the format that detects it and fill in ``side``."""
-    from prl.formats import registry
-    from prl.formats.sse.exact import frame_decoded, is_chunk, parse_chunks
-
+def dispatch(
+    body: Any, side: RequestSide | None, options: ParseOptions, inner: Sequence[Format]
+) -> list[Sample | Quarantined]:
+    """Parse an unwrapped response ``body`` with the first of the ``inner`` formats that detects it and fill in
+    ``side``; a streamed body (SSE text or a list of chunks) is read as a stream."""
     if isinstance(body, str):
         if "data:" not in body:
             raise Quarantined("no_token_ids", "the response body is text only; text is never retokenized")
@@ -54,10 +56,10 @@ def dispatch(body: Any, side: RequestSide | None, options: ParseOptions) -> list
                 body = {**body, "prompt_token_ids": ids}
             if body.get("input_ids") is None and "meta_info" in body:
                 body = {**body, "input_ids": ids}
-        inner = registry.detect_record(body)
-        if inner is None or isinstance(inner, _Envelope):
+        fmt = next((f for f in inner if not isinstance(f, _Envelope) and f.detect(body)), None)
+        if fmt is None:
             raise Quarantined("unknown_format", "no known format matches the response body")
-        samples = inner.parse(body, options)
+        samples = fmt.parse(body, options)
     if side is not None:
         for item in samples:
             if isinstance(item, Sample):
@@ -78,7 +80,11 @@ def _http_body(side: Any) -> tuple[Any, int | None]:
 
 
 class _Envelope(Format):
-    """Marker base: envelopes never dispatch to envelopes."""
+    """An envelope unwraps a record and hands its body to one of ``inner``, the formats a body may be in (the
+    registry passes its non-envelope formats, in detection order); envelopes never dispatch to envelopes."""
+
+    def __init__(self, inner: Sequence[Format] = ()) -> None:
+        self.inner = tuple(inner)
 
 
 class OpenAIBatch(_Envelope):
@@ -96,11 +102,13 @@ class OpenAIBatch(_Envelope):
             raise Quarantined("upstream_error", f"batch request failed: {str(obj['error'])[:300]}")
         response = as_dict(obj.get("response"), "response")
         if "body" not in response and "status_code" not in response and "choices" in response:
-            return dispatch(response, None, options)  # vLLM 0.4 run-batch: the response is the completion itself
+            return dispatch(
+                response, None, options, self.inner
+            )  # vLLM 0.4 run-batch: the response is the completion itself
         status = response.get("status_code")
         if status != 200:
             raise Quarantined("upstream_error", f"batch response status_code {status!r}")
-        return dispatch(response.get("body"), None, options)
+        return dispatch(response.get("body"), None, options, self.inner)
 
 
 class ProxyCapture(_Envelope):
@@ -133,7 +141,7 @@ class ProxyCapture(_Envelope):
         if side.created_at_ms is None:
             side.created_at_ms = timestamp_ms(created)
         side.session_id = side.session_id or opt_str(obj.get("session_id"))
-        return dispatch(body, side, options)
+        return dispatch(body, side, options, self.inner)
 
 
 class LiteLLMLog(_Envelope):
@@ -172,4 +180,4 @@ class LiteLLMLog(_Envelope):
         if isinstance(payload.get("messages"), str):
             request["messages"] = [{"role": "user", "content": payload["messages"]}]
         side = request_side(request, payload.get("startTime"))
-        return dispatch(payload.get("response"), side, options)
+        return dispatch(payload.get("response"), side, options, self.inner)

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
 from prl.formats.fields import DERIVED_ID_PREFIX
+from prl.schema import VERSION_SPAN
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38
@@ -122,8 +123,6 @@ def check_sample(sample: Sample) -> Sample | Quarantined:
             if value is not None and not _is_unicode(value):
                 raise Quarantined("bad_string", f"{name} holds a lone UTF-16 surrogate: not valid Unicode")
         if sample.policy_version_spans is not None:
-            from prl.schema import VERSION_SPAN
-
             pa.array([sample.policy_version_spans], pa.list_(VERSION_SPAN))
     except Exception as exc:  # any failure here is the record's, reported with its reason
         signal = as_quarantined(exc)

@@ -18,10 +18,7 @@ from prl.formats.tgi import Tgi
 from prl.formats.vllm import VllmChat, VllmCompletions
 from prl.formats.vllm_generate import VllmGenerate, VllmRequestOutput
 
-FORMATS: list[Format] = [
-    OpenAIBatch(),
-    ProxyCapture(),
-    LiteLLMLog(),
+BODY_FORMATS: list[Format] = [
     NemoGym(),
     VllmChat(),
     VllmCompletions(),
@@ -37,6 +34,9 @@ FORMATS: list[Format] = [
     TextDump(),
     OpenAIText(),
 ]
+"""Formats a record or an envelope's body may be in."""
+
+FORMATS: list[Format] = [OpenAIBatch(BODY_FORMATS), ProxyCapture(BODY_FORMATS), LiteLLMLog(BODY_FORMATS), *BODY_FORMATS]
 """Detection order matters: envelopes first (they wrap other formats), text-only formats last. ``sse`` comes
 after ``openai_completions``: a streamed ``text_completion`` chunk and a whole response share ``object``, and
 only framing (``data:`` lines) tells a stream capture apart."""

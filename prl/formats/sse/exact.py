@@ -50,6 +50,7 @@ from prl.formats.sse.lines import (
     decode_chunk,
     payload_of,
 )
+from prl.formats.vllm import VllmChat, VllmCompletions
 
 
 def is_chunk(obj: Any) -> bool:
@@ -199,8 +200,6 @@ def parse_chunks(chunks: list[Any], options: ParseOptions) -> list[Sample | Quar
 def read_joined(record: dict[str, Any], options: ParseOptions) -> list[Sample | Quarantined]:
     """Samples of a joined stream (:func:`join_chunks`'s shape): its per-choice signals, then what the
     non-streamed reader makes of it, with choices that never finished as ``truncated_stream``."""
-    from prl.formats.vllm import VllmChat, VllmCompletions
-
     reader = VllmChat() if record["object"] == "chat.completion" else VllmCompletions()
     out: list[Sample | Quarantined] = []
     truncated = set(record.pop("_truncated"))

@@ -45,8 +45,9 @@ def _child(code: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def make_store(root: str, samples: int, prompt: int, completion: int, group: int, seed: int = 0) -> int:
-    """A checked store written straight from numpy; returns its token count."""
+def make_store(root: str, samples: int, prompt: int, completion: int, group: int, seed: int = 0, first: int = 0) -> int:
+    """A checked store written straight from numpy (samples ``s{first}:0`` on; appended when the store exists);
+    returns the token count written."""
     import numpy as np
     import pyarrow as pa
 
@@ -59,8 +60,8 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
     now = pa.scalar(0, pa.timestamp("ms", tz="UTC"))
     tokens = 0
     chunk = 512
-    for start in range(0, samples, chunk):
-        n = min(chunk, samples - start)
+    for start in range(first, first + samples, chunk):
+        n = min(chunk, first + samples - start)
         ids = [f"s{i}:0" for i in range(start, start + n)]
         p_len = rng.integers(prompt // 2, prompt * 3 // 2, n)
         c_len = rng.integers(completion // 2, completion * 3 // 2, n)

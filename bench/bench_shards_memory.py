@@ -1,0 +1,108 @@
+"""build-shards peak memory as the store grows: is it flat in the number of samples?
+
+Grows one checked store (rewards, ``ok`` verdicts, reference logprobs; samples of ≈``--prompt`` + ≈``--completion``
+tokens, groups of ``--group``) to each size of ``--tokens`` in turn, and at each size builds every sample into a
+fresh OUT in a fresh process (KL into the token advantages, as ``bench_shards.py``), once with Arrow's allocator
+keeping freed pages (``MIMALLOC_PURGE_DELAY=-1``, what the ``prl`` command sets) and once handing them back at once
+(``MIMALLOC_PURGE_DELAY=0``). Reports per size: samples, tokens, seconds, tokens/s and peak RSS (MB) for each
+setting, and the growth of peak RSS between the smallest and the largest size in MB per million samples.
+
+Sizes start above one shard (``target_tokens``, 4 M tokens by default): below that, peak RSS follows the size of
+the one shard being built, not the store. The defaults (8 and 32 M tokens) take a minute or two on a small machine;
+the README's numbers come from
+``python bench/bench_shards_memory.py --tokens 5e6,50e6,200e6`` (about 2 GB of store on disk).
+
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from bench_shards import make_store  # noqa: E402  (this folder's own helper)
+
+BUILD = """
+import json, resource, sys, time
+sys.path.insert(0, {root!r})
+from prl.runtime import set_process_defaults
+set_process_defaults()  # as the prl command does (the environment's MIMALLOC_PURGE_DELAY wins)
+from prl.shards.build import build_shards
+from prl.shards.options import ShardOptions
+from prl.store.tables import Store
+t = time.perf_counter()
+res = build_shards(Store({store!r}), {out!r}, options=ShardOptions(kl="advantages", kl_coef=0.05))
+seconds = time.perf_counter() - t
+print(json.dumps({{"seconds": seconds, "tokens": res.tokens, "rows": res.rows,
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+
+PURGE_SETTINGS = {"keep_pages": "-1", "purge_at_once": "0"}
+"""Name in the report → ``MIMALLOC_PURGE_DELAY`` of the build's process."""
+
+
+def build_once(store: str, out: str, purge_delay: str) -> dict:
+    """One build of every sample of ``store`` into a fresh ``out``, in its own process."""
+    shutil.rmtree(out, ignore_errors=True)
+    env = {**os.environ, "MIMALLOC_PURGE_DELAY": purge_delay}
+    code = BUILD.format(root=ROOT, store=store, out=out)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    if proc.returncode:
+        raise SystemExit(proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="8e6,32e6", help="comma-separated store sizes, in tokens")
+    parser.add_argument("--prompt", type=int, default=200)
+    parser.add_argument("--completion", type=int, default=300)
+    parser.add_argument("--group", type=int, default=4)
+    args = parser.parse_args()
+    sizes = sorted(int(float(v)) for v in args.tokens.split(","))
+    per_sample = args.prompt + args.completion
+    work = tempfile.mkdtemp(prefix="prl-bench-shards-memory-")
+    store, out = os.path.join(work, "store"), os.path.join(work, "out")
+    rows, samples, tokens = [], 0, 0
+    try:
+        for size in sizes:
+            more = max(0, (size - tokens) // per_sample)
+            t = time.perf_counter()
+            tokens += make_store(store, more, args.prompt, args.completion, args.group, seed=len(rows), first=samples)
+            samples += more
+            row: dict = {"samples": samples, "tokens": tokens, "setup_seconds": round(time.perf_counter() - t, 1)}
+            for name, delay in PURGE_SETTINGS.items():
+                build = build_once(store, out, delay)
+                assert build["rows"] == samples, build
+                row[name] = {
+                    "seconds": round(build["seconds"], 2),
+                    "tokens_per_s": round(build["tokens"] / build["seconds"]),
+                    "peak_rss_mb": round(build["peak_rss_mb"]),
+                }
+            rows.append(row)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+        first, last = rows[0], rows[-1]
+        growth = {
+            name: round(
+                (last[name]["peak_rss_mb"] - first[name]["peak_rss_mb"])
+                / max(1e-9, (last["samples"] - first["samples"]) / 1e6)
+            )
+            for name in PURGE_SETTINGS
+        }
+        print(json.dumps({"sizes": rows, "peak_rss_growth_mb_per_million_samples": growth}, indent=1))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -80,7 +80,7 @@ def test_basic_columns_values_and_manifest(tmp_path):
     assert sorted(os.listdir(res.set_dir)) == [e["file"] for e in manifest["shards"]]
     assert res.manifest_path == str(out / ".prl" / "sets" / res.set_id / "manifest.json")
     assert sorted(os.listdir(meta)) == ["manifest.json", "sample_ids.parquet"]
-    assert sorted(os.listdir(out / ".prl")) == ["index.json", "sets", "staging"]
+    assert sorted(os.listdir(out / ".prl")) == ["frontier", "frontier.json", "index.json", "sets", "staging"]
     assert os.listdir(out / ".prl" / "staging") == []
     index = json.loads(Path(out / ".prl" / "index.json").read_text())
     assert [s["set_id"] for s in index["sets"]] == [res.set_id]

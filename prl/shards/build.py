@@ -34,12 +34,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.errors import UsageError
 from prl.schema import SCHEMA_VERSION, SHARD
 from prl.shards.assemble import Assembled, Gathered, assemble_shard
+from prl.shards.frontier import Frontier, TraceSource, new_backlog_name, options_digest, trace_source, write_frontier
 from prl.shards.gather import INPUT_IDS, WORKERS, mask_column
 from prl.shards.layout import manifest_path
 from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, Totals, existing_sets
@@ -128,10 +130,13 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
         return result
     options = resolve_rewards(store, versions.get("rewards"), options)
     prior = [] if rebuild else existing_sets(out)
-    shipped = shipped_ids(out, prior)
+    traces_version = versions["traces"]
+    assert traces_version is not None  # checked above
+    source = trace_source(store, out, traces_version, options, [m.set_id for m in prior], rebuild)
+    shipped = shipped_ids(out, [m for m in prior if m.set_id not in source.covered_sets])
     set_id = _set_id(versions, options, prior)
     if dry_run:
-        plan = make_plan(store, versions, options, shipped)
+        plan = make_plan(store, versions, options, shipped, source=source)
         result.count(plan, options)
         scores = None
         if not plan.ship.is_empty():
@@ -141,7 +146,17 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
         result.statistics = build_statistics(plan, scores, options)
         return result
     replaces = [m.set_id for m in existing_sets(out) if m.set_id != set_id] if rebuild else []
-    return _build(store, out, versions, options, shipped, prior, set_id, result, replaces)
+    return _build(store, out, versions, options, _Sources(shipped, prior, source), set_id, result, replaces)
+
+
+@dataclass
+class _Sources:
+    """What a build leaves out and reads: ``shipped`` (sample ids of earlier sets the frontier does not account
+    for), ``prior`` (the current sets of OUT, none in a rebuild) and the traces ``source``."""
+
+    shipped: pa.Array | None
+    prior: list[Manifest]
+    source: TraceSource
 
 
 def _build(
@@ -149,8 +164,7 @@ def _build(
     out: str,
     versions: dict[str, int | None],
     options: ShardOptions,
-    shipped: pa.Array | None,
-    prior: list[Manifest],
+    sources: _Sources,
     set_id: str,
     result: ShardResult,
     replaces: list[str],
@@ -164,7 +178,7 @@ def _build(
         spill_dir = staging.spill
         trace_spill = ScanSpill(os.path.join(spill_dir, "traces.arrow"))
         ref_spill = ScanSpill(os.path.join(spill_dir, "ref_logprobs.arrow")) if options.kl != "none" else None
-        plan = make_plan(store, versions, options, shipped, trace_spill, ref_spill)
+        plan = make_plan(store, versions, options, sources.shipped, trace_spill, ref_spill, sources.source)
         result.count(plan, options)
         if plan.ship.is_empty():
             if result.all_dropped:
@@ -172,12 +186,15 @@ def _build(
             discard_staging(staging, out)
             if made_out:
                 os.rmdir(out)
+            else:
+                _advance_frontier(store, out, versions, options, plan, [m.set_id for m in sources.prior])
             result.statistics = build_statistics(plan, None, options)
             return result
         spills = _Spills(trace_spill, ref_spill, spill_dir)
-        manifest = _write_set(staging, spills, plan, options, versions, prior, set_id)
+        manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id)
         final = publish_set(staging, out, set_id)
         retire_sets(out, replaces)
+        _advance_frontier(store, out, versions, options, plan, [*(m.set_id for m in sources.prior), set_id])
     except BaseException:
         discard_staging(staging, out)
         raise
@@ -187,6 +204,30 @@ def _build(
     result.shards = [e.to_json() for e in manifest.shards]
     result.statistics = manifest.statistics
     return result
+
+
+def _advance_frontier(
+    store: Store,
+    out: str,
+    versions: dict[str, int | None],
+    options: ShardOptions,
+    plan: Plan,
+    sets: list[str],
+) -> None:
+    """After a build of a local ``out`` completed: the frontier for the next one (:mod:`prl.shards.frontier`)."""
+    traces_version = versions.get("traces")
+    if "://" in out or traces_version is None or plan.backlog is None:
+        return
+    frontier = Frontier(
+        traces_version=traces_version,
+        options=options_digest(options),
+        sets=tuple(sets),
+        shipped=plan.already_shipped + plan.ship.height,
+        version_max=plan.version_max,
+        backlog=new_backlog_name(),
+    )
+    backlog = plan.backlog.with_columns(pl.col("_file").cast(pl.String).alias("file")).select("sample_id", "file")
+    write_frontier(out, frontier, backlog.to_arrow())
 
 
 @dataclass

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from prl.errors import UsageError
 from prl.numerics import advantages as adv
+from prl.shards.frontier import TraceSource
 from prl.shards.layout import set_ref
 from prl.shards.manifest import Manifest
 from prl.shards.options import VERSION_RE, ShardOptions, parse_version
@@ -119,6 +120,14 @@ class Plan:
     k: int | None
     reward_names_seen: list[str]
     constant_groups: int = 0
+    backlog: pl.DataFrame | None = None
+    """``sample_id``, ``_file`` of every considered row that does not ship (for the next build's frontier)."""
+    version_max: int | None = None
+    """The newest policy step of every traces row (shipped before or not)."""
+    scanned: int = 0
+    """Traces rows the scan read (all rows of the table, or a frontier's backlog and new files)."""
+    scan: str = "whole"
+    """``whole`` (the table at the pinned version) or ``frontier`` (:mod:`prl.shards.frontier`)."""
 
 
 def _samples_path(out: str, set_id: str) -> str:
@@ -159,17 +168,23 @@ def _read_inputs(
     exclude: pa.Array | None,
     trace_spill: ScanSpill | None,
     ref_spill: ScanSpill | None,
+    source: TraceSource | None = None,
 ) -> _Inputs:
     """The four reads, side by side in threads (decoding and polars release the GIL); the spills are closed
-    when they end, however they end."""
+    when they end, however they end. When ``source`` is a frontier's (not the whole traces table), the traces
+    scan runs first and the other three keep only rows of the samples it found."""
     try:
         with ThreadPoolExecutor(max_workers=4) as pool:
-            traces_f = pool.submit(scan_traces, store, versions["traces"], options, trace_spill, exclude)
-            rewards_f = pool.submit(latest_rewards, store, versions["rewards"], list(options.rewards))
-            verdicts_f = pool.submit(latest_verdicts, store, versions["checks"], options.tokenizer_fingerprint)
+            traces_f = pool.submit(scan_traces, store, versions["traces"], options, trace_spill, exclude, source)
+            only = None
+            if source is not None and not source.whole:
+                traces = traces_f.result()
+                only = traces["sample_id"].unique().to_arrow() if not traces.is_empty() else pa.array([], pa.string())
+            rewards_f = pool.submit(latest_rewards, store, versions["rewards"], list(options.rewards), only)
+            verdicts_f = pool.submit(latest_verdicts, store, versions["checks"], options.tokenizer_fingerprint, only)
             refs_f = None
             if options.kl != "none":
-                refs_f = pool.submit(scan_refs, store, versions["ref_logprobs"], options, ref_spill, exclude)
+                refs_f = pool.submit(scan_refs, store, versions["ref_logprobs"], options, ref_spill, exclude, only)
             return _Inputs(
                 traces_f.result(),
                 rewards_f.result(),
@@ -182,13 +197,19 @@ def _read_inputs(
                 spill.close()
 
 
-def _with_staleness(traces: pl.DataFrame, options: ShardOptions) -> tuple[pl.DataFrame, int | None]:
-    """``traces`` with ``staleness = current − version`` and the current version (the option, else the newest)."""
+def _with_staleness(
+    traces: pl.DataFrame, options: ShardOptions, seen_max: int | None
+) -> tuple[pl.DataFrame, int | None, int | None]:
+    """``traces`` with ``staleness = current − version``, the current version (the option, else the newest of
+    ``traces`` and ``seen_max``, the newest of rows not scanned) and the newest version of all rows."""
     traces = traces.with_columns(pl.col("policy_version").str.extract(VERSION_RE, 1).cast(pl.Int64).alias("_v"))
     traces = traces.with_columns(pl.col("_v").alias("policy_step"))
-    current = parse_version(options.current_version) if options.current_version else traces["_v"].max()
+    scanned_max = traces["_v"].max()
+    newest = [int(v) for v in (scanned_max, seen_max) if isinstance(v, int)]
+    version_max = max(newest) if newest else None
+    current = parse_version(options.current_version) if options.current_version else version_max
     traces = traces.with_columns((pl.lit(current, dtype=pl.Int64) - pl.col("_v")).alias("staleness"))
-    return traces, current  # type: ignore[return-value]
+    return traces, current, version_max
 
 
 def _scored(inputs: _Inputs, traces: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
@@ -264,13 +285,20 @@ def make_plan(
     shipped: pa.Array | None,
     trace_spill: ScanSpill | None = None,
     ref_spill: ScanSpill | None = None,
+    source: TraceSource | None = None,
 ) -> Plan:
     """Scan, join, filter and pack (see the module docstring). With spills, the scans also keep the token
-    columns of every row not shipped before (``shipped``), for the shards to be assembled from."""
-    inputs = _read_inputs(store, versions, options, shipped, trace_spill, ref_spill)
+    columns of every row not shipped before (``shipped``), for the shards to be assembled from. ``source`` is
+    what the traces scan reads (:func:`prl.shards.frontier.trace_source`; default the whole table): a
+    frontier's source leaves out rows shipped by the sets it accounts for, counted in ``source.shipped``."""
+    inputs = _read_inputs(store, versions, options, shipped, trace_spill, ref_spill, source)
+    before = source.shipped if source is not None else 0
+    seen_max = source.version_max if source is not None else None
+    scan = "frontier" if source is not None and not source.whole else "whole"
     if inputs.traces.is_empty():
-        return Plan(inputs.traces, 0, 0, {}, None, None, [])
-    traces, current = _with_staleness(inputs.traces, options)
+        current = parse_version(options.current_version) if options.current_version else seen_max
+        return Plan(inputs.traces, before, before, {}, current, None, [], version_max=seen_max, scan=scan)
+    traces, current, version_max = _with_staleness(inputs.traces, options, seen_max)
     already = 0
     if shipped is not None:
         is_shipped = pl.Series(pc.is_in(traces["sample_id"].to_arrow(), value_set=shipped.cast(pa.large_string())))
@@ -283,8 +311,20 @@ def make_plan(
         plan, keep, constant = _drop_constant_groups(plan, keep)
     seen = [n for n in options.rewards if plan[f"r::{n}"].is_not_null().any()]
     ship = pack(keep, options)
+    backlog = plan.filter(pl.col("drop").is_not_null()).select("sample_id", "_file")
     return Plan(
-        ship, plan.height + already, already, _drop_counts(plan), current, _head_k(keep, options), seen, constant
+        ship,
+        plan.height + already + before,
+        already + before,
+        _drop_counts(plan),
+        current,
+        _head_k(keep, options),
+        seen,
+        constant,
+        backlog,
+        version_max,
+        inputs.traces.height,
+        scan,
     )
 
 

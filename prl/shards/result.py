@@ -32,6 +32,8 @@ class ShardResult:
     drop_rate_exceeded: bool = False
     all_dropped: bool = False
     score_names: list[str] = field(default_factory=list)
+    traces_scan: dict[str, Any] = field(default_factory=dict)
+    """``{"from": "whole" | "frontier", "rows": traces rows read}`` (:mod:`prl.shards.frontier`)."""
 
     @property
     def exit_code(self) -> int:
@@ -54,6 +56,7 @@ class ShardResult:
             "drops": self.drops,
             "statistics": self.statistics,
             "source_versions": self.source_versions,
+            "traces_scan": self.traces_scan,
             "headline": self.headline(),
             "exit_code": self.exit_code,
         }
@@ -78,6 +81,7 @@ class ShardResult:
         """Copy the plan's counts and flag a drop rate above ``options.max_drop_rate``."""
         self.considered = plan.considered
         self.already_shipped = plan.already_shipped
+        self.traces_scan = {"from": plan.scan, "rows": plan.scanned}
         self.drops = plan.drops
         dropped = sum(plan.drops.values())
         denominator = plan.considered - plan.already_shipped

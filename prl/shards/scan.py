@@ -20,9 +20,10 @@ import pyarrow.dataset as ds
 
 from prl.numerics import heads
 from prl.numerics import kl as klmod
+from prl.shards.frontier import TraceSource, relative_file, whole_snapshot
 from prl.shards.options import ShardOptions
 from prl.shards.spill import ScanSpill
-from prl.store.tables import Store
+from prl.store.tables import READAHEAD_BATCHES, READAHEAD_FILES, Store
 
 SCAN_BATCH_ROWS = 1024
 """Rows per scanned batch while spilling (eight times as many in a dry run, which keeps no token data)."""
@@ -124,6 +125,35 @@ def _scanned(
         row += batch.num_rows
 
 
+def _scanned_files(
+    source: TraceSource,
+    columns: list[str],
+    spill: ScanSpill | None,
+    spill_columns: list[str],
+    exclude: pa.Array | None,
+) -> Iterator[tuple[int, str, pa.RecordBatch]]:
+    """``(first scan row number, data file path, batch)`` of each part of ``source`` in turn (its rows that pass
+    the part's filter); with ``spill``, as :func:`_scanned`."""
+    row = 0
+    batch_rows = SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8
+    for dataset, flt in source.parts:
+        scanner = dataset.scanner(
+            columns=columns,
+            filter=flt,
+            batch_size=batch_rows,
+            batch_readahead=READAHEAD_BATCHES,
+            fragment_readahead=READAHEAD_FILES,
+        )
+        for tagged in scanner.scan_batches():
+            batch = tagged.record_batch
+            if not batch.num_rows:
+                continue
+            if spill is not None:
+                _spill_rows(spill, batch, spill_columns, row, exclude)
+            yield row, tagged.fragment.path, batch
+            row += batch.num_rows
+
+
 def trace_spill_columns(options: ShardOptions) -> list[str]:
     cols = ["prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
     return cols + (list(HEAD_COLUMNS) if options.topk is not None else [])
@@ -135,9 +165,12 @@ def scan_traces(
     options: ShardOptions,
     spill: ScanSpill | None = None,
     exclude: pa.Array | None = None,
+    source: TraceSource | None = None,
 ) -> pl.DataFrame:
-    """Per-sample scalars of every trace row, with its scan row number (``row``). With ``spill``, the token
-    columns of every row whose ``sample_id`` is not in ``exclude`` are spilled as they are decoded."""
+    """Per-sample scalars of every trace row of ``source`` (default: the whole table at ``version``), with its
+    scan row number (``row``) and its data file (``_file``, relative to the table folder; categorical). With
+    ``spill``, the token columns of every row whose ``sample_id`` is not in ``exclude`` are spilled as they are
+    decoded."""
     columns = [*_PLAN_TRACE_SCALARS, "prompt_token_ids", "completion_token_ids", "completion_mask"]
     baseline = options.singleton_baseline
     if baseline not in ("batch", "none") and baseline not in columns:
@@ -151,12 +184,17 @@ def scan_traces(
     if spill is not None:
         columns += [c for c in spill_columns if c not in columns]
     frames = []
-    for row, batch in _scanned(store, "traces", columns, version, spill, spill_columns, exclude):
+    if source is None:
+        source = whole_snapshot(store, version) if version is not None else TraceSource([], whole=True)
+    for row, path, batch in _scanned_files(source, columns, spill, spill_columns, exclude):
         n = batch.num_rows
         completion_len = _lengths(batch["completion_token_ids"])
         has_mask = pc.is_valid(batch["completion_mask"])
         cols = {
             "row": pa.array(np.arange(row, row + n, dtype=np.int64)),
+            "_file": pa.DictionaryArray.from_arrays(
+                pa.array(np.zeros(n, np.int32)), pa.array([relative_file(store, path)])
+            ),
             **{c: batch[c] for c in _PLAN_TRACE_SCALARS},
             "prompt_len": _lengths(batch["prompt_token_ids"]),
             "completion_len": completion_len,
@@ -176,13 +214,22 @@ def scan_traces(
     return frame(pa.concat_tables(frames))
 
 
-def latest_rewards(store: Store, version: int | None, names: list[str]) -> pl.DataFrame:
-    """``sample_id`` + one float64 column ``r::<name>`` per component (latest event per sample and name)."""
+def _only(flt: ds.Expression | None, only: pa.Array | None) -> ds.Expression | None:
+    """``flt`` and, with ``only``, "the row's sample is one of ``only``"."""
+    if only is None:
+        return flt
+    among = pc.field("sample_id").isin(only)
+    return among if flt is None else flt & among
+
+
+def latest_rewards(store: Store, version: int | None, names: list[str], only: pa.Array | None = None) -> pl.DataFrame:
+    """``sample_id`` + one float64 column ``r::<name>`` per component (latest event per sample and name), of the
+    samples ``only`` names (default: every sample)."""
     cols = ["sample_id", "name", "value", "created_at", "ingested_at", "source_uri", "source_line"]
     out = pl.DataFrame({"sample_id": pl.Series([], dtype=pl.String)})
     if version is None:
         return out.with_columns([pl.lit(None, dtype=pl.Float64).alias(f"r::{n}") for n in names])
-    table = store.read("rewards", columns=cols, filter=pc.field("name").isin(names), version=version)
+    table = store.read("rewards", columns=cols, filter=_only(pc.field("name").isin(names), only), version=version)
     latest = (
         frame(table)
         .sort(["sample_id", "name", "created_at", "ingested_at", "source_uri", "source_line"])
@@ -195,14 +242,18 @@ def latest_rewards(store: Store, version: int | None, names: list[str]) -> pl.Da
     return wide
 
 
-def latest_verdicts(store: Store, version: int | None, fingerprint: str | None) -> pl.DataFrame:
+def latest_verdicts(
+    store: Store, version: int | None, fingerprint: str | None, only: pa.Array | None = None
+) -> pl.DataFrame:
+    """``sample_id``, ``verdict``: the latest check per sample (``fingerprint``'s only, when given), of the samples
+    ``only`` names (default: every sample)."""
     if version is None:
         return pl.DataFrame({"sample_id": pl.Series([], dtype=pl.String), "verdict": pl.Series([], dtype=pl.String)})
     flt = pc.field("tokenizer_fingerprint") == fingerprint if fingerprint else None
     table = store.read(
         "checks",
         columns=["sample_id", "verdict", "checked_at", "tokenizer_fingerprint"],
-        filter=flt,
+        filter=_only(flt, only),
         version=version,
     )
     severity = {"ok": 0, "warn": 1, "drift": 2, "invalid": 3}
@@ -225,14 +276,17 @@ def scan_refs(
     options: ShardOptions,
     spill: ScanSpill | None = None,
     exclude: pa.Array | None = None,
+    only: pa.Array | None = None,
 ) -> pl.DataFrame:
-    """The winning reference row per sample (latest ingest) with its scan row number (``ref_row``) and length.
-    With ``spill``, ``ref_logprobs`` of every row whose ``sample_id`` is not in ``exclude`` is spilled."""
+    """The winning reference row per sample (latest ingest) with its scan row number (``ref_row``) and length, of
+    the samples ``only`` names (default: every sample). With ``spill``, ``ref_logprobs`` of every such row whose
+    ``sample_id`` is not in ``exclude`` is spilled."""
     frames = []
     with_sums = _side_sums_wanted(options, spill)
     columns = ["sample_id", "ingested_at", "source_uri", "source_line", "ref_logprobs"]
     spilled = ["ref_logprobs"]
-    for row, batch in _scanned(store, "ref_logprobs", columns, version, spill, spilled, exclude, _ref_filter(options)):
+    flt = _only(_ref_filter(options), only)
+    for row, batch in _scanned(store, "ref_logprobs", columns, version, spill, spilled, exclude, flt):
         n = batch.num_rows
         cols = {
             "ref_row": pa.array(np.arange(row, row + n, dtype=np.int64)),

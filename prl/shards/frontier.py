@@ -1,0 +1,203 @@
+"""The build frontier: what the last build left unshipped, so the next one reads new traces files, not history.
+
+A build of ``OUT`` considers every trace row whose sample no set of ``OUT`` shipped. Without help that is a scan
+of the whole ``traces`` table on every run, decoding every token of the store's history. After each build that
+completes (a set published, or nothing to ship), ``OUT/.prl/frontier.json`` records:
+
+- ``traces_version`` ``W``: the traces version the build read;
+- ``backlog``: a Parquet file (in ``OUT/.prl/frontier/``) of the ``sample_id`` of every considered row that did not ship (dropped for any
+  reason: a later reward, verdict or reference row, or new group members, may let it ship) and the traces data
+  file that holds it;
+- ``sets``: the sets of ``OUT`` whose samples it accounts for; ``shipped``: how many rows of traces at ``W`` they
+  shipped; ``version_max``: the newest policy step of traces at ``W`` (staleness's "current");
+- ``options``: the digest of the build options (a build with other options ignores the frontier).
+
+The next build then scans only the backlog's files (only the backlog's rows of them) plus the files that traces
+commits after ``W`` added (:func:`prl.store.changes.added_files`), and leaves out the samples of sets published
+since the frontier was written. It considers exactly the rows a whole scan would leave after removing shipped
+samples, so its plan, and the set it publishes, are the same bytes (``tests/test_shards_frontier.py`` asserts it).
+Any doubt is a whole scan: no frontier, other options, ``--rebuild``, a set it accounts for gone, traces
+re-created (version below ``W``), a commit file of the range cleaned up, or a backlog file no longer in the
+snapshot (``prl maintain`` compacted it); the build after that writes a fresh frontier.
+
+Only a local ``OUT`` keeps a frontier. The reward, verdict and reference reads still read their tables' key
+columns whole; they keep only rows of the considered samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from prl.schema import TABLES
+from prl.shards.layout import meta_root
+from prl.shards.options import ShardOptions
+from prl.shards.publish import publish_file, write_json
+from prl.store.changes import added_files, snapshot_files
+from prl.store.tables import Store
+
+FRONTIER = "frontier.json"
+FRONTIER_FORMAT = 1
+BACKLOG_SCHEMA = pa.schema([("sample_id", pa.string()), ("file", pa.string())])
+"""One row per unshipped considered trace row: its sample and the traces data file (relative to the table)."""
+
+
+def options_digest(options: ShardOptions) -> str:
+    """Hex sha256 of the build options (what decides which rows ship)."""
+    return hashlib.sha256(json.dumps(options.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def frontier_path(out: str) -> str:
+    return os.path.join(meta_root(out), FRONTIER)
+
+
+def backlog_dir(out: str) -> str:
+    return os.path.join(meta_root(out), "frontier")
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """``OUT/.prl/frontier.json`` (see the module docstring)."""
+
+    traces_version: int
+    options: str
+    sets: tuple[str, ...]
+    shipped: int
+    version_max: int | None
+    backlog: str
+    """File name of the backlog, in ``OUT/.prl/frontier/`` (two folders down, where the globs ``OUT/*/*.parquet``
+    never reach)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FRONTIER_FORMAT,
+            "traces_version": self.traces_version,
+            "options": self.options,
+            "sets": list(self.sets),
+            "shipped": self.shipped,
+            "version_max": self.version_max,
+            "backlog": self.backlog,
+        }
+
+
+def read_frontier(out: str) -> Frontier | None:
+    """The frontier of ``out``, or None when there is none or it is not one this version of prl wrote."""
+    try:
+        with open(frontier_path(out), encoding="utf-8") as fh:
+            raw = json.load(fh)
+        if raw.get("format") != FRONTIER_FORMAT:
+            return None
+        version_max = raw["version_max"]
+        return Frontier(
+            traces_version=int(raw["traces_version"]),
+            options=str(raw["options"]),
+            sets=tuple(str(s) for s in raw["sets"]),
+            shipped=int(raw["shipped"]),
+            version_max=None if version_max is None else int(version_max),
+            backlog=os.path.basename(str(raw["backlog"])),
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+@dataclass
+class TraceSource:
+    """What a build's traces scan reads: pyarrow datasets over some traces files, each with an optional row filter.
+
+    ``whole`` is True for the whole snapshot (no frontier applies); then ``shipped`` (rows already shipped by the
+    sets the frontier accounts for) is 0 and ``version_max`` None."""
+
+    parts: list[tuple[ds.Dataset, ds.Expression | None]]
+    whole: bool
+    shipped: int = 0
+    version_max: int | None = None
+    covered_sets: tuple[str, ...] = ()
+
+
+def whole_snapshot(store: Store, version: int) -> TraceSource:
+    dataset = store.dataset("traces", version)
+    return TraceSource([(dataset, None)] if dataset is not None else [], whole=True)
+
+
+def trace_source(
+    store: Store, out: str, version: int, options: ShardOptions, prior_sets: list[str], rebuild: bool
+) -> TraceSource:
+    """The traces rows a build of ``out`` must consider (before leaving out samples of sets the frontier does not
+    account for): from the frontier when it applies, else the whole snapshot at ``version``."""
+    frontier = None if rebuild or "://" in out else read_frontier(out)
+    if frontier is None or frontier.options != options_digest(options) or frontier.traces_version > version:
+        return whole_snapshot(store, version)
+    if not set(frontier.sets) <= set(prior_sets):
+        return whole_snapshot(store, version)
+    new_files = added_files(store, "traces", frontier.traces_version, version)
+    if new_files is None:
+        return whole_snapshot(store, version)
+    try:
+        backlog = pq.read_table(os.path.join(backlog_dir(out), frontier.backlog), schema=BACKLOG_SCHEMA)
+    except (OSError, pa.ArrowInvalid):
+        return whole_snapshot(store, version)
+    backlog_files = sorted(set(pc.unique(backlog.column("file")).to_pylist()))
+    if backlog_files and not set(backlog_files) <= set(snapshot_files(store, "traces", version)):
+        return whole_snapshot(store, version)
+    root = store.table_path("traces")
+    parts: list[tuple[ds.Dataset, ds.Expression | None]] = []
+    if backlog_files:
+        ids = pc.unique(backlog.column("sample_id").combine_chunks())
+        parts.append((_files(store, root, backlog_files), pc.field("sample_id").isin(ids)))
+    if new_files:
+        parts.append((_files(store, root, new_files), None))
+    return TraceSource(parts, False, frontier.shipped, frontier.version_max, frontier.sets)
+
+
+def _files(store: Store, root: str, paths: list[str]) -> ds.Dataset:
+    return ds.dataset([f"{root}/{p}" for p in paths], schema=TABLES["traces"], format="parquet", filesystem=store.fs)
+
+
+def relative_file(store: Store, path: str) -> str:
+    """A traces data file's path relative to the table folder, as the Delta log names it."""
+    root = store.table_path("traces").rstrip("/") + "/"
+    return path[len(root) :] if path.startswith(root) else path
+
+
+def write_frontier(out: str, frontier: Frontier, backlog: pa.Table) -> None:
+    """Write the backlog file, then ``frontier.json`` naming it (each fsynced and renamed into place), then
+    remove earlier backlog files. A build killed in between leaves the earlier frontier, which stays correct."""
+    root = backlog_dir(out)
+    os.makedirs(root, exist_ok=True)
+    path = os.path.join(root, frontier.backlog)
+    pq.write_table(backlog.cast(BACKLOG_SCHEMA), f"{path}.tmp", compression="zstd")
+    publish_file(f"{path}.tmp", path)
+    write_json(frontier_path(out), frontier.to_json())
+    for name in os.listdir(root):
+        if name.startswith("backlog-") and name != frontier.backlog:
+            try:
+                os.remove(os.path.join(root, name))
+            except FileNotFoundError:
+                pass
+
+
+def new_backlog_name() -> str:
+    return f"backlog-{uuid.uuid4().hex[:12]}.parquet"
+
+
+__all__ = [
+    "BACKLOG_SCHEMA",
+    "Frontier",
+    "TraceSource",
+    "new_backlog_name",
+    "options_digest",
+    "read_frontier",
+    "relative_file",
+    "trace_source",
+    "whole_snapshot",
+    "write_frontier",
+]

@@ -14,7 +14,11 @@ Three cases, each timed step in a fresh process (so peak RSS is its own), the fa
     ``prl maintain`` and the scan again, against the same rows in a store of one commit. Target: after
     maintain within 1.5x of the fresh store.
 
-Usage: ``python bench/bench_incremental.py [--stored N] [--short N] [--commits N] [--cases a,b,c]``.
+(d) **shipped history**: a store of ``--shipped`` (1,000,000, ``PRL_BENCH_SHIPPED``) samples of 20 + 10 tokens with
+    rewards, all shipped by one build (whole scan), then ``--new`` new samples and build-shards again (from the
+    frontier), against the same new samples in an empty store. Target: within 1.25x of the empty store.
+
+Usage: ``python bench/bench_incremental.py [--stored N] [--short N] [--commits N] [--shipped N] [--cases a,b,c,d]``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ sys.path.insert(0, HERE)
 from bench_ingest import AS_THE_COMMAND, ROUNDS, _child  # noqa: E402
 from gen_data import make_vllm_chat_file  # noqa: E402
 
-from prl.schema import CHECKS, TRACES  # noqa: E402
+from prl.schema import CHECKS, REWARDS, TRACES  # noqa: E402
 from prl.store.tables import Store  # noqa: E402
 
 BULK_ROWS = 250_000
@@ -234,13 +238,72 @@ def case_cron(work: str, commits: int) -> None:
     print(f"  prl maintain {took:.1f} s; after {after:.3f} s ({after / base:.2f}x, target <= 1.5x)")
 
 
+def _bulk_rewards(start: int, n: int) -> pa.Table:
+    cols = {
+        "sample_id": pa.array([f"bulk-{i:012d}#0" for i in range(start, start + n)]),
+        "name": pa.array(["reward"] * n),
+        "value": pa.array((np.arange(start, start + n) % 2).astype(np.float64)),
+        "source_uri": pa.array(["bulk"] * n),
+        "source_line": pa.array(np.arange(start, start + n, dtype=np.int64)),
+    }
+    zero = pa.array(np.zeros(n, np.int64))
+    for name in ("created_at", "ingested_at"):
+        cols[name] = zero.cast(REWARDS.field(name).type)
+    return pa.Table.from_pydict({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in REWARDS}, schema=REWARDS)
+
+
+def _add_bulk(store: Store, start: int, n: int) -> None:
+    rng = np.random.default_rng(start)
+    for table, rows in (("traces", _bulk_traces), ("rewards", lambda a, b, _r: _bulk_rewards(a, b))):
+        batches = (
+            b
+            for s in range(start, start + n, BULK_ROWS)
+            for b in rows(s, min(BULK_ROWS, start + n - s), rng).to_batches()
+        )
+        store.commit(table, batches, metadata={"command": "bench-bulk"})
+
+
+def _build_code(store: str, out: str) -> str:
+    return AS_THE_COMMAND + (
+        "from prl.shards.build import build_shards\n"
+        "from prl.shards.options import ShardOptions\n"
+        "from prl.store.tables import Store\n"
+        "t = time.perf_counter()\n"
+        f"r = build_shards(Store({store!r}), {out!r}, options=ShardOptions(require_checks=False))\n"
+        "out = {'seconds': time.perf_counter() - t, 'rows': r.rows, 'scan': r.traces_scan}\n"
+    )
+
+
+def case_shipped(work: str, shipped: int, new: int) -> None:
+    print(f"(d) shipped history: build-shards of {new:,} new samples after {shipped:,} shipped vs an empty store")
+    big = Store(os.path.join(work, "shipped"))
+    _add_bulk(big, 0, shipped)
+    first = _child(_build_code(big.uri, os.path.join(work, "shipped-out")))
+    assert first["rows"] == shipped, first
+    print(f"  first build (whole scan) of {shipped:,} samples: {first['seconds']:.1f} s")
+    full, empty = [], []
+    for i in range(ROUNDS):
+        start = shipped + i * new
+        _add_bulk(big, start, new)
+        full.append(_child(_build_code(big.uri, os.path.join(work, "shipped-out"))))
+        fresh = Store(os.path.join(work, f"shipped-empty-{i}"))
+        _add_bulk(fresh, start, new)
+        empty.append(_child(_build_code(fresh.uri, os.path.join(work, f"shipped-empty-out-{i}"))))
+        assert full[-1]["rows"] == empty[-1]["rows"] == new, (full[-1], empty[-1])
+        assert full[-1]["scan"] == {"from": "frontier", "rows": new}, full[-1]
+    a, b = min(r["seconds"] for r in full), min(r["seconds"] for r in empty)
+    print(f"  build : {a:6.2f} s after {shipped:,} shipped, {b:6.2f} s empty: {a / b:.2f}x (target <= 1.25x)")
+    print(f"  peak RSS {max(r['peak_rss_mb'] for r in full):.0f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stored", type=int, default=int(os.environ.get("PRL_BENCH_STORED", "10000000")))
     parser.add_argument("--new", type=int, default=10_000)
     parser.add_argument("--short", type=int, default=int(os.environ.get("PRL_BENCH_SHORT", "100000")))
     parser.add_argument("--commits", type=int, default=int(os.environ.get("PRL_BENCH_COMMITS", "10000")))
-    parser.add_argument("--cases", default="a,b,c")
+    parser.add_argument("--shipped", type=int, default=int(os.environ.get("PRL_BENCH_SHIPPED", "1000000")))
+    parser.add_argument("--cases", default="a,b,c,d")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="prl-bench-incremental-")
@@ -252,6 +315,8 @@ def main() -> None:
             case_short(work, args.short)
         if "c" in cases:
             case_cron(work, args.commits)
+        if "d" in cases:
+            case_shipped(work, args.shipped, args.new)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

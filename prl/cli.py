@@ -254,7 +254,7 @@ def _shard_options(recipe: str | None, overrides: list[str]) -> Any:
 @app.command("build-shards")
 def build_shards_cmd(
     store: StoreOpt,
-    out: Annotated[str, typer.Option("--out", help="Folder that receives shard sets (OUT/<set-id>/).")],
+    out: Annotated[str, typer.Option("--out", help="Folder or s3:// prefix that receives shard sets (OUT/<set-id>/).")],
     recipe: Annotated[str | None, typer.Option("--recipe", help="TOML recipe; its [shards] table.")] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override one [shards] option: KEY=VALUE (repeatable).")
@@ -332,7 +332,9 @@ def inspect_cmd(
 
 @app.command("verify")
 def verify_cmd(
-    shards: Annotated[str, typer.Argument(help="A shard set folder, or an OUT folder (every set in it).")],
+    shards: Annotated[
+        str, typer.Argument(help="A shard set folder, or an OUT folder or s3:// prefix (every set in it).")
+    ],
     as_json: JsonOpt = False,
 ) -> None:
     """Recompute sha256, rows and tokens of every shard against its manifest; exit 1 naming any mismatch."""
@@ -347,7 +349,7 @@ app.add_typer(shards_app, name="shards")
 
 @shards_app.command("list")
 def shards_list_cmd(
-    out: Annotated[str, typer.Argument(help="An OUT folder (or one shard set folder).")],
+    out: Annotated[str, typer.Argument(help="An OUT folder or s3:// prefix (or one shard set in it).")],
     as_json: JsonOpt = False,
 ) -> None:
     """Print the part files of the current complete shard sets, one per line (staging and replaced sets never)."""

@@ -13,9 +13,12 @@
    gather a shard's rows from the spill, assemble its table and write it with pyarrow, hashed as written, while
    :data:`IO_THREADS` fsync and rename the files written. Every value is computed per shard or per sample, so
    the bytes do not depend on the threads.
-5. **Publish** (:mod:`prl.shards.publish`, layout in :mod:`prl.shards.layout`): the staged parts folder is renamed
-   to ``OUT/<set-id>/``, then the staged meta folder (sample ids, ``manifest.json``) to ``OUT/.prl/sets/<set-id>/``,
-   and ``OUT/.prl/index.json`` is rewritten; a rebuild then retires the sets it replaces.
+5. **Publish** (:mod:`prl.shards.target`; layout in :mod:`prl.shards.layout`), after checking that the build
+   still holds its lock (:func:`prl.store.holder.ensure_held`): in a local OUT the staged parts folder is renamed
+   to ``OUT/<set-id>/``, then the staged meta folder (sample ids, ``manifest.json``) to ``OUT/.prl/sets/<set-id>/``
+   (:mod:`prl.shards.publish`); to an ``s3://`` OUT the parts and sample ids are uploaded, then the manifest with
+   a conditional put (:mod:`prl.shards.s3out`). ``OUT/.prl/index.json`` is rewritten; a rebuild then retires the
+   sets it replaces.
 
 Memory is bounded by one shard per worker thread plus a few scalars per sample, never by the table's token data.
 The set id is derived from the source table versions, the options, the earlier sets whose samples were skipped and
@@ -30,6 +33,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -43,27 +47,19 @@ from prl.schema import SCHEMA_VERSION, SHARD
 from prl.shards.assemble import Assembled, Gathered, assemble_shard
 from prl.shards.frontier import Frontier, TraceSource, new_backlog_name, options_digest, trace_source, write_frontier
 from prl.shards.gather import INPUT_IDS, WORKERS, mask_column
-from prl.shards.layout import manifest_path
-from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, Totals, existing_sets
+from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, Totals
 from prl.shards.options import ShardOptions
-from prl.shards.plan import Plan, make_plan, shipped_ids
-from prl.shards.publish import (
-    Staging,
-    clean_stale_staging,
-    discard_staging,
-    make_staging,
-    publish_file,
-    publish_set,
-    retire_sets,
-    write_json,
-)
+from prl.shards.plan import Plan, make_plan
+from prl.shards.publish import Staging, publish_file, write_json
 from prl.shards.result import ShardResult
 from prl.shards.rewards import resolve_rewards
 from prl.shards.scan import HEAD_COLUMNS
 from prl.shards.scores import Scores, compute_scores, log_ratio_totals
 from prl.shards.spill import ScanSpill
 from prl.shards.statistics import build_statistics, heads_info, kl_statistics, sampling_summary
+from prl.shards.target import OutTarget, out_target
 from prl.shards.writer import WRITER, write_sample_ids, write_shard
+from prl.store import holder
 from prl.store.locks import holding, step_name
 from prl.store.tables import Store
 
@@ -81,23 +77,22 @@ def build_shards(
     lock: bool = True,
 ) -> ShardResult:
     """Build one shard set from ``store`` (a :class:`Store` or its URI) into ``out/<set-id>/`` (see the module
-    docstring for the steps).
+    docstring for the steps); ``out`` is a local folder or an ``s3://bucket/prefix``.
 
     Samples shipped by earlier sets in ``out`` are skipped unless ``rebuild``. ``dry_run`` plans and reports
     without writing anything. Unless ``dry_run`` (or ``lock=False``), the build holds the store's
-    ``build-shards-<digest of OUT>`` lock (:func:`prl.store.locks.step_name`), so two builds into one ``OUT`` never
-    overlap; a second one raises :class:`~prl.errors.LockedError`. Raises :class:`~prl.errors.UsageError` for
-    bad options or missing inputs.
+    ``build-shards-<digest of OUT's resolved location>`` lock (:func:`prl.store.locks.step_name`), so two builds
+    into one ``OUT``, however spelled, never overlap; a second one raises :class:`~prl.errors.LockedError`, and a
+    build whose lock was taken over publishes nothing (:class:`~prl.errors.LockLostError`, exit 3). Raises
+    :class:`~prl.errors.UsageError` for bad options, missing inputs, or an ``s3://`` OUT without credentials or
+    bucket.
     """
     store = store if isinstance(store, Store) else Store(store)
     options = options or ShardOptions()
-    if "://" in out:
-        raise UsageError(f"shard output must be a local folder for now, got {out!r}")
-    out = os.path.abspath(out)
-    with holding(store.uri, step_name("build-shards", out), enabled=lock and not dry_run):
-        if not dry_run and os.path.isdir(out):
-            clean_stale_staging(out)  # leftovers of killed builds go first, even when nothing is new
-        return _build_locked(store, out, options, rebuild, dry_run)
+    target = out_target(out)
+    target.check()
+    with holding(store.uri, step_name("build-shards", target.uri), enabled=lock and not dry_run):
+        return _build_locked(store, target, options, rebuild, dry_run)
 
 
 def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[Manifest]) -> str:
@@ -118,22 +113,24 @@ def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[
     return f"v{versions['traces']}-{digest[:12]}"
 
 
-def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, dry_run: bool) -> ShardResult:
+def _build_locked(store: Store, target: OutTarget, options: ShardOptions, rebuild: bool, dry_run: bool) -> ShardResult:
     versions = store.versions()
     if options.kl != "none" and versions.get("ref_logprobs") is None:
         raise UsageError(
             f"KL is requested (kl = {options.kl!r}) but the store has no ref_logprobs table; ingest reference "
             "logprobs with `prl ingest --kind ref` or set kl = 'none'"
         )
-    result = ShardResult(out=out, status="nothing_new", source_versions=versions)
+    result = ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
     if versions.get("traces") is None:
+        if not dry_run:
+            target.clean(keep=None)
         return result
     options = resolve_rewards(store, versions.get("rewards"), options)
-    prior = [] if rebuild else existing_sets(out)
+    prior = [] if rebuild else target.existing_sets()
     traces_version = versions["traces"]
     assert traces_version is not None  # checked above
-    source = trace_source(store, out, traces_version, options, [m.set_id for m in prior], rebuild)
-    shipped = shipped_ids(out, [m for m in prior if m.set_id not in source.covered_sets])
+    source = trace_source(store, target.uri, traces_version, options, [m.set_id for m in prior], rebuild)
+    shipped = target.shipped_ids([m for m in prior if m.set_id not in source.covered_sets])
     set_id = _set_id(versions, options, prior)
     if dry_run:
         plan = make_plan(store, versions, options, shipped, source=source)
@@ -145,8 +142,9 @@ def _build_locked(store: Store, out: str, options: ShardOptions, rebuild: bool, 
             scores = compute_scores(plan.ship, options)
         result.statistics = build_statistics(plan, scores, options)
         return result
-    replaces = [m.set_id for m in existing_sets(out) if m.set_id != set_id] if rebuild else []
-    return _build(store, out, versions, options, _Sources(shipped, prior, source), set_id, result, replaces)
+    target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
+    replaces = [m.set_id for m in target.existing_sets() if m.set_id != set_id] if rebuild else []
+    return _build(store, target, versions, options, _Sources(shipped, prior, source), set_id, result, replaces)
 
 
 @dataclass
@@ -161,7 +159,7 @@ class _Sources:
 
 def _build(
     store: Store,
-    out: str,
+    target: OutTarget,
     versions: dict[str, int | None],
     options: ShardOptions,
     sources: _Sources,
@@ -171,9 +169,7 @@ def _build(
 ) -> ShardResult:
     """Plan with spills in a staging folder, write the set there and publish it (or remove it when nothing ships);
     then retire the sets in ``replaces`` (those a rebuild replaces)."""
-    made_out = not os.path.isdir(out)
-    os.makedirs(out, exist_ok=True)
-    staging = make_staging(out, set_id)
+    staging = target.stage(set_id)
     try:
         spill_dir = staging.spill
         trace_spill = ScanSpill(os.path.join(spill_dir, "traces.arrow"))
@@ -183,23 +179,20 @@ def _build(
         if plan.ship.is_empty():
             if result.all_dropped:
                 result.status = "all_dropped"
-            discard_staging(staging, out)
-            if made_out:
-                os.rmdir(out)
-            else:
-                _advance_frontier(store, out, versions, options, plan, [m.set_id for m in sources.prior])
+            target.discard(staging, nothing_shipped=True)
+            _advance_frontier(store, target.uri, versions, options, plan, [m.set_id for m in sources.prior])
             result.statistics = build_statistics(plan, None, options)
             return result
         spills = _Spills(trace_spill, ref_spill, spill_dir)
         manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id)
-        final = publish_set(staging, out, set_id)
-        retire_sets(out, replaces)
-        _advance_frontier(store, out, versions, options, plan, [*(m.set_id for m in sources.prior), set_id])
+        final = target.publish(staging, set_id, _lock_check(store))
+        target.retire(replaces)
+        _advance_frontier(store, target.uri, versions, options, plan, [*(m.set_id for m in sources.prior), set_id])
     except BaseException:
-        discard_staging(staging, out)
+        target.discard(staging)
         raise
     result.status, result.set_id, result.set_dir = "built", set_id, final
-    result.manifest_path = manifest_path(out, set_id)
+    result.manifest_path = target.manifest_uri(set_id)
     result.rows, result.tokens = manifest.totals.rows, manifest.totals.tokens
     result.shards = [e.to_json() for e in manifest.shards]
     result.statistics = manifest.statistics
@@ -214,9 +207,10 @@ def _advance_frontier(
     plan: Plan,
     sets: list[str],
 ) -> None:
-    """After a build of a local ``out`` completed: the frontier for the next one (:mod:`prl.shards.frontier`)."""
+    """After a build of a local ``out`` completed: the frontier for the next one (:mod:`prl.shards.frontier`);
+    nothing when ``out`` is remote or is no folder (a first build that shipped nothing leaves none)."""
     traces_version = versions.get("traces")
-    if "://" in out or traces_version is None or plan.backlog is None:
+    if "://" in out or not os.path.isdir(out) or traces_version is None or plan.backlog is None:
         return
     frontier = Frontier(
         traces_version=traces_version,
@@ -228,6 +222,12 @@ def _advance_frontier(
     )
     backlog = plan.backlog.with_columns(pl.col("_file").cast(pl.String).alias("file")).select("sample_id", "file")
     write_frontier(out, frontier, backlog.to_arrow())
+
+
+def _lock_check(store: Store) -> Callable[[], None]:
+    """What publication calls right before its commit: :class:`~prl.errors.LockLostError` (exit 3) when a lock
+    this process holds on the store (the build's own) was taken over meanwhile."""
+    return lambda: holder.ensure_held(store.location)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""``prl shards list OUT``: the part files of the current complete shard sets, what a trainer should read."""
+"""``prl shards list OUT``: the part files of the current complete shard sets, what a trainer should read (a local
+OUT folder or an ``s3://`` OUT, :mod:`prl.shards.s3out`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prl.errors import ExitCode
+from prl.io.locations import S3_SCHEME
 from prl.shards.layout import resolve
 from prl.shards.manifest import Manifest
+from prl.shards.s3out import S3Out
 
 
 @dataclass
@@ -54,8 +57,17 @@ class ShardList:
 
 
 def list_sets(path: str) -> ShardList:
-    """The files of the current complete sets of an ``OUT`` folder (or of one set folder). Staged builds, retired
-    sets and side files are never listed. Raises :class:`~prl.errors.UsageError` when ``path`` holds no set."""
+    """The files of the current complete sets of an ``OUT`` folder or ``s3://`` prefix (or of one set), as paths
+    or ``s3://`` URIs. Staged builds, retired sets, uploads without a manifest and side files are never listed.
+    Raises :class:`~prl.errors.UsageError` when ``path`` holds no set."""
+    if path.startswith(S3_SCHEME):
+        remote = S3Out(path)
+        result = ShardList(out=remote.uri)
+        for ref in remote.resolve():
+            manifest = S3Out(ref.out).manifest(ref.set_id)
+            files = [f"{ref.dir}/{entry.file}" for entry in manifest.shards]
+            result.sets.append(SetListing(ref.set_id, ref.dir, manifest.totals.rows, manifest.totals.tokens, files))
+        return result
     path = os.path.abspath(path)
     result = ShardList(out=path)
     for ref in resolve(path):

@@ -23,7 +23,7 @@ from typing import Any
 
 from prl.schema import SCHEMA_VERSION
 from prl.shards.layout import index_path, meta_dir, meta_root, retired_root, set_ref, staging_root
-from prl.shards.manifest import existing_sets
+from prl.shards.manifest import Manifest, existing_sets
 from prl.store.locks import pid_alive
 
 
@@ -167,10 +167,10 @@ def retire_sets(out: str, set_ids: list[str]) -> None:
         write_index(out)
 
 
-def write_index(out: str) -> None:
-    """Rewrite ``OUT/.prl/index.json`` from the manifests present: one line per set, first sets first."""
-    sets = sorted(existing_sets(out), key=lambda m: (len(m.excluded_sets), m.set_id))
-    index = {
+def index_json(manifests: list[Manifest]) -> dict[str, Any]:
+    """The ``OUT/.prl/index.json`` object of the sets ``manifests``: one line per set, first sets first."""
+    sets = sorted(manifests, key=lambda m: (len(m.excluded_sets), m.set_id))
+    return {
         "schema_version": SCHEMA_VERSION,
         "sets": [
             {
@@ -184,8 +184,12 @@ def write_index(out: str) -> None:
             for m in sets
         ],
     }
+
+
+def write_index(out: str) -> None:
+    """Rewrite ``OUT/.prl/index.json`` from the manifests present (:func:`index_json`)."""
     os.makedirs(meta_root(out), exist_ok=True)
-    write_json(index_path(out), index)
+    write_json(index_path(out), index_json(existing_sets(out)))
 
 
 __all__ = [
@@ -193,6 +197,7 @@ __all__ = [
     "clean_stale_staging",
     "discard_staging",
     "fsync_dir",
+    "index_json",
     "make_staging",
     "publish_file",
     "publish_set",

@@ -1,6 +1,7 @@
 """``prl verify SHARDS``: recompute every shard's sha256, size, rows and tokens and compare with its manifest.
 
-``SHARDS`` is one shard set (a folder holding ``manifest.json``) or an ``OUT`` folder (every set in it). For each
+``SHARDS`` is one shard set or an ``OUT`` folder (every set in it), local or ``s3://`` (each set of an S3 OUT is
+downloaded to a temporary folder and checked there, one set at a time). For each
 shard the manifest names: the file exists, its byte size and sha256 match, its Parquet row count matches ``rows``,
 and Î£ len(input_ids) matches ``tokens`` (streamed one record batch at a time; only ``input_ids`` is read). The
 sample-id file is checked the same way, and every sample id appears in exactly one shard set of ``OUT``.
@@ -10,6 +11,8 @@ Leftover ``*.tmp`` files inside a published set are reported too. Any problem â†
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,9 +21,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prl.errors import ExitCode
-from prl.shards.layout import MANIFEST, SAMPLES_FILE, SetRef, resolve
+from prl.io.locations import S3_SCHEME
+from prl.shards.layout import MANIFEST, SAMPLES_FILE, SetRef, resolve, set_ref
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
 from prl.shards.publish import sha256_file
+from prl.shards.s3out import S3Out
 
 BATCH_ROWS = 1024
 
@@ -166,7 +171,9 @@ def _shipped_twice(refs: list[SetRef], result: VerifyResult) -> None:
 
 
 def verify_shards(path: str) -> VerifyResult:
-    """Verify a shard set, or every set of an ``OUT`` folder (see the module docstring)."""
+    """Verify a shard set, or every set of an ``OUT`` folder or ``s3://`` OUT (see the module docstring)."""
+    if path.startswith(S3_SCHEME):
+        return _verify_s3(S3Out(path))
     path = os.path.abspath(path)
     result = VerifyResult(path=path)
     refs = resolve(path)
@@ -177,3 +184,24 @@ def verify_shards(path: str) -> VerifyResult:
 
 
 __all__ = ["Problem", "VerifyResult", "set_dirs", "verify_set", "verify_shards"]
+
+
+def _verify_s3(remote: S3Out) -> VerifyResult:
+    """Verify the sets an ``s3://`` URI names: each set is downloaded into a local folder in the same layout,
+    verified there and its parts removed; the sample-id files stay until every set is checked for samples shipped
+    twice."""
+    result = VerifyResult(path=remote.uri)
+    local_refs: list[SetRef] = []
+    with tempfile.TemporaryDirectory(prefix="prl-verify-") as local_out:
+        for ref in remote.resolve():
+            S3Out(ref.out).download_set(ref.set_id, local_out)
+            local = set_ref(local_out, ref.set_id)
+            if local is None:
+                result.problems.append(Problem(ref.set_id, MANIFEST, "vanished while it was read"))
+                continue
+            verify_set(local, result)
+            shutil.rmtree(local.dir, ignore_errors=True)
+            os.makedirs(local.dir)  # an empty folder keeps the set's ref valid for the check below
+            local_refs.append(local)
+        _shipped_twice(local_refs, result)
+    return result

@@ -1,0 +1,335 @@
+"""Shard sets in an ``s3://`` OUT: the layout of :mod:`prl.shards.layout` under a prefix, published by uploads
+that end with one conditional put (design.md §6).
+
+A build into ``s3://bucket/prefix`` stages its set in a local folder (under ``$TMPDIR``) exactly as a local build
+does, then :meth:`S3Out.publish`:
+
+1. uploads every part to ``OUT/<set-id>/part-*.parquet`` and the sample ids to
+   ``OUT/.prl/sets/<set-id>/sample_ids.parquet``, each with its sha256 as object metadata (``x-amz-meta-sha256``);
+   a part already there with that sha256 and size (left by a cut upload of the same set) is not sent again;
+2. checks that the build still holds its lock, then puts ``OUT/.prl/sets/<set-id>/manifest.json`` with
+   ``If-None-Match: *``, the same S3 conditional write the store's locks use (:mod:`prl.store.s3lock`): the commit.
+   A reader that sees the manifest sees every part it names. A manifest already there with the same bytes is the
+   same set, already published; one with other bytes means another run published that set, exit 3;
+3. rewrites ``OUT/.prl/index.json`` from the manifests present.
+
+A set is complete when its manifest exists, so an upload killed at any point leaves no visible set: listing,
+verify, loaders and later builds skip it and its samples count as not shipped. The next build removes what such
+uploads left (:meth:`S3Out.clean`: set folders and meta folders without a manifest) and, from the same inputs,
+builds the same set id and bytes again. A glob over ``OUT/*/part-*.parquet`` on S3 can see the parts of an upload in
+progress (S3 has no folder rename): list the current files with ``prl shards list OUT``.
+
+Credentials and endpoint come from the standard AWS environment (``AWS_ACCESS_KEY_ID`` …, profiles, instance roles;
+``AWS_ENDPOINT_URL[_S3]``, ``AWS_REGION``) through boto3, as for the store; they are never printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prl.errors import LockedError, RetryableIOError, UsageError
+from prl.io.locations import normalise_s3, split_s3
+from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef
+from prl.shards.manifest import FileEntry, Manifest, ManifestError
+from prl.shards.publish import SET_ID_RE, Staging, index_json, make_staging
+from prl.store.s3lock import CONDITION_FAILED, s3_client
+
+try:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+except ImportError:  # pragma: no cover - depends on the installation
+    boto3 = None
+
+UPLOAD_THREADS = 4
+"""Parts uploaded side by side (each upload is mostly waiting on the network)."""
+SHA256_META = "sha256"
+NO_BUCKET = {"NoSuchBucket"}
+
+
+def _code(exc: ClientError) -> str:
+    error = exc.response.get("Error", {})
+    status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+    code = str(error.get("Code", ""))
+    return code if code and not code.isdigit() else status or code
+
+
+class S3Out:
+    """An ``s3://bucket/prefix`` OUT: its sets (complete once their manifest exists), their publication and
+    their removal. ``uri`` is normalised (no empty segment, no trailing slash)."""
+
+    def __init__(self, uri: str) -> None:
+        if boto3 is None:  # pragma: no cover - depends on the installation
+            raise UsageError("an s3:// OUT needs boto3: pip install 'prl[s3]'")
+        self.uri = normalise_s3(uri)
+        self.bucket, prefix = split_s3(self.uri)
+        self.prefix = f"{prefix}/" if prefix else ""
+        self._client: Any = None
+        self._tmp: str | None = None
+
+    # --- keys and access -----------------------------------------------------------------------------------
+    def key(self, *parts: str) -> str:
+        return self.prefix + "/".join(parts)
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def meta_key(self, set_id: str, name: str) -> str:
+        """``OUT/.prl/sets/<set-id>/<name>``."""
+        return self.key(META, "sets", set_id, name)
+
+    def manifest_uri(self, set_id: str) -> str:
+        return self.url(self.meta_key(set_id, MANIFEST))
+
+    def set_uri(self, set_id: str) -> str:
+        return self.url(self.key(set_id))
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = s3_client()
+        return self._client
+
+    def _error(self, action: str, exc: Exception) -> Exception:
+        """The prl error of a failed request: a missing bucket is a usage error (exit 2), the rest retryable."""
+        if isinstance(exc, ClientError) and _code(exc) in NO_BUCKET:
+            return UsageError(f"shard output {self.uri}: bucket {self.bucket!r} does not exist")
+        return RetryableIOError(f"{action} shard output {self.uri} failed: {exc}")
+
+    def check(self) -> None:
+        """Refuse an OUT this process cannot use before anything is built: no credentials in the standard AWS
+        environment (exit 2), a missing bucket (exit 2), an endpoint that cannot be reached (exit 5)."""
+        if boto3.session.Session().get_credentials() is None:
+            raise UsageError(
+                f"shard output {self.uri}: no AWS credentials in the environment (set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance role; AWS_ENDPOINT_URL names a "
+                "non-AWS endpoint)"
+            )
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            if _code(exc) in NO_BUCKET | {"404"}:
+                raise UsageError(f"shard output {self.uri}: bucket {self.bucket!r} does not exist") from None
+            raise self._error("reaching", exc) from exc
+        except BotoCoreError as exc:
+            raise self._error("reaching", exc) from exc
+
+    def _keys(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """Every object under ``prefix`` (``Key``, ``Size``)."""
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+            for page in pages:
+                yield from page.get("Contents", [])
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error("listing", exc) from exc
+
+    def _folders(self, prefix: str) -> list[str]:
+        """The names of the "folders" directly under ``prefix`` (common prefixes, without the slash)."""
+        names: list[str] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/"
+            )
+            for page in pages:
+                names += [p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error("listing", exc) from exc
+        return names
+
+    def read(self, key: str) -> bytes:
+        try:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error("reading", exc) from exc
+
+    def _delete(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            try:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            except (ClientError, BotoCoreError) as exc:
+                raise self._error("deleting from", exc) from exc
+
+    # --- reading sets --------------------------------------------------------------------------------------
+    def set_ids(self) -> list[str]:
+        """Ids of the complete sets (those whose manifest exists), sorted."""
+        meta = self.key(META, "sets") + "/"
+        ids = {
+            obj["Key"][len(meta) :].split("/")[0]
+            for obj in self._keys(meta)
+            if obj["Key"].endswith(f"/{MANIFEST}") and obj["Key"][len(meta) :].count("/") == 1
+        }
+        return sorted(ids)
+
+    def ref(self, set_id: str) -> SetRef:
+        return SetRef(
+            self.uri,
+            set_id,
+            self.set_uri(set_id),
+            self.manifest_uri(set_id),
+            self.url(self.meta_key(set_id, SAMPLES_FILE)),
+        )
+
+    def refs(self) -> list[SetRef]:
+        return [self.ref(set_id) for set_id in self.set_ids()]
+
+    def manifest(self, set_id: str) -> Manifest:
+        """The manifest of set ``set_id``; :class:`ManifestError` when it is not valid."""
+        where = self.manifest_uri(set_id)
+        try:
+            obj = json.loads(self.read(self.meta_key(set_id, MANIFEST)))
+        except ValueError as exc:
+            raise ManifestError(f"{where}: not JSON: {exc}") from None
+        return Manifest.from_json(obj, where)
+
+    def existing_sets(self) -> list[Manifest]:
+        """Manifests of the complete sets, by set id."""
+        return [self.manifest(set_id) for set_id in self.set_ids()]
+
+    def shipped_ids(self, prior: list[Manifest]) -> pa.Array | None:
+        """The sample ids the sets ``prior`` shipped (one Arrow string array; None when there are none)."""
+        columns = []
+        for m in prior:
+            data = self.read(self.meta_key(m.set_id, SAMPLES_FILE))
+            column = pq.read_table(pa.BufferReader(data), columns=["sample_id"]).column("sample_id")
+            columns.append(column.combine_chunks().cast(pa.string()))
+        columns = [c for c in columns if len(c)]
+        return pa.concat_arrays(columns) if columns else None
+
+    def resolve(self) -> list[SetRef]:
+        """The sets this URI names: the one set when it is ``OUT/<set-id>`` of a complete set, else every
+        complete set of the OUT. Raises :class:`UsageError` when it holds none and is no OUT prl wrote."""
+        parent, _, name = self.uri.rpartition("/")
+        if SET_ID_RE.fullmatch(name) and parent.count("/") >= 2:
+            own = S3Out(parent)
+            if name in own.set_ids():
+                return [own.ref(name)]
+        refs = self.refs()
+        if refs or any(True for _ in self._keys(self.key(META) + "/")):
+            return refs
+        raise UsageError(f"{self.uri} holds no shard set (no {META}/sets/<set-id>/{MANIFEST})")
+
+    def download_set(self, set_id: str, local_out: str) -> None:
+        """Copy set ``set_id`` (every object of its folder and of its meta folder) into the local OUT
+        ``local_out``, in the same layout."""
+        for prefix, folder in (
+            (self.key(set_id) + "/", os.path.join(local_out, set_id)),
+            (self.key(META, "sets", set_id) + "/", os.path.join(local_out, META, "sets", set_id)),
+        ):
+            os.makedirs(folder, exist_ok=True)
+            for obj in self._keys(prefix):
+                name = obj["Key"][len(prefix) :]
+                if "/" in name or not name:
+                    continue
+                try:
+                    self.client.download_file(self.bucket, obj["Key"], os.path.join(folder, name))
+                except (ClientError, BotoCoreError) as exc:
+                    raise self._error("reading", exc) from exc
+
+    # --- writing -------------------------------------------------------------------------------------------
+    def stage(self, set_id: str) -> Staging:
+        """A local staging folder for ``set_id`` (in a fresh folder under ``$TMPDIR``)."""
+        self._tmp = tempfile.mkdtemp(prefix="prl-shards-")
+        return make_staging(self._tmp, set_id)
+
+    def discard(self, staging: Staging, nothing_shipped: bool = False) -> None:
+        """Remove the local folder :meth:`stage` made (``staging`` and everything beside it)."""
+        tmp, self._tmp = self._tmp, None
+        shutil.rmtree(tmp or staging.root, ignore_errors=True)
+
+    def clean(self, keep: str | None) -> None:
+        """Remove what killed uploads left (call it holding the build lock): set folders and meta folders of
+        set ids without a manifest, except set ``keep`` (the set this build makes: its parts already sent are
+        not sent again)."""
+        complete = {*self.set_ids(), keep}
+        keys: list[str] = []
+        for root in (self.prefix, self.key(META, "sets") + "/"):
+            for name in self._folders(root):
+                if SET_ID_RE.fullmatch(name) and name not in complete:
+                    keys += [obj["Key"] for obj in self._keys(f"{root}{name}/")]
+        self._delete(keys)
+
+    def _upload(self, path: str, key: str, entry: FileEntry) -> bool:
+        """Upload ``path`` to ``key`` with its sha256 as metadata, unless that very file is there already;
+        True when it was sent."""
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+            if head.get("ContentLength") == entry.bytes and head.get("Metadata", {}).get(SHA256_META) == entry.sha256:
+                return False
+        except ClientError as exc:
+            if _code(exc) not in {"404", "NoSuchKey", "NotFound"}:
+                raise self._error("writing", exc) from exc
+        except BotoCoreError as exc:
+            raise self._error("writing", exc) from exc
+        try:
+            self.client.upload_file(path, self.bucket, key, ExtraArgs={"Metadata": {SHA256_META: entry.sha256}})
+        except (ClientError, BotoCoreError, OSError) as exc:
+            raise self._error("writing", exc) from exc
+        return True
+
+    def publish(self, staging: Staging, set_id: str, check_lock: Callable[[], None]) -> str:
+        """Upload the complete ``staging`` as set ``set_id``: parts and sample ids, then (``check_lock()``
+        first) the manifest with ``If-None-Match: *``, then the index; returns the set's URI. The staging
+        folder is removed."""
+        manifest_file = os.path.join(staging.meta, MANIFEST)
+        with open(manifest_file, "rb") as fh:
+            body = fh.read()
+        manifest = Manifest.from_json(json.loads(body), manifest_file)
+        jobs = [(os.path.join(staging.parts, e.file), self.key(set_id, e.file), e) for e in manifest.shards]
+        jobs.append((os.path.join(staging.meta, SAMPLES_FILE), self.meta_key(set_id, SAMPLES_FILE), manifest.samples))
+        check_lock()  # before the uploads (a lost lock sends nothing) and again before the commit
+        with ThreadPoolExecutor(max_workers=UPLOAD_THREADS) as pool:
+            list(pool.map(lambda job: self._upload(*job), jobs))
+        check_lock()
+        self._put_manifest(set_id, body)
+        self.discard(staging)
+        self.write_index()
+        return self.set_uri(set_id)
+
+    def _put_manifest(self, set_id: str, body: bytes) -> None:
+        """The commit: create the manifest only where none exists (an identical one is this set, published)."""
+        key = self.meta_key(set_id, MANIFEST)
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*"
+            )
+        except ClientError as exc:
+            if _code(exc) not in CONDITION_FAILED:
+                raise self._error("writing", exc) from exc
+            if self.read(key) != body:
+                raise LockedError(
+                    f"set {set_id} was published in {self.uri} by another run meanwhile (its manifest differs)"
+                ) from None
+        except BotoCoreError as exc:
+            raise self._error("writing", exc) from exc
+
+    def retire(self, set_ids: list[str]) -> None:
+        """Remove the sets ``set_ids`` (those a rebuild replaced): each manifest first (the set is gone at
+        once), then its parts and sample ids; rewrite the index."""
+        for set_id in set_ids:
+            self._delete([self.meta_key(set_id, MANIFEST)])
+            self._delete([obj["Key"] for obj in self._keys(self.key(set_id) + "/")])
+            self._delete([obj["Key"] for obj in self._keys(self.key(META, "sets", set_id) + "/")])
+        if set_ids:
+            self.write_index()
+
+    def write_index(self) -> None:
+        """Rewrite ``OUT/.prl/index.json`` from the manifests present (derived data: the last writer wins)."""
+        data = (json.dumps(index_json(self.existing_sets()), indent=2, sort_keys=True) + "\n").encode()
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=self.key(META, INDEX), Body=data, ContentType="application/json"
+            )
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error("writing", exc) from exc
+
+
+__all__ = ["S3Out"]

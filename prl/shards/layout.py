@@ -16,6 +16,9 @@ under ``OUT/.prl/``, which ``pyarrow.dataset``, pandas and ``datasets`` skip (a 
 over ``OUT`` (``OUT/**/*.parquet``) does reach staging and side files: list the current files with
 :func:`prl.shards.listing.list_sets` (``prl shards list OUT``) instead.
 
+An ``s3://`` OUT holds the same keys under its prefix (:mod:`prl.shards.s3out`), with no staging or retired
+folder: a set is staged locally and its manifest uploaded last.
+
 Sets written before this layout (``manifest.json`` and ``sample_ids.parquet`` inside the set folder) are still
 found and read.
 """

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
+from prl.errors import UsageError
 from prl.io.locations import S3_SCHEME, is_remote
 from prl.shards.layout import manifest_path
 from prl.shards.manifest import Manifest, existing_sets
@@ -98,8 +99,6 @@ def out_target(out: str) -> LocalOut | S3Out:
     if out.startswith(S3_SCHEME):
         return S3Out(out)
     if is_remote(out):
-        from prl.errors import UsageError
-
         raise UsageError(f"shard output must be a local folder or an s3:// prefix, not {out!r}")
     return LocalOut(out)
 

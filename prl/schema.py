@@ -85,9 +85,13 @@ REWARDS = pa.schema(
         pa.field("source_uri", pa.string(), nullable=False),
         pa.field("source_line", pa.int64(), nullable=False),
         pa.field("ingested_at", TIMESTAMP_MS, nullable=False),
+        pa.field("event_id", pa.string()),
     ]
 )
-"""Reward events. The latest ``created_at`` (then the latest ingest) per (sample_id, name) wins."""
+"""Reward events. The latest ``created_at`` (then the latest ingest) per (sample_id, name) wins. ``event_id``
+is the event's identity, a digest of its content (:mod:`prl.ingestion.event_ids`): an event read again, from
+the same file, a grown one, a rotated one or a renamed copy, is recognised by it; null in rows written before
+the column existed (those are recognised by ``source_uri`` + ``source_line``, as they were then)."""
 
 REF_LOGPROBS = pa.schema(
     [
@@ -97,9 +101,10 @@ REF_LOGPROBS = pa.schema(
         pa.field("source_uri", pa.string(), nullable=False),
         pa.field("source_line", pa.int64(), nullable=False),
         pa.field("ingested_at", TIMESTAMP_MS, nullable=False),
+        pa.field("event_id", pa.string()),
     ]
 )
-"""Reference-model log p(token), one entry per completion token."""
+"""Reference-model log p(token), one entry per completion token; ``event_id`` as in ``rewards``."""
 
 VERDICTS = ("ok", "warn", "drift", "invalid")
 

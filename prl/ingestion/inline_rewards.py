@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from prl.formats.base import Quarantined, Sample
+from prl.ingestion.event_ids import reward_id
 from prl.schema import REWARDS
 
 
@@ -41,6 +42,7 @@ def inline_reward_rows(
                 "source_uri": source_uri,
                 "source_line": source_line,
                 "ingested_at": now_ms,
+                "event_id": reward_id(sample_id, name, float(value), sample.created_at_ms),
             }
         )
     return rows

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from prl.formats.fields import _MS_LIMIT, _MS_THRESHOLD
+from prl.ingestion.event_ids import Occurrences, reward_ids
 from prl.schema import REWARDS
 
 NUMBER_TYPES = (pa.int64(), pa.float64())
@@ -57,9 +58,12 @@ def _created_ms(table: pa.Table, now_ms: int) -> np.ndarray | None:
     return ms.astype(np.int64) if (ms < _MS_LIMIT).all() else None
 
 
-def reward_block(block: bytes, first_line: int, uri: str, now_ms: int) -> tuple[pa.RecordBatch, np.ndarray] | None:
+def reward_block(
+    block: bytes, first_line: int, uri: str, now_ms: int, occurrences: Occurrences | None = None
+) -> tuple[pa.RecordBatch, np.ndarray] | None:
     """The block's reward events as a ``rewards`` batch and the line number of each row (int64[N]), or None
-    when the block must be read row by row."""
+    when the block must be read row by row. With ``occurrences`` (the file's, see
+    :mod:`prl.ingestion.event_ids`), ``event_id`` is filled in; else it is null."""
     if not block.strip():
         return None
     try:
@@ -97,8 +101,13 @@ def reward_block(block: bytes, first_line: int, uri: str, now_ms: int) -> tuple[
         pa.array([uri] * n, pa.string()),
         pa.array(lines),
         pa.array(np.full(n, now_ms, dtype=np.int64)).cast(ts),
+        pa.nulls(n, pa.string()),
     ]
-    return pa.RecordBatch.from_arrays(columns, schema=REWARDS), lines
+    batch = pa.RecordBatch.from_arrays(columns, schema=REWARDS)
+    if occurrences is not None:
+        ids = reward_ids(batch, ["created_at" in names] * n, occurrences)
+        batch = batch.set_column(batch.schema.get_field_index("event_id"), "event_id", ids)
+    return batch, lines
 
 
 __all__ = ["reward_block"]

@@ -13,8 +13,10 @@ for the same (sample_id, name) supersedes an earlier one when shards are built. 
 
 Bad rows are quarantined (table ``rewards`` or ``ref_logprobs``) with a reason: ``missing_key``,
 ``missing_value``, ``bad_value``, ``nonfinite_reward``, ``bad_logprob``, ``nonfinite_logprob``,
-``positive_logprob``, ``bad_timestamp``, ``malformed_json``. Files already consumed (same uri, size, mtime) are skipped; a grown file
-adds only rows from lines not yet in the table.
+``positive_logprob``, ``bad_timestamp``, ``malformed_json``, ``truncated_line`` (a last line left unfinished by a
+file that stopped changing). Files already consumed (same uri, size, mtime) are skipped. Every row has an
+``event_id``, a digest of its content (:mod:`prl.ingestion.event_ids`); a file read again, grown, rotated (same
+name, new content) or copied under another name adds exactly the events not in the table yet.
 """
 
 from __future__ import annotations
@@ -29,17 +31,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
 from prl.ingestion.assemble import list_column
+from prl.ingestion.event_ids import Occurrences, legacy_id, ref_id, reward_content
 from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.ingestion.rewards_columnar import reward_block
+from prl.io import sources as io_sources
 from prl.io.sources import LineReader, SourceFile, lines_of, scan
 from prl.schema import REF_LOGPROBS, REWARDS
+from prl.store.index import EVENT_INDEXES, SampleIndex
 from prl.store.locks import holding
 from prl.store.resolve import open_store
 from prl.store.tables import Store, filesystem_for
@@ -62,6 +66,8 @@ class SideIngestResult:
     seconds: float = 0.0
     version: int | None = None
     dry_run: bool = False
+    held_back_bytes: int = 0
+    """Bytes of unfinished last lines left for a later run (files still being written)."""
     problems: list[dict[str, str]] = field(default_factory=list)
     """Entries not read (``uri``, ``status`` skipped | failed, ``reason``): see :class:`prl.io.sources.SourceProblem`."""
 
@@ -112,10 +118,12 @@ def _number(value: Any, name: str) -> float:
 
 
 def reward_events(row: dict[str, Any], now_ms: int) -> list[dict[str, Any]]:
-    """Normalise one input row to reward events ``{sample_id, name, value, created_at}``."""
+    """Normalise one input row to reward events ``{sample_id, name, value, created_at, stamped}`` (``stamped``:
+    the time came from the row, else it is ``now_ms``)."""
     sample_id = _key(row)
     stamp = row.get("created_at", row.get("timestamp"))
     created = timestamp_ms(stamp)
+    stamped = created is not None
     if created is None:
         if stamp is not None:  # a time that cannot be read must not silently become "now" and win
             raise Quarantined("bad_timestamp", f"created_at {stamp!r} is not epoch seconds/ms or ISO-8601")
@@ -132,7 +140,8 @@ def reward_events(row: dict[str, Any], now_ms: int) -> list[dict[str, Any]]:
     else:
         raise Quarantined("missing_value", "row has no name/value, reward, rewards or components field")
     return [
-        {"sample_id": sample_id, "name": name, "value": _number(v, name), "created_at": created} for name, v in pairs
+        {"sample_id": sample_id, "name": name, "value": _number(v, name), "created_at": created, "stamped": stamped}
+        for name, v in pairs
     ]
 
 
@@ -156,7 +165,9 @@ def ref_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"sample_id": sample_id, "ref_model": model, "ref_logprobs": array}
 
 
-def _rows(src: SourceFile) -> Iterator[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]:
+def _rows(
+    src: SourceFile, reader: LineReader
+) -> Iterator[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]:
     """(line, raw, row, error) for a JSONL, CSV or Parquet file; CSV/Parquet rows are numbered from 1 (header
     excluded)."""
     name = src.uri.lower()
@@ -172,14 +183,13 @@ def _rows(src: SourceFile) -> Iterator[tuple[int, bytes, dict[str, Any] | None, 
     if name.endswith(".csv"):
         fs, path = filesystem_for(src.uri)
         with fs.open_input_stream(path) as fh:
-            reader = pacsv.open_csv(fh)
             line = 0
-            for batch in reader:
+            for batch in pacsv.open_csv(fh):
                 for row in batch.to_pylist():
                     line += 1
                     yield line, repr(row).encode(), row, None
         return
-    yield from _json_rows(LineReader(src))
+    yield from _json_rows(reader)
 
 
 def _json_rows(
@@ -203,9 +213,20 @@ def _is_jsonl(uri: str) -> bool:
 
 
 def ingest_side_table(
-    sources: list[str], store: Store | str, *, kind: str, dry_run: bool = False, lock: bool = True
+    sources: list[str],
+    store: Store | str,
+    *,
+    kind: str,
+    dry_run: bool = False,
+    lock: bool = True,
+    partial_line_grace: float | None = None,
 ) -> SideIngestResult:
-    """Ingest reward events (``kind="rewards"``) or reference logprobs (``kind="ref"``) into ``store``."""
+    """Ingest reward events (``kind="rewards"``) or reference logprobs (``kind="ref"``) into ``store``.
+
+    Events already in the table are recognised by content (``event_id``, :mod:`prl.ingestion.event_ids`),
+    looked up in the table's event index, so a re-read, grown, rotated or renamed file adds exactly what is new.
+    ``partial_line_grace``: as in :func:`prl.ingestion.traces.ingest` (a JSONL file still being written keeps its
+    unfinished last line for a later run and is not marked consumed)."""
     table = KINDS[kind]
     store = open_store(store, create=True, writing=not dry_run)
     started = time.perf_counter()
@@ -213,42 +234,88 @@ def ingest_side_table(
     found = scan(sources)
     files = found.files
     result.problems = [asdict(p) for p in found.problems]
+    grace = io_sources.partial_line_grace() if partial_line_grace is None else partial_line_grace
     with holding(store.uri, f"ingest-{table}", enabled=lock and not dry_run):
         existing = store.open(table)
+        index = SampleIndex(store, write=not dry_run, spec=EVENT_INDEXES[table])
         for src in files:
             app_id = f"prl.source:{src.identity}"
             if existing is not None and existing.transaction_version(app_id) is not None:
                 result.unchanged_files += 1
                 continue
             result.files += 1
-            _ingest_one(src, store, table, result, dry_run, app_id)
+            _ingest_one(src, store, table, result, dry_run, app_id, index, grace)
         result.version = store.version(table)
     result.seconds = time.perf_counter() - started
     return result
 
 
+@dataclass
+class _FileRun:
+    """One side-table file being read: its rows' ids, what the table holds, what this file adds."""
+
+    src: SourceFile
+    table: str
+    index: SampleIndex
+    result: SideIngestResult
+    now_ms: int
+    occurrences: Occurrences = field(default_factory=Occurrences)
+    added: dict[str, str] = field(default_factory=dict)
+    """event_id → sample_id of the rows this file's commit adds."""
+
+    def item_id(self, item: dict[str, Any], stamped: bool) -> str:
+        """The ``event_id`` of one slow-path row (reward event or reference row), in file order."""
+        if self.table == "rewards":
+            content = reward_content(
+                item["sample_id"], item["name"], item["value"], item["created_at"] if stamped else None
+            )
+            return self.occurrences.ids([content])[0]
+        values = item["ref_logprobs"].to_numpy(zero_copy_only=False)
+        return ref_id(item["sample_id"], item["ref_model"], values)
+
+    def fresh(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The rows of ``batch`` not yet in the table (by ``event_id``; rows stored before ids existed by
+        position) nor earlier in this file; the others are counted as already present."""
+        ids = batch.column("event_id").to_pylist()
+        sample_ids = batch.column("sample_id").to_pylist()
+        legacy = [legacy_id(self.src.uri, line) for line in batch.column("source_line").to_pylist()]
+        known = self.index.lookup(ids + legacy)
+        keep = np.zeros(len(ids), dtype=bool)
+        for i, (event, old) in enumerate(zip(ids, legacy, strict=True)):
+            if event in known or old in known or event in self.added:
+                continue
+            keep[i] = True
+            self.added[event] = sample_ids[i]
+        self.result.already_present += int(len(ids) - keep.sum())
+        return batch if keep.all() else batch.filter(pa.array(keep))
+
+
 def _ingest_one(
-    src: SourceFile, store: Store, table: str, result: SideIngestResult, dry_run: bool, app_id: str
+    src: SourceFile,
+    store: Store,
+    table: str,
+    result: SideIngestResult,
+    dry_run: bool,
+    app_id: str,
+    index: SampleIndex,
+    grace: float,
 ) -> None:
     now_ms = int(time.time() * 1000)
-    done_lines = set(
-        store.read(table, columns=["source_line"], filter=ds.field("source_uri") == src.uri)
-        .column("source_line")
-        .to_pylist()
-    )
+    index.refresh()
+    run = _FileRun(src, table, index, result, now_ms)
     counts: Counter[str] = Counter()
     quarantined: list[dict[str, Any]] = []
     schema = REWARDS if table == "rewards" else REF_LOGPROBS
+    reader = LineReader(src, hold_partial=src.changed_within(grace))
 
     def events(
         rows: Iterable[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]],
     ) -> Iterator[dict[str, Any]]:
         for line, raw, row, error in rows:
-            if line in done_lines:
-                result.already_present += 1
-                continue
             try:
                 if error is not None:
+                    if reader.unterminated_line == line:
+                        error = Quarantined("truncated_line", "the file's last line is incomplete")
                     raise error
                 assert row is not None
                 produced = reward_events(row, now_ms) if table == "rewards" else [ref_row(row)]
@@ -257,62 +324,67 @@ def _ingest_one(
                 quarantined.append(quarantine_row(src.uri, line, table, raw, q, now_ms, table=table))
                 continue
             for item in produced:
-                item.update(source_uri=src.uri, source_line=line, ingested_at=now_ms)
+                stamped = item.pop("stamped", True)
+                item.update(
+                    source_uri=src.uri, source_line=line, ingested_at=now_ms, event_id=run.item_id(item, stamped)
+                )
                 yield item
 
     def batches() -> Iterator[pa.RecordBatch]:
         if table == "rewards" and _is_jsonl(src.uri):
-            yield from _reward_batches(src, now_ms, done_lines, result, events)
-            return
-        buffer: list[dict[str, Any]] = []
-        for item in events(_rows(src)):
-            buffer.append(item)
-            if len(buffer) >= BATCH_ROWS:
-                yield _batch(buffer, schema)
-                buffer = []
-        if buffer:
-            yield _batch(buffer, schema)
+            produced: Iterator[pa.RecordBatch] = _reward_batches(reader, run, events)
+        else:
+            produced = _row_batches(events(_rows(src, reader)), schema)
+        for batch in produced:
+            yield run.fresh(batch)
 
     pending = store.write_files(table, batches(), dry_run=dry_run)
     if quarantined:
         store.commit("quarantine", quarantine_batches(new_quarantine_rows(store, quarantined)), dry_run=dry_run)
-    pending.commit(
-        metadata={
-            "sources": [{"uri": src.uri, "size": src.size, "mtime_ns": src.mtime_ns}],
-            "command": f"ingest-{table}",
-        },
-        transactions={app_id: 1},
+    complete = not reader.held_back
+    entry = {"uri": src.uri, "size": src.size, "mtime_ns": src.mtime_ns}
+    if _is_jsonl(src.uri):
+        entry.update(bytes_consumed=reader.bytes_read - reader.held_back, complete=complete)
+    committed = pending.commit(  # a file still being written is not marked consumed: the next run reads it again
+        metadata={"sources": [entry], "command": f"ingest-{table}"},
+        transactions={app_id: 1} if complete else {},
     )
+    if not dry_run:
+        index.committed(committed.version, run.added)
     result.rows += pending.rows
+    result.held_back_bytes += reader.held_back
     for reason, count in counts.items():
         result.quarantined[reason] = result.quarantined.get(reason, 0) + count
 
 
+def _row_batches(items: Iterable[dict[str, Any]], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    buffer: list[dict[str, Any]] = []
+    for item in items:
+        buffer.append(item)
+        if len(buffer) >= BATCH_ROWS:
+            yield _batch(buffer, schema)
+            buffer = []
+    if buffer:
+        yield _batch(buffer, schema)
+
+
 def _reward_batches(
-    src: SourceFile,
-    now_ms: int,
-    done_lines: set[int],
-    result: SideIngestResult,
+    reader: LineReader,
+    run: _FileRun,
     events: Callable[
         [Iterable[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]], Iterator[dict[str, Any]]
     ],
 ) -> Iterator[pa.RecordBatch]:
     """Reward events of a JSONL source: blocks in the common shapes columnar (:mod:`prl.ingestion.rewards_columnar`),
-    any other block row by row through ``events``; rows of ``done_lines`` are counted as already present."""
-    done = np.fromiter(done_lines, dtype=np.int64, count=len(done_lines)) if done_lines else None
-    for first, block in LineReader(src).blocks():
-        fast = reward_block(block, first, src.uri, now_ms)
+    any other block row by row through ``events``."""
+    for first, block in reader.blocks():
+        fast = reward_block(block, first, run.src.uri, run.now_ms, run.occurrences)
         if fast is None:
             slow = list(events(_json_rows(lines_of([(first, block)]))))
             if slow:
                 yield _batch(slow, REWARDS)
             continue
-        batch, lines = fast
-        if done is not None:
-            fresh = ~np.isin(lines, done)
-            result.already_present += int((~fresh).sum())
-            batch = batch.filter(pa.array(fresh))
-        yield batch
+        yield fast[0]
 
 
 def _batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
@@ -324,6 +396,7 @@ def _batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:
             "source_uri": pa.array([r["source_uri"] for r in rows], pa.string()),
             "source_line": pa.array([r["source_line"] for r in rows], pa.int64()),
             "ingested_at": pa.array([r["ingested_at"] for r in rows], schema.field("ingested_at").type),
+            "event_id": pa.array([r["event_id"] for r in rows], pa.string()),
         }
         return pa.RecordBatch.from_pydict(columns, schema=schema)
     return pa.RecordBatch.from_pylist(rows, schema=schema)

@@ -31,6 +31,7 @@ import pyarrow.dataset as ds
 
 from prl.errors import ExitCode, UsageError
 from prl.formats.base import Quarantined
+from prl.ingestion.event_ids import ref_ids
 from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.schema import REF_LOGPROBS
 from prl.score.base import Backend, ScoreRequest
@@ -281,4 +282,5 @@ def _rows(kept: list[tuple[ScoreRequest, np.ndarray]], ref_model: str, source: s
         "source_line": pa.array(np.zeros(count, np.int64)),
         "ingested_at": pa.array(np.full(count, now_ms, np.int64)).cast(REF_LOGPROBS.field("ingested_at").type),
     }
+    columns["event_id"] = ref_ids(columns["sample_id"].to_pylist(), [ref_model] * count, columns["ref_logprobs"])
     return pa.RecordBatch.from_pydict(columns, schema=REF_LOGPROBS)

@@ -1,5 +1,8 @@
-"""The sample index: an exact ``sample_id → record_digest`` lookup whose cost follows the keys asked, not the
-traces table.
+"""Key indexes: exact ``id → value`` lookups whose cost follows the keys asked, not the table indexed.
+
+The sample index (``sample_id → record_digest`` of ``traces``) is described here; the event indexes of the side
+tables (``event_id → sample_id`` of ``rewards`` and ``ref_logprobs``, :data:`EVENT_INDEXES`) work the same way,
+each under its own table's writers.
 
 The index is a Delta table, ``STORE/_index/traces_keys``, with one row per traces row: ``key`` (a 64-bit
 blake2b of the sample ID), ``sample_id`` and ``record_digest``. A lookup reads only the ``key`` column (8 bytes
@@ -18,12 +21,13 @@ lock, so index commits follow traces commits one by one.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, WriterProperties, write_deltalake
@@ -52,20 +56,70 @@ def sample_keys(sample_ids: Iterable[str]) -> np.ndarray:
     return np.frombuffer(digests, dtype=">i8").astype(np.int64)
 
 
-def key_batch(sample_ids: pa.Array, digests: pa.Array) -> pa.RecordBatch:
-    """Index rows for aligned ``sample_ids`` and ``record_digest`` string arrays, sorted by key."""
+def key_batch(sample_ids: pa.Array, digests: pa.Array, schema: pa.Schema = KEYS) -> pa.RecordBatch:
+    """Index rows for aligned id (``sample_ids``) and value (``digests``) string arrays, sorted by key."""
     keys = sample_keys(sample_ids.to_pylist())
     order = np.argsort(keys, kind="stable")
-    return pa.RecordBatch.from_arrays([pa.array(keys[order]), sample_ids.take(order), digests.take(order)], schema=KEYS)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(keys[order]), sample_ids.take(order), digests.take(order)], schema=schema
+    )
+
+
+def _traces_rows(batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
+    return batch.column(0), batch.column(1)
+
+
+def _event_rows(batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
+    """Ids of side-table rows: ``event_id``, or for rows written before it existed (null) their position,
+    ``line:<source_uri>#<source_line>``, as those were recognised then."""
+    event_id, sample_id, uri, line = (batch.column(i) for i in range(4))
+    legacy = pc.binary_join_element_wise("line:", uri, "#", pc.cast(line, pa.string()), "")
+    return pc.if_else(pc.is_null(event_id), legacy, event_id), sample_id
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """What one index covers: ``table`` indexed into ``index_table``, whose rows are (``key``, ``id``,
+    ``value``) as ``schema`` names them; ``rows`` makes (id, value) arrays of a batch of ``columns`` of
+    ``table``; ``app`` names the index's Delta txn (``prl.index.<app>:<table id>``)."""
+
+    table: str
+    index_table: str
+    schema: pa.Schema
+    columns: tuple[str, ...]
+    rows: Callable[[pa.RecordBatch], tuple[pa.Array, pa.Array]]
+    app: str
+
+
+def _event_schema() -> pa.Schema:
+    fields = [("key", pa.int64()), ("event_id", pa.string()), ("sample_id", pa.string())]
+    return pa.schema([pa.field(name, typ, nullable=False) for name, typ in fields])
+
+
+TRACES_INDEX = IndexSpec("traces", INDEX_TABLE, KEYS, ("sample_id", "record_digest"), _traces_rows, "traces")
+EVENT_INDEXES = {
+    table: IndexSpec(
+        table,
+        f"_index/{table}_events",
+        _event_schema(),
+        ("event_id", "sample_id", "source_uri", "source_line"),
+        _event_rows,
+        table,
+    )
+    for table in ("rewards", "ref_logprobs")
+}
+"""The side tables' indexes: ``event_id`` (a content digest, see :mod:`prl.ingestion.event_ids`) → ``sample_id``."""
+INDEX_TABLES = (INDEX_TABLE, *(spec.index_table for spec in EVENT_INDEXES.values()))
 
 
 class SampleIndex:
-    """Exact lookups of sample IDs in ``traces`` (see the module docstring). ``write=False`` (a dry run) keeps
-    the rows of unindexed commits in memory instead of committing them."""
+    """Exact lookups of ids in an indexed table (see the module docstring; by default sample IDs in ``traces``).
+    ``write=False`` (a dry run) keeps the rows of unindexed commits in memory instead of committing them."""
 
-    def __init__(self, store: Store, *, write: bool = True) -> None:
+    def __init__(self, store: Store, *, write: bool = True, spec: IndexSpec = TRACES_INDEX) -> None:
         self.store = store
         self.write = write
+        self.spec = spec
         self.covered: int | None = None
         """The traces version the index (with :attr:`pending`) covers; None before :meth:`refresh`."""
         self.app_id: str | None = None
@@ -75,12 +129,13 @@ class SampleIndex:
     # --- keeping up with traces --------------------------------------------------------------------------
     def refresh(self) -> None:
         """Bring the index up to the current traces version (a no-op when it already is)."""
-        traces = self.store.open("traces")
+        spec = self.spec
+        traces = self.store.open(spec.table)
         if traces is None:
             return
         version = traces.version()
-        self.app_id = f"prl.index.traces:{traces.metadata().id}"
-        index = self.store.open(INDEX_TABLE)
+        self.app_id = f"prl.index.{spec.app}:{traces.metadata().id}"
+        index = self.store.open(spec.index_table)
         covered = None if index is None else index.transaction_version(self.app_id)
         if self.covered is not None and self.covered > (covered if covered is not None else -1):
             covered = self.covered  # rows this dry run holds in memory
@@ -88,11 +143,11 @@ class SampleIndex:
             self.covered = covered
             self._open()
             return
-        paths = None if covered is None else added_files(self.store, "traces", covered, version)
+        paths = None if covered is None else added_files(self.store, spec.table, covered, version)
         rebuild = paths is None
         if paths is None:
-            paths = snapshot_files(self.store, "traces", version)
-        rows = _rows_of(files_dataset(self.store, "traces", paths))
+            paths = snapshot_files(self.store, spec.table, version)
+        rows = _rows_of(files_dataset(self.store, spec.table, paths), spec)
         if self.write:
             self._commit(rows, version, overwrite=rebuild)
         else:
@@ -114,7 +169,7 @@ class SampleIndex:
             ids = pa.array(list(rows), pa.string())
             digests = pa.array(list(rows.values()), pa.string())
             if self.write:
-                self._commit([key_batch(ids, digests)], version, overwrite=False)
+                self._commit([key_batch(ids, digests, self.spec.schema)], version, overwrite=False)
                 self._open()
             else:
                 self.pending.update(rows)
@@ -124,15 +179,15 @@ class SampleIndex:
 
     def _commit(self, batches: Iterable[pa.RecordBatch], version: int, *, overwrite: bool) -> None:
         assert self.app_id is not None
-        reader = pa.RecordBatchReader.from_batches(KEYS, iter(batches))
+        reader = pa.RecordBatchReader.from_batches(self.spec.schema, iter(batches))
         props = CommitProperties(
             app_transactions=[Transaction(self.app_id, version)],
-            custom_metadata={"prl.operation": "index", "prl.traces_version": str(version)},
+            custom_metadata={"prl.operation": "index", f"prl.{self.spec.table}_version": str(version)},
             max_commit_retries=50,
         )
         try:
             write_deltalake(
-                self.store.table_uri(INDEX_TABLE),
+                self.store.table_uri(self.spec.index_table),
                 reader,
                 mode="overwrite" if overwrite else "append",
                 storage_options=self.store.options or None,
@@ -143,23 +198,24 @@ class SampleIndex:
             raise
         except BaseException as exc:  # OSError, or a panic of the Rust writer (a full disk): retryable
             raise RetryableIOError(
-                f"writing the sample index of {self.store.uri} failed: {describe_error(exc)}"
+                f"writing the {self.spec.table} index of {self.store.uri} failed: {describe_error(exc)}"
             ) from exc
         self.covered = version
 
     def _open(self) -> None:
         """Load the sorted keys of index files not loaded yet; forget files the snapshot no longer has."""
-        table = self.store.open(INDEX_TABLE)
+        table = self.store.open(self.spec.index_table)
         if table is None:
             self._files = {}
             return
         paths = [unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()]
-        root = self.store.table_path(INDEX_TABLE)
-        self._files = {p: self._files.get(p) or _KeyFile.load(self.store, f"{root}/{p}") for p in paths}
+        root = self.store.table_path(self.spec.index_table)
+        columns = list(self.spec.schema.names[1:])
+        self._files = {p: self._files.get(p) or _KeyFile.load(self.store, f"{root}/{p}", columns) for p in paths}
 
     # --- lookups -----------------------------------------------------------------------------------------
     def lookup(self, sample_ids: list[str]) -> dict[str, str]:
-        """``sample_id → record_digest`` for those of ``sample_ids`` that are in traces (as of :attr:`covered`).
+        """``id → value`` for those of ``sample_ids`` (ids) that are in the table (as of :attr:`covered`).
 
         Each index file's keys are held sorted in memory (12 bytes per stored sample, read once per run), so a
         batch costs a binary search per key and file; IDs and digests are read only for the row groups holding
@@ -186,21 +242,23 @@ class _KeyFile:
     keys_K: np.ndarray
     rows_K: np.ndarray | None
     group_starts: np.ndarray
+    columns: list[str]
+    """The id and value columns."""
 
     @classmethod
-    def load(cls, store: Store, path: str) -> _KeyFile:
+    def load(cls, store: Store, path: str, columns: list[str]) -> _KeyFile:
         with store.fs.open_input_file(path) as fh:
             parquet = pq.ParquetFile(fh)
             keys = parquet.read(columns=["key"]).column("key").to_numpy()
             sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
         starts = np.concatenate(([0], np.cumsum(sizes)))
         if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):  # per-commit files and maintained ones
-            return cls(path, keys, None, starts)
+            return cls(path, keys, None, starts, columns)
         order = np.argsort(keys, kind="stable")
-        return cls(path, keys[order], order.astype(np.int32), starts)
+        return cls(path, keys[order], order.astype(np.int32), starts, columns)
 
     def rows_for(self, store: Store, probe_N: np.ndarray) -> list[tuple[str, str]]:
-        """(sample_id, record_digest) of this file's rows whose key is in ``probe_N``."""
+        """(id, value) of this file's rows whose key is in ``probe_N``."""
         if not len(self.keys_K):
             return []
         at = np.searchsorted(self.keys_K, probe_N)
@@ -214,7 +272,7 @@ class _KeyFile:
         rows = np.unique(np.concatenate(spans) if self.rows_K is None else self.rows_K[np.concatenate(spans)])
         groups = np.unique(np.searchsorted(self.group_starts, rows, side="right") - 1)
         with store.fs.open_input_file(self.path) as fh:
-            table = pq.ParquetFile(fh).read_row_groups(groups.tolist(), columns=["sample_id", "record_digest"])
+            table = pq.ParquetFile(fh).read_row_groups(groups.tolist(), columns=self.columns)
         offsets = np.concatenate(([0], np.cumsum(np.diff(self.group_starts)[groups])))
         local = np.concatenate(
             [
@@ -226,11 +284,21 @@ class _KeyFile:
         return list(zip(picked.column(0).to_pylist(), picked.column(1).to_pylist(), strict=True))
 
 
-def _rows_of(dataset: ds.Dataset) -> Iterator[pa.RecordBatch]:
-    """Index rows of every row of some traces files, one sorted batch per read batch."""
-    for batch in dataset.to_batches(columns=["sample_id", "record_digest"], batch_size=READ_BATCH):
+def _rows_of(dataset: ds.Dataset, spec: IndexSpec) -> Iterator[pa.RecordBatch]:
+    """Index rows of every row of some files of the indexed table, one sorted batch per read batch."""
+    for batch in dataset.to_batches(columns=list(spec.columns), batch_size=READ_BATCH):
         if batch.num_rows:
-            yield key_batch(batch.column(0), batch.column(1))
+            ids, values = spec.rows(batch)
+            yield key_batch(ids, values, spec.schema)
 
 
-__all__ = ["INDEX_TABLE", "KEYS", "SampleIndex", "key_batch", "sample_keys"]
+__all__ = [
+    "EVENT_INDEXES",
+    "INDEX_TABLE",
+    "INDEX_TABLES",
+    "KEYS",
+    "IndexSpec",
+    "SampleIndex",
+    "key_batch",
+    "sample_keys",
+]

@@ -28,7 +28,7 @@ from deltalake import CommitProperties, DeltaTable, WriterProperties
 
 from prl.errors import ExitCode, RetryableIOError, UsageError
 from prl.schema import TABLES
-from prl.store.index import INDEX_TABLE, ROW_GROUP_ROWS
+from prl.store.index import INDEX_TABLES, ROW_GROUP_ROWS
 from prl.store.locks import holding
 from prl.store.tables import Store, describe_error
 
@@ -36,7 +36,7 @@ DEFAULT_RETENTION_HOURS = 168
 """Delta's own default: a reader may stay pinned at a version for a week."""
 MIN_RETENTION_HOURS = 1
 DEFAULT_TARGET_MB = 128
-MAINTAINED = (*TABLES, INDEX_TABLE)
+MAINTAINED = (*TABLES, *INDEX_TABLES)
 
 
 @dataclass
@@ -124,7 +124,7 @@ def _compact(table: DeltaTable, name: str, target_mb: int, props: CommitProperti
     """Small files into ``target_mb`` files; the sample index is rewritten sorted by key (``z_order`` on one
     column sorts), in row groups whose key ranges prune lookups."""
     target = target_mb * 1024 * 1024
-    if name == INDEX_TABLE:
+    if name in INDEX_TABLES:
         writer = WriterProperties(compression="ZSTD", max_row_group_size=ROW_GROUP_ROWS)
         return table.optimize.z_order(["key"], target_size=target, writer_properties=writer, commit_properties=props)
     return table.optimize.compact(target_size=target, commit_properties=props)

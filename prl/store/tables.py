@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from deltalake import DeltaTable
+from deltalake import DeltaTable, Field
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from prl.errors import RetryableIOError
@@ -204,7 +204,7 @@ class Store:
         """Open the table, creating it empty with its schema when missing (idempotent, race-safe)."""
         table = self.open(name)
         if table is not None:
-            return table
+            return self._upgraded(table, name)
         holder.ensure_held(self.location)  # creating a table is a commit too
         try:
             return DeltaTable.create(
@@ -219,6 +219,26 @@ class Store:
             if table is None:
                 raise RetryableIOError(f"creating table {name!r} in {self.uri} failed: {describe_error(exc)}") from exc
             return table
+
+    def _upgraded(self, table: DeltaTable, name: str) -> DeltaTable:
+        """A table created by an older prl gets the nullable columns added since (one schema commit); its
+        older rows read them as null."""
+        have = {f.name for f in table.schema().fields}
+        missing = [f for f in TABLES[name] if f.name not in have]
+        if not missing:
+            return table
+        if any(not f.nullable for f in missing):
+            raise RetryableIOError(f"table {name!r} in {self.uri} lacks required columns {[f.name for f in missing]}")
+        holder.ensure_held(self.location)
+        try:
+            table.alter.add_columns([Field.from_arrow(f) for f in missing])
+        except (OSError, DeltaError) as exc:
+            again = self.open(name)  # another process added them first
+            if again is None or any(f.name not in {g.name for g in again.schema().fields} for f in missing):
+                raise RetryableIOError(
+                    f"adding columns to {name!r} in {self.uri} failed: {describe_error(exc)}"
+                ) from exc
+        return self.open(name) or table
 
     def write_files(self, name: str, batches: Iterable[pa.RecordBatch], dry_run: bool = False) -> PendingCommit:
         """Stream ``batches`` into new Parquet files of table ``name`` (invisible until committed; see

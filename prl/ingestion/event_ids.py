@@ -1,0 +1,110 @@
+"""Content identity of side-table events: what ``rewards.event_id`` and ``ref_logprobs.event_id`` hold.
+
+A reward event is its sample, name, value and event time as the source wrote it (none when the row had no
+``created_at``: the ingest time that fills it in is not part of the event); a reference row is its sample,
+reference model and logprobs (float32). Identical events of one file are told apart by their occurrence: the
+n-th identical event of a file (n = 0, 1, …, in file order) has its own id. So a file read again (a rerun, a
+grown file, a rotated file holding earlier lines, a renamed copy) yields the ids already stored for what it
+held before and new ids for everything new, wherever its lines moved. An id is the 128-bit blake2b of that
+content, as 32 hex digits.
+
+One limit follows from identity by content: the n-th occurrence of an event without a time in one file and the
+n-th identical one in another file are one event. Events meant as separate facts should carry ``created_at``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import Counter
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+
+SEP = b"\x1f"
+
+
+def _digest(content: bytes) -> str:
+    return hashlib.blake2b(content, digest_size=16).hexdigest()
+
+
+def reward_content(sample_id: str, name: str, value: float, created_ms: int | None) -> bytes:
+    """The bytes a reward event is identified by (value as its IEEE-754 float64 bits)."""
+    stamp = b"-" if created_ms is None else str(created_ms).encode()
+    return SEP.join([b"reward", sample_id.encode(), name.encode(), struct.pack(">d", value), stamp])
+
+
+def ref_content(sample_id: str, ref_model: str, ref_logprobs_T: np.ndarray) -> bytes:
+    """The bytes a reference row is identified by (logprobs as little-endian float32)."""
+    values = np.ascontiguousarray(ref_logprobs_T, dtype="<f4").tobytes()
+    return SEP.join([b"ref", sample_id.encode(), ref_model.encode(), values])
+
+
+def _occurrence_id(content: bytes, n: int) -> str:
+    return _digest(hashlib.blake2b(content, digest_size=16).digest() + SEP + str(n).encode())
+
+
+def reward_id(sample_id: str, name: str, value: float, created_ms: int | None) -> str:
+    """The ``event_id`` of a reward event that occurs once in its source (a reward a trace record carries)."""
+    return _occurrence_id(reward_content(sample_id, name, value, created_ms), 0)
+
+
+class Occurrences:
+    """Event ids of one file, in file order: each content with the number of identical contents before it.
+
+    Memory: one counter entry per distinct event of the file (its 16-byte digest)."""
+
+    def __init__(self) -> None:
+        self._seen: Counter[bytes] = Counter()
+
+    def ids(self, contents: Iterable[bytes]) -> list[str]:
+        out = []
+        for content in contents:
+            key = hashlib.blake2b(content, digest_size=16).digest()
+            n = self._seen[key]
+            self._seen[key] = n + 1
+            out.append(_digest(key + SEP + str(n).encode()))
+        return out
+
+
+def reward_ids(batch: pa.RecordBatch, stamped: list[bool], occurrences: Occurrences) -> pa.Array:
+    """``event_id`` of each row of a ``rewards`` batch (string[N]); ``stamped[i]``: row i's time came from the
+    source (else it is the ingest time and not part of the event)."""
+    created = batch.column("created_at").cast(pa.int64()).to_pylist()
+    contents = (
+        reward_content(sid, name, value, ms if given else None)
+        for sid, name, value, ms, given in zip(
+            batch.column("sample_id").to_pylist(),
+            batch.column("name").to_pylist(),
+            batch.column("value").to_pylist(),
+            created,
+            stamped,
+            strict=True,
+        )
+    )
+    return pa.array(occurrences.ids(contents), pa.string())
+
+
+def ref_id(sample_id: str, ref_model: str, ref_logprobs_T: np.ndarray) -> str:
+    """The ``event_id`` of one reference row."""
+    return _digest(ref_content(sample_id, ref_model, ref_logprobs_T))
+
+
+def ref_ids(sample_ids: list[str], models: list[str], ref_logprobs: pa.Array) -> pa.Array:
+    """``event_id`` of reference rows (string[N]): identical rows are one event, so no occurrence count."""
+    offsets = ref_logprobs.offsets.to_numpy()
+    values = ref_logprobs.values.to_numpy(zero_copy_only=False)
+    ids = [
+        ref_id(sid, model, values[offsets[i] : offsets[i + 1]])
+        for i, (sid, model) in enumerate(zip(sample_ids, models, strict=True))
+    ]
+    return pa.array(ids, pa.string())
+
+
+def legacy_id(uri: str, line: int) -> str:
+    """The id under which rows written before ``event_id`` existed are indexed: their position."""
+    return f"line:{uri}#{line}"
+
+
+__all__ = ["Occurrences", "legacy_id", "ref_content", "ref_id", "ref_ids", "reward_content", "reward_id", "reward_ids"]

@@ -79,6 +79,9 @@ class RawRecord:
     raw: bytes
     obj: Any = None
     error: Quarantined | None = None
+    unfinished: int | None = None
+    """Set on a record still open where its source ends (an SSE stream before its ``[DONE]``): the source bytes
+    it spans, from its first line to the end. A reader of a file still being written leaves it for a later run."""
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ from prl.formats.guard import as_quarantined, read_record, source_position
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.batch import Checked, check_and_assemble
 from prl.ingestion.inline_rewards import inline_reward_rows, reward_batches
+from prl.ingestion.ledger import ledger_entry
 from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, IngestResult
 from prl.io import sources as io_sources
@@ -126,6 +127,7 @@ def ingest(
     ``partial_line_grace`` (seconds; default ``PRL_PARTIAL_LINE_GRACE`` or 300): a plain file that ends mid-line
     and changed more recently than this is still being written; its last line is not consumed (the ledger
     records the bytes read and the file is read again by the next run). Older, the line is ``truncated_line``.
+    The same for an SSE stream still open where such a file ends (left whole; older, ``truncated_stream``).
     """
     if format != "auto":
         registry.by_name(format)  # fail fast on an unknown name
@@ -242,12 +244,12 @@ def _ingest_file(
         fmt, records = _framed(reader, format, src.uri)
     except _EmptySource:  # consumed with no records; if it grows, its identity changes and it is read again
         report.status = "empty"
-        state.ledger.append(_ledger_entry(src, reader, None, report))
+        state.ledger.append(ledger_entry(src, reader, None, report))
         return
     except FormatDetectionError as exc:
         if reader.truncated:  # nothing decodable before the damage: record the damage, not a format error
             _record_truncation(src, reader, report, state, now_ms, None)
-            state.ledger.append(_ledger_entry(src, reader, None, report))
+            state.ledger.append(ledger_entry(src, reader, None, report))
             return
         report.status, report.error = "failed", str(exc)
         return
@@ -258,6 +260,7 @@ def _ingest_file(
     raws: list[bytes] = []
     tokens = 0
     last_progress = 0
+    held_tail = 0  # bytes of a record still open where the file ends, left for a later run
 
     def quarantine(
         line: int, raw: bytes, q: Quarantined, sample_id: str | None = None, name: str = fmt.name, table: str = "traces"
@@ -275,6 +278,9 @@ def _ingest_file(
             yield batch
 
     for record in records:
+        if record.unfinished is not None and reader.hold_partial and reader.compression == "none":
+            held_tail = record.unfinished  # an SSE stream still being written: the next run reads it whole
+            continue
         report.records += 1
         if record.error is not None:
             if reader.unterminated_line == record.line:
@@ -315,7 +321,7 @@ def _ingest_file(
         report.format = "mixed"
     if reader.truncated:
         _record_truncation(src, reader, report, state, now_ms, fmt.name)
-    state.ledger.append(_ledger_entry(src, reader, report.format, report))
+    state.ledger.append(ledger_entry(src, reader, report.format, report, held_tail))
 
 
 def _apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:
@@ -340,22 +346,6 @@ def _record_truncation(
     q = Quarantined("truncated_input", reader.truncated)
     state.quarantine_rows.append(quarantine_row(src.uri, report.records + 1, fmt, b"", q, now_ms))
     report.quarantined["truncated_input"] = report.quarantined.get("truncated_input", 0) + 1
-
-
-def _ledger_entry(src: SourceFile, reader: LineReader, fmt: str | None, report: FileReport) -> dict[str, Any]:
-    report.sha256 = reader.sha256 or None
-    report.held_back_bytes = reader.held_back
-    return {
-        "uri": src.uri,
-        "size": src.size,
-        "mtime_ns": src.mtime_ns,
-        "sha256": reader.sha256,
-        "format": fmt,
-        "records": report.records,
-        "samples": report.samples,
-        "bytes_consumed": reader.bytes_read - reader.held_back,
-        "complete": not reader.held_back,
-    }
 
 
 def _dedup_and_assemble(

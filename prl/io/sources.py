@@ -411,14 +411,15 @@ class LineReader:
             raise RetryableIOError(f"reading {self.source.uri} again failed: {exc}") from exc
 
 
-def lines_of(blocks: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+def lines_of(blocks: Iterable[tuple[int, bytes]], strip_cr: bool = True) -> Iterator[tuple[int, bytes]]:
     """``(line_number, line)`` pairs of blocks as :meth:`LineReader.blocks` yields them: lines without their
-    ``\\n`` and without trailing ``\\r``, blank lines included. No Python code runs per line."""
+    ``\\n`` and (unless not ``strip_cr``) without trailing ``\\r``, blank lines included. No Python code runs
+    per line."""
     for first, block in blocks:
         lines = block.split(b"\n")
         if not lines[-1]:
             lines.pop()  # the empty piece after the block's final newline
-        if b"\r" in block:
+        if strip_cr and b"\r" in block:
             lines = [line.rstrip(b"\r") for line in lines]
         yield from zip(range(first, first + len(lines)), lines)
 

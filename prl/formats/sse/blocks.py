@@ -155,7 +155,7 @@ def _batches(blocks: Iterable[tuple[int, bytes]]) -> Iterator[list[RawRecord]]:
     held = 0  # source bytes framed into out
     for first, block in blocks:
         if b"\r" in block:  # lines to strip: the line framer does it exactly
-            out.extend(framer.feed(lines_of([*pending, (first, block)])))
+            out.extend(framer.feed(lines_of([*pending, (first, block)], strip_cr=False)))
             held += pending_bytes + len(block)
             pending, pending_bytes = [], 0
         else:
@@ -170,7 +170,7 @@ def _batches(blocks: Iterable[tuple[int, bytes]]) -> Iterator[list[RawRecord]]:
                 if record is not None:
                     out.append(record)
                 else:
-                    out.extend(framer.feed(lines_of([(line_no, segment)])))
+                    out.extend(framer.feed(lines_of([(line_no, segment)], strip_cr=False)))
                 held += len(segment)
                 line_no += newlines
                 start = end
@@ -178,12 +178,12 @@ def _batches(blocks: Iterable[tuple[int, bytes]]) -> Iterator[list[RawRecord]]:
                 pending.append((line_no if start else first, block[start:]))
                 pending_bytes += len(block) - start
                 if framer.open or pending_bytes > CARRY_LIMIT:
-                    out.extend(framer.feed(lines_of(pending)))
+                    out.extend(framer.feed(lines_of(pending, strip_cr=False)))
                     held += pending_bytes
                     pending, pending_bytes = [], 0
         if held >= BULK_BYTES:
             yield out
             out, held = [], 0
-    out.extend(framer.feed(lines_of(pending)))
+    out.extend(framer.feed(lines_of(pending, strip_cr=False)))
     out.extend(framer.finish())
     yield out

@@ -58,6 +58,8 @@ class _Stream:
         self.numbers: list[int] = []
         self.stream_id: Any = None
         self.error: Quarantined | None = None
+        self.nbytes = 0
+        """Source bytes from the stream's first line up to the last line fed (newlines included)."""
         self.prefix = _NO_PREFIX
         """The ``data: {"id":"<stream id>"`` bytes that prove a line belongs to this stream."""
 
@@ -96,7 +98,8 @@ class LineFramer:
         return self.stream is not None
 
     def feed(self, lines: Iterable[tuple[int, bytes]]) -> Iterator[RawRecord]:
-        """The records that end within ``lines`` (numbered lines, without their newlines)."""
+        """The records that end within ``lines`` (numbered lines, without their newlines; a ``\\r`` left at the
+        end of a line counts in the stream's :attr:`_Stream.nbytes` and is otherwise ignored)."""
         stream = self.stream
         prefix = _NO_PREFIX if stream is None else stream.prefix  # the current stream's, once known
         after_prefix = len(prefix)
@@ -104,7 +107,9 @@ class LineFramer:
         if stream is not None:
             add_line, add_number = stream.lines.append, stream.numbers.append  # type: ignore[assignment]
         escapes = _ID_ESCAPES
+        size = 0  # bytes of the lines fed while the current stream was open, not yet added to its nbytes
         for line_no, raw in lines:
+            size += len(raw) + 1
             if not raw:  # the blank line after every event
                 continue
             line = raw.strip()
@@ -116,7 +121,8 @@ class LineFramer:
             if line[:5] != b"data:":
                 if not line or line[:1] == b":" or line.startswith(_SKIPPED_FIELDS):
                     continue
-                yield RawRecord(line_no, raw, None, Quarantined("malformed_sse", "line is not an SSE 'data:' field"))
+                bad = raw.rstrip(b"\r")
+                yield RawRecord(line_no, bad, None, Quarantined("malformed_sse", "line is not an SSE 'data:' field"))
                 continue
             payload = payload_of(line)
             if payload == b"[DONE]":
@@ -124,6 +130,7 @@ class LineFramer:
                     self.stream = None
                     yield stream.record(line)
                     stream, prefix, after_prefix = None, _NO_PREFIX, len(_NO_PREFIX)
+                size = 0
                 continue
             chunk, error = decode_chunk(payload, line_no)
             chunk_id = id_of_chunk(chunk)
@@ -139,12 +146,18 @@ class LineFramer:
             if stream is None:
                 stream = self.stream = _Stream(line_no)
                 add_line, add_number = stream.lines.append, stream.numbers.append  # type: ignore[assignment]
+                size = len(raw) + 1  # what came before the stream's first line is not the stream's
             stream.add(line_no, line, chunk, error)
             prefix = stream.prefix
             after_prefix = len(prefix)
+        if stream is not None:
+            stream.nbytes += size
 
     def finish(self) -> Iterator[RawRecord]:
-        """The stream still open at the end of the source (cut before its ``[DONE]``), if any."""
+        """The stream still open at the end of the source (cut before its ``[DONE]``), if any, with the bytes of
+        its lines fed as :attr:`RawRecord.unfinished`."""
         if self.stream is not None:
             stream, self.stream = self.stream, None
-            yield stream.record(None)
+            record = stream.record(None)
+            record.unfinished = stream.nbytes
+            yield record

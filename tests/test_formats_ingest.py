@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 
 import polars as pl
 import pytest
@@ -22,6 +24,8 @@ def _quarantine(store) -> pl.DataFrame:
 def test_sse_capture(store, tmp_path):
     path = tmp_path / "capture.sse"
     shutil.copy(FIXTURES / "sse/streams.sse", path)
+    old = time.time_ns() - 3600 * 10**9  # a capture that stopped: its last stream, cut, is quarantined
+    os.utime(path, ns=(old, old))
     result = ingest([str(path)], store, max_quarantine_rate=None)
     assert result.files[0].format == "sse"
     rows = _rows(store)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prl.export.tinker import datum_arrays
-from prl.shards.merge import combine_rewards, merge_turns, token_advantages
+from prl.shards.merge import combine_rewards, gather_column, merge_turns, token_advantages
 
 NOT_SAMPLED = None
 
@@ -237,3 +237,15 @@ def test_tinker_export_of_merged_rows_equals_trajectory_to_data():
     want = reference_trajectory_to_data(transitions, np.float32(advantage).item())
     assert merged.rows == 2 and len(want) == 2
     assert got == want
+
+
+def test_gather_column_lays_turn_columns_on_the_rows():
+    turns = [([1], [2, 3]), ([1, 2, 3, 4], [5]), ([1, 2, 3, 4, 5, 6], [7, 8])]
+    merged, _ = merge(turns)
+    c_off = np.array([0, 2, 3, 5])
+    logprobs = pa.array([[-0.5, -0.25], [-1.0], [None, -2.0]], pa.list_(pa.float32()))
+    assert gather_column(logprobs, c_off, merged).to_pylist() == [[-0.5, -0.25, None, -1.0, None, None, -2.0]]
+    heads = pa.array([[[2, 9], [3, 9]], None, [[7, 1], [8, 1]]], pa.list_(pa.list_(pa.int32())))
+    assert gather_column(heads, c_off, merged).to_pylist() == [[[2, 9], [3, 9], None, None, None, [7, 1], [8, 1]]]
+    chunked = pa.chunked_array([logprobs.slice(0, 1), logprobs.slice(1)])
+    assert gather_column(chunked, c_off, merged).equals(gather_column(logprobs, c_off, merged))

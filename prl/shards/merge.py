@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from prl.checks.prefix import CLEAN, REALIGN, classify_prefix
 
@@ -202,3 +203,22 @@ def token_advantages(advantage_R: np.ndarray, rows: MergedRows, mask_M: np.ndarr
     per = np.repeat(advantage_R.astype(np.float32), np.diff(rows.region_off_R1))
     keep = rows.sampled_M if mask_M is None else rows.sampled_M & mask_M
     return np.where(keep, per, np.float32(0.0))
+
+
+def gather_column(column: pa.Array | pa.ChunkedArray, completion_off_N1: np.ndarray, rows: MergedRows) -> pa.ListArray:
+    """A completion-aligned list column of the turns (``completion_logprobs``, ``completion_mask``, ``topk_ids``,
+    ``ref_logprobs``, …; one list per turn, null or of the completion's length) as the merged rows' column: one list
+    per row over its region, null where the position is not a sampled token or the turn's list is null. One take."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks else pa.array([], column.type)
+    offsets = column.offsets.to_numpy().astype(np.int64)
+    values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets -= offsets[0]
+    src = rows.source_M
+    sampled = src >= 0
+    turn = np.searchsorted(completion_off_N1, np.where(sampled, src, 0), side="right") - 1
+    pos = src - completion_off_N1[turn]
+    present = column.is_valid().to_numpy(zero_copy_only=False)[turn] & (pos < np.diff(offsets)[turn])
+    keep = sampled & present
+    index = pa.array(np.where(keep, offsets[turn] + pos, 0), pa.int64(), mask=~keep)
+    return pa.ListArray.from_arrays(pa.array(rows.region_off_R1, pa.int32()), values.take(index))

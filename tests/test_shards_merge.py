@@ -4,13 +4,14 @@ built from, slime's REALIGN, FORK boundaries, rewards, and tinker-cookbook's tra
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prl.export.tinker import datum_arrays
-from prl.shards.merge import combine_rewards, gather_column, merge_turns, token_advantages
+from prl.shards.merge import combine_rewards, gather_column, merge_turns, plan_units, token_advantages
 
 NOT_SAMPLED = None
 
@@ -249,3 +250,55 @@ def test_gather_column_lays_turn_columns_on_the_rows():
     assert gather_column(heads, c_off, merged).to_pylist() == [[[2, 9], [3, 9], None, None, None, [7, 1], [8, 1]]]
     chunked = pa.chunked_array([logprobs.slice(0, 1), logprobs.slice(1)])
     assert gather_column(chunked, c_off, merged).equals(gather_column(logprobs, c_off, merged))
+
+
+def plan_frame(rows):
+    """Candidate turns: (sample_id, agent, turn, kept, prefix_status, score, prompt_len, completion_len)."""
+    n = len(rows)
+    cols = list(zip(*rows, strict=True))
+    return pl.DataFrame(
+        {
+            "row": list(range(n)),
+            "sample_id": cols[0],
+            "request_id": cols[0],
+            "session_id": ["s"] * n,
+            "agent_id": cols[1],
+            "turn": cols[2],
+            "created_at": [None] * n,
+            "source_uri": ["file:///a"] * n,
+            "source_line": list(range(n)),
+            "kept": cols[3],
+            "prefix_status": cols[4],
+            "group_id": ["g-" + s for s in cols[0]],
+            "score": cols[5],
+            "prompt_len": cols[6],
+            "completion_len": cols[7],
+        },
+        schema_overrides={"turn": pl.Int32, "created_at": pl.Int64, "prefix_status": pl.String},
+    )
+
+
+def test_plan_units_follow_prefix_status_and_kept_predecessors():
+    plan = plan_frame(
+        [
+            ("p0", "planner", 0, True, None, 0.0, 10, 5),
+            ("w0", "worker", 0, True, None, 0.2, 8, 4),
+            ("p1", "planner", 1, True, "CLEAN", 1.0, 20, 6),
+            ("w1", "worker", 1, True, "CLEAN", 0.4, 16, 3),
+            ("w2", "worker", 2, False, "FORK", 0.0, 30, 2),  # dropped (drift): the worker's row ends before it
+            ("w3", "worker", 3, True, "CLEAN", 0.9, 40, 7),
+            ("p2", "planner", 2, True, "REALIGN", 0.5, 29, 4),
+        ]
+    )
+    units = plan_units(plan, "last")
+    got = units.select("sample_id", "group_id", "score", "prompt_len", "completion_len", "turns").rows()
+    assert sorted(got) == [
+        ("p0", "g-p0", 0.5, 10, 29 + 4 - 10, 3),
+        ("w0", "g-w0", 0.4, 8, 16 + 3 - 8, 2),
+        ("w3", "g-w3", 0.9, 40, 7, 1),
+    ]
+    rows = {r[0]: r[1] for r in units.select("sample_id", "turn_rows").rows()}
+    assert rows == {"p0": [0, 2, 6], "w0": [1, 3], "w3": [5]}
+    assert sorted(plan_units(plan, "sum").get_column("score").to_list()) == [0.6000000000000001, 0.9, 1.5]
+    with pytest.raises(ValueError, match="reward mode"):
+        plan_units(plan, "first")

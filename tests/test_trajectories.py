@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from prl.checks import check_tokens
-from prl.checks.history import order_steps, with_order_keys
+from prl.checks.history import order_steps, trajectory_order, with_order_keys
 from prl.formats.agents import agent_of
 from prl.formats.fields import finer_ms
 from prl.ingestion.traces import ingest
@@ -342,3 +342,21 @@ def test_ingest_takes_the_agent_and_the_request_milliseconds(tmp_path):
     ingest([str(src)], store2, agent_field="agent")
     agents = sorted(store2.read("traces", columns=["agent_id"]).column("agent_id").to_pylist(), key=str)
     assert agents == [None, None, "worker"]
+
+
+def test_trajectory_order_for_merging():
+    df = pl.concat(
+        [
+            keys(sample_id=["b2", "a0", "b1", "a1"], agent_id=["b", "a", "b", "a"], turn=[2, 0, 1, 1]),
+            keys(sample_id=["solo"], session_id=[None]),
+            keys(sample_id=["u0", "un"], session_id=["s2", "s2"], created_at=[1000, None]),
+        ]
+    )
+    out = trajectory_order(df)
+    names = df.get_column("sample_id").to_list()
+    groups: dict[int, list[str]] = {}
+    for r, t in out.iter_rows():
+        groups.setdefault(t, []).append(names[r])
+    assert sorted(groups.values()) == [["a0", "a1"], ["b1", "b2"], ["solo"], ["u0"], ["un"]]
+    assert sorted(out.get_column("row").to_list()) == list(range(df.height))
+    assert out.get_column("trajectory").is_sorted()  # a trajectory's rows are consecutive

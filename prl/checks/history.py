@@ -239,3 +239,20 @@ def previous_for(index: pl.DataFrame, sample_ids: list[str]) -> tuple[list[list[
     probe = pl.DataFrame({"sample_id": sample_ids, "_i": np.arange(len(sample_ids))})
     joined = probe.join(index, on="sample_id", how="left").sort("_i")
     return joined.get_column("previous").to_list(), joined.get_column("undetermined").to_list()
+
+
+def trajectory_order(keys: pl.DataFrame) -> pl.DataFrame:
+    """The order in which turns merge (``[shards] merge_turns``): ``keys`` holds the ``KEY_COLUMNS`` and
+    ``prompt_len`` of N rows; returns DataFrame(row: int64 index into ``keys``, trajectory: int64) with every row
+    once, a trajectory's rows consecutive and in their order (:func:`order_steps`' keys). Rows without a session,
+    and rows whose predecessor cannot be determined, are trajectories of their own."""
+    df = with_order_keys(keys.with_row_index("row").with_columns(pl.col("row").cast(pl.Int64)))
+    alone = pl.col("session_id").is_null() | pl.col("undetermined").is_not_null()
+    df = df.with_columns(
+        pl.when(pl.col("_turns")).then(pl.col("turn").cast(pl.Int64)).alias("_k_turn"),
+        pl.when(pl.col("_tie")).then(pl.col("prompt_len")).alias("_k_plen"),
+        pl.when(alone).then(pl.col("row")).alias("_alone"),
+    )
+    df = df.sort([*TRAJECTORY, "_alone", *_STEP_KEYS, "sample_id"], nulls_last=True)
+    changed = [pl.col(c).ne_missing(pl.col(c).shift(1)) for c in [*TRAJECTORY, "_alone"]]
+    return df.select("row", pl.any_horizontal(changed).fill_null(True).cum_sum().cast(pl.Int64).alias("trajectory"))

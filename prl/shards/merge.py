@@ -28,8 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 
+from prl.checks.history import KEY_COLUMNS, trajectory_order
 from prl.checks.prefix import CLEAN, REALIGN, classify_prefix
 
 REWARD_MODES = ("last", "sum", "mean")
@@ -222,3 +224,44 @@ def gather_column(column: pa.Array | pa.ChunkedArray, completion_off_N1: np.ndar
     keep = sampled & present
     index = pa.array(np.where(keep, offsets[turn] + pos, 0), pa.int64(), mask=~keep)
     return pa.ListArray.from_arrays(pa.array(rows.region_off_R1, pa.int32()), values.take(index))
+
+
+def plan_units(plan: pl.DataFrame, reward_mode: str = "last") -> pl.DataFrame:
+    """Which turns ship as one merged row, decided without tokens (for the build's plan).
+
+    ``plan``: one row per candidate turn with ``row`` (the scan row), ``kept`` (bool: it passed every filter),
+    ``prefix_status`` (from ``prl check-tokens``: CLEAN / REALIGN / FORK / null), ``sample_id``, ``group_id``,
+    ``score``, ``prompt_len``, ``completion_len`` and the order keys of :data:`prl.checks.history.KEY_COLUMNS`.
+    A kept turn continues the row of the turn before it in its trajectory when that turn is kept too and its own
+    status is CLEAN or REALIGN; anything else (a FORK, an unchecked turn, a dropped or already shipped
+    predecessor) starts a row. Returns one row per merged row: ``unit`` (int64), its first turn's ``sample_id``,
+    ``group_id`` and ``prompt_len``, ``score`` combined over its turns (``reward_mode``), ``completion_len`` (its
+    tokens after the first prompt: the last turn's prompt + completion minus the first prompt), ``turn_rows``
+    (list of the turns' ``row``, in order) and ``turns``."""
+    if reward_mode not in REWARD_MODES:
+        raise ValueError(f"reward mode must be one of {', '.join(REWARD_MODES)}, not {reward_mode!r}")
+    order = trajectory_order(plan.select(*KEY_COLUMNS, "prompt_len"))
+    df = plan[order.get_column("row").to_numpy()].with_columns(order.get_column("trajectory"))
+    joins = (
+        pl.col("kept")
+        & pl.col("kept").shift(1).fill_null(False)
+        & (pl.col("trajectory") == pl.col("trajectory").shift(1)).fill_null(False)
+        & pl.col("prefix_status").is_in([CLEAN, REALIGN]).fill_null(False)
+    )
+    df = df.with_columns((~joins).cum_sum().cast(pl.Int64).alias("unit")).filter(pl.col("kept"))
+    combined = {"last": pl.col("score").last(), "sum": pl.col("score").sum(), "mean": pl.col("score").mean()}
+    return (
+        df.group_by("unit", maintain_order=True)
+        .agg(
+            pl.col("sample_id").first(),
+            pl.col("group_id").first(),
+            combined[reward_mode].alias("score"),
+            pl.col("prompt_len").first(),
+            (pl.col("prompt_len").last() + pl.col("completion_len").last() - pl.col("prompt_len").first()).alias(
+                "completion_len"
+            ),
+            pl.col("row").alias("turn_rows"),
+            pl.len().cast(pl.Int64).alias("turns"),
+        )
+        .sort("unit")
+    )

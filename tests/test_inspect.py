@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from prl.report import console as report
-from prl.schema import TRACES
 from prl.report.inspect import histogram, inspect, inspect_shards, inspect_store
 from prl.schema import TRACES
 from prl.shards.build import build_shards

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prl.export.tinker import datum_arrays
+from prl.loaders.rows import Rows
+from prl.loaders.tinker import tinker_arrays
 from prl.shards.merge import combine_rewards, gather_column, merge_turns, plan_units, token_advantages
 
 NOT_SAMPLED = None
@@ -221,9 +222,23 @@ def test_tinker_export_of_merged_rows_equals_trajectory_to_data():
             "prompt_len": pa.array(merged.prompt_len_R.astype(np.int32)),
             "behavior_logprobs": pa.ListArray.from_arrays(region, pa.array(lp_M, mask=~sampled)),
             "token_advantages": pa.ListArray.from_arrays(region, pa.array(adv_M)),
+            "loss_mask": pa.ListArray.from_arrays(region, pa.array(sampled)),
+            "sample_id": pa.array([f"r{i}" for i in range(merged.rows)]),
+            "group_id": pa.array(["g"] * merged.rows),
+            "policy_version": pa.array(["v"] * merged.rows),
+            "reward": pa.array([advantage] * merged.rows),
+            "advantage": pa.array([advantage] * merged.rows),
+            "group_size": pa.array([1] * merged.rows),
         }
     )
-    tokens_T, tok_off, lp_J, adv_J, j_off = datum_arrays(table)
+    datums = tinker_arrays(Rows.from_arrow(table))
+    tokens_T, tok_off, lp_J, adv_J, j_off = (
+        datums.tokens_T,
+        datums.tok_off_N1,
+        datums.logprobs_J,
+        datums.advantages_J,
+        datums.j_off_N1,
+    )
     got = [
         (
             tokens_T[tok_off[i] : tok_off[i + 1] - 1].tolist(),
@@ -302,3 +317,23 @@ def test_plan_units_follow_prefix_status_and_kept_predecessors():
     assert sorted(plan_units(plan, "sum").get_column("score").to_list()) == [0.6000000000000001, 0.9, 1.5]
     with pytest.raises(ValueError, match="reward mode"):
         plan_units(plan, "first")
+
+
+def test_plan_units_start_a_row_where_sampling_settings_change():
+    plan = plan_frame(
+        [
+            ("a0", "a", 0, True, None, 0.0, 4, 2),
+            ("a1", "a", 1, True, "CLEAN", 1.0, 8, 2),
+            ("a2", "a", 2, True, "CLEAN", 0.5, 12, 2),
+            ("a3", "a", 3, True, "CLEAN", 0.25, 16, 2),
+        ]
+    ).with_columns(
+        pl.Series("temperature", [0.7, 0.7, 1.0, 1.0], pl.Float32),
+        pl.Series("logprobs_mode", [None, None, None, "processed_logprobs"]),
+    )
+    units = plan_units(plan, "last")
+    assert units.select("sample_id", "turn_rows", "score").rows() == [
+        ("a0", [0, 1], 1.0),
+        ("a2", [2], 0.5),
+        ("a3", [3], 0.25),
+    ]

@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from prl.checks.history import KEY_COLUMNS, trajectory_order
 from prl.checks.prefix import CLEAN, REALIGN, classify_prefix
+from prl.shards.merge_sampling import settings_change
 
 REWARD_MODES = ("last", "sum", "mean")
 """How a merged row's reward is taken from its turns' rewards: the last turn's, their sum or their mean."""
@@ -231,10 +232,11 @@ def plan_units(plan: pl.DataFrame, reward_mode: str = "last") -> pl.DataFrame:
 
     ``plan``: one row per candidate turn with ``row`` (the scan row), ``kept`` (bool: it passed every filter),
     ``prefix_status`` (from ``prl check-tokens``: CLEAN / REALIGN / FORK / null), ``sample_id``, ``group_id``,
-    ``score``, ``prompt_len``, ``completion_len`` and the order keys of :data:`prl.checks.history.KEY_COLUMNS`.
-    A kept turn continues the row of the turn before it in its trajectory when that turn is kept too and its own
-    status is CLEAN or REALIGN; anything else (a FORK, an unchecked turn, a dropped or already shipped
-    predecessor) starts a row. Returns one row per merged row: ``unit`` (int64), its first turn's ``sample_id``,
+    ``score``, ``prompt_len``, ``completion_len``, the order keys of :data:`prl.checks.history.KEY_COLUMNS` and
+    the sampling settings it has (:data:`prl.shards.merge_sampling.SAMPLING_SETTINGS`).
+    A kept turn continues the row of the turn before it in its trajectory when that turn is kept too, its own
+    status is CLEAN or REALIGN and its sampling settings equal the predecessor's; anything else (a FORK, an
+    unchecked turn, a dropped or already shipped predecessor, other settings) starts a row. Returns one row per merged row: ``unit`` (int64), its first turn's ``sample_id``,
     ``group_id`` and ``prompt_len``, ``score`` combined over its turns (``reward_mode``), ``completion_len`` (its
     tokens after the first prompt: the last turn's prompt + completion minus the first prompt), ``turn_rows``
     (list of the turns' ``row``, in order) and ``turns``."""
@@ -242,11 +244,13 @@ def plan_units(plan: pl.DataFrame, reward_mode: str = "last") -> pl.DataFrame:
         raise ValueError(f"reward mode must be one of {', '.join(REWARD_MODES)}, not {reward_mode!r}")
     order = trajectory_order(plan.select(*KEY_COLUMNS, "prompt_len"))
     df = plan[order.get_column("row").to_numpy()].with_columns(order.get_column("trajectory"))
+    df = df.with_columns(settings_change(df))
     joins = (
         pl.col("kept")
         & pl.col("kept").shift(1).fill_null(False)
         & (pl.col("trajectory") == pl.col("trajectory").shift(1)).fill_null(False)
         & pl.col("prefix_status").is_in([CLEAN, REALIGN]).fill_null(False)
+        & ~pl.col("settings_change")
     )
     df = df.with_columns((~joins).cum_sum().cast(pl.Int64).alias("unit")).filter(pl.col("kept"))
     combined = {"last": pl.col("score").last(), "sum": pl.col("score").sum(), "mean": pl.col("score").mean()}

@@ -153,6 +153,12 @@ def render_shards(result: Any, console: Console = stdout) -> None:
         f"({stats.get('groups_of_one_fell_back', 0):,} fell back to '{stats.get('singleton_baseline', '-')}'); "
         f"source versions {result.source_versions}"
     )
+    merged = stats.get("merged_turns")
+    if merged:
+        console.print(
+            f"merged turns: {merged['turns']:,} turns as {merged['rows']:,} rows, {merged['tokens']:,} tokens "
+            f"instead of {merged['tokens_unmerged']:,} one row per turn ({merged['saving']:.0%} fewer to read)"
+        )
 
 
 def _short(uri: str, width: int = 60) -> str:

@@ -124,13 +124,15 @@ def _head_columns(nested: pa.Table | None, k: int | None, n_rows: int) -> tuple[
 @dataclass
 class Assembled:
     """One shard's table, the sum (float64) and count of its per-token KL values (0.0, 0 without KL), and the
-    loss-mask positions taken out because a logprob there was null or not finite (and the samples they are in)."""
+    loss-mask positions taken out because a logprob there was null or not finite (and the samples they are in);
+    for merged rows, the tokens their turns hold one row each (``merge_turns``)."""
 
     table: pa.Table
     kl_sum: float
     kl_tokens: int
     unsafe_tokens: int
     unsafe_samples: int
+    unmerged_tokens: int = 0
 
 
 def _sampling_columns(meta: pl.DataFrame) -> dict[str, pa.Array]:

@@ -48,13 +48,22 @@ from prl.shards.assemble import Assembled, Gathered, assemble_shard
 from prl.shards.frontier import Frontier, TraceSource, new_backlog_name, options_digest, trace_source, write_frontier
 from prl.shards.gather import INPUT_IDS, WORKERS, mask_column
 from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, Totals
+from prl.shards.merge_assemble import MergedShard
+from prl.shards.merge_build import (
+    assemble_merged_shard,
+    kl_totals,
+    merged_statistics,
+    planned_merged,
+    unit_index,
+    unit_scores,
+)
 from prl.shards.options import ShardOptions
 from prl.shards.plan import Plan, make_plan
 from prl.shards.publish import Staging, publish_file, write_json
 from prl.shards.result import ShardResult
 from prl.shards.rewards import resolve_rewards
 from prl.shards.scan import HEAD_COLUMNS
-from prl.shards.scores import Scores, compute_scores, log_ratio_totals
+from prl.shards.scores import LogRatioTotals, Scores, compute_scores, log_ratio_totals
 from prl.shards.spill import ScanSpill
 from prl.shards.statistics import build_statistics, heads_info, kl_statistics, sampling_summary
 from prl.shards.target import OutTarget, out_target
@@ -139,7 +148,9 @@ def _build_locked(store: Store, target: OutTarget, options: ShardOptions, rebuil
         if not plan.ship.is_empty():
             result.status, result.set_id, result.rows = "dry_run", set_id, plan.ship.height
             result.tokens = int((plan.ship["prompt_len"] + plan.ship["completion_len"]).sum())
-            scores = compute_scores(plan.ship, options)
+            if options.merge_turns:  # the rows and tokens the merged rows will have, as planned
+                result.rows, result.tokens = planned_merged(plan.ship)
+            scores = _scores(plan, options, None)
         result.statistics = build_statistics(plan, scores, options)
         return result
     target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
@@ -256,7 +267,7 @@ def _write_set(
     if options.kl in ("reward", "advantages"):
         assert spills.ref is not None
         totals = log_ratio_totals(spills.traces, spills.ref, ship, bounds, options)
-    scores = compute_scores(ship, options, totals)
+    scores = _scores(plan, options, totals)
     expected = ship["sample_id"].to_arrow().cast(pa.string())
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
         samples = io.submit(_write_samples, os.path.join(staging.meta, SAMPLES_FILE), expected)
@@ -267,6 +278,8 @@ def _write_set(
     if options.kl != "none":
         statistics["kl"] = kl_statistics(options, scores, written.kl_sum, written.kl_tokens)
     statistics["unsafe_masked"] = {"tokens": written.unsafe_tokens, "samples": written.unsafe_samples}
+    if options.merge_turns:
+        statistics["merged_turns"] = merged_statistics(ship.height, written.entries, written.unmerged_tokens)
     manifest = Manifest(
         set_id=set_id,
         schema_version=SCHEMA_VERSION,
@@ -280,7 +293,7 @@ def _write_set(
         shards=written.entries,
         samples=samples_entry,
         totals=Totals(
-            rows=ship.height,
+            rows=sum(e.rows for e in written.entries),
             groups=int(ship["group_id"].n_unique()),
             tokens=sum(e.tokens or 0 for e in written.entries),
             completion_tokens=sum(e.completion_tokens or 0 for e in written.entries),
@@ -294,6 +307,13 @@ def _write_set(
     )
     write_json(os.path.join(staging.meta, MANIFEST), manifest.to_json())
     return manifest
+
+
+def _scores(plan: Plan, options: ShardOptions, totals: LogRatioTotals | None) -> Scores:
+    """Per shipped sample, or with ``merge_turns`` per merged unit (:func:`prl.shards.merge_build.unit_scores`)."""
+    if options.merge_turns:
+        return unit_scores(plan.ship, options, totals)
+    return compute_scores(plan.ship, options, totals)
 
 
 def _conventions(options: ShardOptions) -> dict[str, object]:
@@ -336,6 +356,8 @@ class _Written:
     kl_tokens: int
     unsafe_tokens: int = 0
     unsafe_samples: int = 0
+    unmerged_tokens: int = 0
+    """With ``merge_turns``: Σ prompt + completion of the turns shipped (their tokens without merging)."""
 
 
 @dataclass(frozen=True)
@@ -384,6 +406,7 @@ def _write_shards(
     to_gather = [len(bounds) - 1]
     counting = threading.Lock()
     index = _RowIndex.of(plan, spills.ref is not None)
+    units_N = unit_index(plan.ship) if options.merge_turns else None
 
     def one(s: int) -> tuple[FileEntry, Future[None], Assembled]:
         lo, hi = int(bounds[s]), int(bounds[s + 1])
@@ -393,7 +416,10 @@ def _write_shards(
             if to_gather[0] == 0:
                 io.submit(shutil.rmtree, spills.folder, ignore_errors=True)
         meta = plan.ship.slice(lo, hi - lo)
-        assembled = assemble_shard(rows, meta, slice(lo, hi), scores, options, plan.k)
+        if units_N is None:
+            assembled = assemble_shard(rows, meta, slice(lo, hi), scores, options, plan.k)
+        else:
+            assembled = _merged(assemble_merged_shard(rows, meta, units_N[lo:hi], scores, options, plan.k))
         shard = assembled.table
         del rows
         name = f"part-{s:05d}.parquet"
@@ -421,7 +447,14 @@ def _write_shards(
         result.kl_tokens += assembled.kl_tokens
         result.unsafe_tokens += assembled.unsafe_tokens
         result.unsafe_samples += assembled.unsafe_samples
+        result.unmerged_tokens += assembled.unmerged_tokens
     return result
+
+
+def _merged(merged: MergedShard) -> Assembled:
+    """A shard of merged rows as the build counts it."""
+    kl_sum, kl_n = kl_totals(merged.table)
+    return Assembled(merged.table, kl_sum, kl_n, merged.unsafe_tokens, merged.unsafe_rows, merged.rows.unmerged_tokens)
 
 
 __all__ = ["IO_THREADS", "WORKERS", "ShardResult", "build_shards"]

@@ -83,6 +83,10 @@ class ShardOptions:
     """Seed of the group shuffle."""
     max_drop_rate: float | None = None
     """Exit 1 when more than this fraction of considered samples was dropped."""
+    merge_turns: bool = False
+    """Ship consecutive CLEAN (and REALIGN) turns of a trajectory as one row (:mod:`prl.shards.merge`)."""
+    merge_reward: str = "last"
+    """A merged row's reward from its turns' scores: ``last`` (the last turn's), ``sum`` or ``mean``."""
 
     def __post_init__(self) -> None:
         self._validate(Validator("shards", text=True))
@@ -190,6 +194,8 @@ _RULES: dict[str, Callable[[Validator, str, Any], Any]] = {
     "target_tokens": _count(1),
     "seed": _count(0),
     "max_drop_rate": Validator.rate,
+    "merge_turns": Validator.boolean,
+    "merge_reward": _choice(("last", "sum", "mean")),  # prl.shards.merge.REWARD_MODES
 }
 """One check per option: ``rule(validator, key, value) -> normalized value`` (raises :class:`UsageError`)."""
 

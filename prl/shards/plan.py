@@ -25,6 +25,7 @@ from prl.numerics import advantages as adv
 from prl.shards.frontier import TraceSource
 from prl.shards.layout import set_ref
 from prl.shards.manifest import Manifest
+from prl.shards.merge_build import mark_units
 from prl.shards.options import VERSION_RE, ShardOptions, parse_version
 from prl.shards.scan import latest_rewards, latest_verdicts, scan_refs, scan_traces
 from prl.shards.spill import ScanSpill
@@ -112,7 +113,8 @@ class Plan:
     """Columns: row, sample_id, group_id, policy_version, policy_step, policy_version_spans, staleness, prompt_len, completion_len, has_mask, score,
     shard, (ref_row), (baseline_key), temperature, top_p, top_k, logprobs_mode, head_width, and in a build with
     ``kl = "advantages"`` each side's logprob sum and whether it covers every token (lp_sum, lp_simple, ref_sum,
-    ref_simple; :func:`prl.shards.scan.side_sums`)."""
+    ref_simple; :func:`prl.shards.scan.side_sums`); with ``merge_turns`` one row per turn, with its unit (unit,
+    unit_first, unit_pos; :func:`prl.shards.merge_build.mark_units`) and the unit's group_id and score."""
     considered: int
     already_shipped: int
     drops: dict[str, int]
@@ -310,6 +312,8 @@ def make_plan(
     if options.drop_constant_groups and keep.height:
         plan, keep, constant = _drop_constant_groups(plan, keep)
     seen = [n for n in options.rewards if plan[f"r::{n}"].is_not_null().any()]
+    if options.merge_turns and keep.height:
+        keep = mark_units(plan, keep, options)
     ship = pack(keep, options)
     backlog = plan.filter(pl.col("drop").is_not_null()).select("sample_id", "_file")
     return Plan(
@@ -332,12 +336,17 @@ def pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
     """Order ``keep`` into shuffled whole groups and number the shards (``shard`` column)."""
     if keep.is_empty():
         return keep.with_columns(pl.lit(0, dtype=pl.Int32).alias("shard"))
-    keep = keep.sort(["group_id", "sample_id"])
+    # merged turns: a unit's turns stay together and in order (prl.shards.merge_build)
+    keep = keep.sort(
+        ["group_id", "unit_first", "unit_pos"] if "unit_pos" in keep.columns else ["group_id", "sample_id"]
+    )
     gidx, num_g = adv.dense_index(keep["group_id"].to_arrow())  # sorted → group numbers increase with group_id
     perm_G = np.random.default_rng(options.seed).permutation(num_g)
     rank_G = np.empty(num_g, dtype=np.int64)
     rank_G[perm_G] = np.arange(num_g)
-    tokens = (keep["prompt_len"] + keep["completion_len"]).to_numpy()
+    tokens = (
+        keep["row_tokens"] if "row_tokens" in keep.columns else keep["prompt_len"] + keep["completion_len"]
+    ).to_numpy()
     group_tokens_G = np.bincount(gidx, weights=tokens, minlength=num_g)
     start_by_rank = np.concatenate(([0.0], np.cumsum(group_tokens_G[perm_G])[:-1]))
     window_G = (start_by_rank // options.target_tokens).astype(np.int64)[rank_G]

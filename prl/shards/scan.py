@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from prl.checks.history import KEY_COLUMNS
 from prl.numerics import heads
 from prl.numerics import kl as klmod
 from prl.shards.frontier import TraceSource, relative_file, whole_snapshot
@@ -44,6 +45,9 @@ _PLAN_TRACE_SCALARS = (
     "logprobs_mode",
 )
 """Trace columns the plan keeps as they are, per sample."""
+
+MERGE_KEYS = [c for c in KEY_COLUMNS if c not in _PLAN_TRACE_SCALARS]
+"""Trace columns the plan adds with ``merge_turns``: the trajectory order keys (:mod:`prl.checks.history`)."""
 
 
 def frame(table: pa.Table) -> pl.DataFrame:
@@ -177,6 +181,8 @@ def scan_traces(
         columns.append(baseline)
     if options.topk is not None:
         columns.append("topk_ids")
+    merge_keys = MERGE_KEYS if options.merge_turns else []
+    columns += [c for c in merge_keys if c not in columns]
     with_sums = _side_sums_wanted(options, spill)
     if with_sums:
         columns.append("completion_logprobs")
@@ -200,6 +206,7 @@ def scan_traces(
             "completion_len": completion_len,
             "has_mask": has_mask,
             "mask_len": pc.if_else(has_mask, _lengths(batch["completion_mask"]), completion_len),
+            **{c: batch[c] for c in merge_keys},
         }
         if baseline not in ("batch", "none"):
             cols["baseline_key"] = batch[baseline].cast(pa.string())
@@ -248,11 +255,11 @@ def latest_verdicts(
     """``sample_id``, ``verdict``: the latest check per sample (``fingerprint``'s only, when given), of the samples
     ``only`` names (default: every sample)."""
     if version is None:
-        return pl.DataFrame({"sample_id": pl.Series([], dtype=pl.String), "verdict": pl.Series([], dtype=pl.String)})
+        return pl.DataFrame(schema={"sample_id": pl.String, "verdict": pl.String, "prefix_status": pl.String})
     flt = pc.field("tokenizer_fingerprint") == fingerprint if fingerprint else None
     table = store.read(
         "checks",
-        columns=["sample_id", "verdict", "checked_at", "tokenizer_fingerprint"],
+        columns=["sample_id", "verdict", "prefix_status", "checked_at", "tokenizer_fingerprint"],
         filter=_only(flt, only),
         version=version,
     )
@@ -262,7 +269,7 @@ def latest_verdicts(
         .with_columns(pl.col("verdict").replace_strict(severity, default=4).alias("_sev"))
         .sort(["sample_id", "checked_at", "_sev", "tokenizer_fingerprint"])
         .unique(subset=["sample_id"], keep="last", maintain_order=True)
-        .select("sample_id", "verdict")
+        .select("sample_id", "verdict", "prefix_status")
     )
 
 

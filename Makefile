@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet 'torch==2.13.0'  # pinned first: this machine's CPU wheel; `prl[ref]` then needs no download
-	$(PY) -m pip install --quiet -e '.[test,ref]'
+	$(PY) -m pip install --quiet -e '.[test,ref,ray]'
 	touch $(STAMP)
 
 setup: $(STAMP)

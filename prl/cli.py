@@ -37,6 +37,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+class EngineName(StrEnum):
+    """Where a step's batches run (prl.engines)."""
+
+    local = "local"
+    ray = "ray"
+
+
+EngineOpt = Annotated[
+    EngineName,
+    typer.Option(
+        "--engine", help="local: this machine; ray: the Ray cluster at RAY_ADDRESS (needs prl[ray]). Same results."
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON summary on stdout.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Do all the reading and checking, write nothing.")]
 StoreOpt = Annotated[str, typer.Option("--store", help="Trace store: a folder or an s3:// prefix.")]
@@ -146,6 +160,7 @@ def check_tokens_cmd(
     fail_on_warn: Annotated[
         bool, typer.Option("--fail-on-warn", help="Count warn verdicts as problems for --max-drift-rate.")
     ] = False,
+    engine: EngineOpt = EngineName.local,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -162,6 +177,7 @@ def check_tokens_cmd(
             sample_rate=sample_rate,
             allow_warn=not fail_on_warn,
             dry_run=dry_run,
+            engine=engine.value,
         ),
         lambda r: render(r, report.stdout),
         as_json,
@@ -260,6 +276,7 @@ def build_shards_cmd(
         list[str] | None, typer.Option("--set", help="Override one [shards] option: KEY=VALUE (repeatable).")
     ] = None,
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Ship every sample again, shipped or not.")] = False,
+    engine: EngineOpt = EngineName.local,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -274,6 +291,7 @@ def build_shards_cmd(
             options=_shard_options(recipe, overrides or []),
             rebuild=rebuild,
             dry_run=dry_run,
+            engine=engine.value,
         ),
         report.render_shards,
         as_json,

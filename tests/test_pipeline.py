@@ -143,6 +143,7 @@ def test_check_step_gets_resolved_paths_holds_its_lock_and_its_exit_code_counts(
                 "sample_rate": 0.5,
                 "allow_warn": False,
                 "dry_run": False,
+                "engine": "local",
             },
         )
     ]

@@ -566,7 +566,9 @@ def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
 
     store = random_store(str(tmp_path / "s"), 40, 4)  # 160 samples, several shards
     out = tmp_path / "out"
-    real, calls = shards.write_shard, []
+    from prl.shards import parts
+
+    real, calls = parts.write_shard, []
 
     def disk_full_on_the_third(table, tmp):
         calls.append(tmp)
@@ -575,12 +577,12 @@ def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(table, tmp)
 
-    monkeypatch.setattr(shards, "write_shard", disk_full_on_the_third)
+    monkeypatch.setattr(parts, "write_shard", disk_full_on_the_third)
     with pytest.raises(OSError, match="No space left on device"):
         build_shards(store, str(out), options=ShardOptions(target_tokens=50))
     assert len(calls) >= 3
     assert sorted(os.listdir(out)) == []  # no set, no staging folder, no index
-    monkeypatch.setattr(shards, "write_shard", real)
+    monkeypatch.setattr(parts, "write_shard", real)
     result = build_shards(store, str(out), options=ShardOptions(target_tokens=50))
     assert (result.status, result.rows) == ("built", 160)
     from prl.shards.verify import verify_shards

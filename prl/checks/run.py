@@ -32,6 +32,7 @@ from prl.checks.logprobs import check_logprobs
 from prl.checks.options import CheckOptions
 from prl.checks.prefix import check_prefix
 from prl.checks.progress import progress
+from prl.checks.remote import CheckedBatch, CheckJob
 from prl.checks.result import GROUP_COLUMNS, CheckResult, Example
 from prl.checks.roundtrip import RoundTripper, check_roundtrip
 from prl.checks.special import check_special
@@ -39,8 +40,9 @@ from prl.checks.template import TemplateChecker
 from prl.checks.tokenizer import CheckTokenizer
 from prl.checks.verdict import REASONS, SEVERITY, RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
+from prl.engines import Engine, get_engine
 from prl.errors import UsageError
-from prl.store.changes import files_dataset
+from prl.store.changes import files_dataset, snapshot_files
 from prl.store.locks import holding
 from prl.store.resolve import open_store
 from prl.store.tables import Store
@@ -60,6 +62,16 @@ def keep_sampled(sample_ids: list[str], rate: float) -> np.ndarray:
         [int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), "big") < bound for s in sample_ids],
         dtype=bool,
     )
+
+
+def guard_vocab(tb: TokenBatch, vocab_ok: np.ndarray, tok: CheckTokenizer) -> None:
+    """A :class:`UsageError` when most of a run's first batch holds out-of-vocabulary IDs (the wrong tokenizer)."""
+    bad = int((~vocab_ok).sum())
+    if bad >= 2 and bad > MISMATCH_FRACTION * tb.rows:
+        raise UsageError(
+            f"tokenizer {tok.path} does not match the data: {bad} of {tb.rows} samples hold "
+            f"token IDs outside its vocabulary of {tok.vocab_size} (largest ID {max_id(tb)})"
+        )
 
 
 @dataclass
@@ -88,12 +100,7 @@ class BatchChecker:
         vocab_size = self.tok.vocab_size
         findings, vocab_ok = check_vocab(tb, vocab_size)
         if guard:
-            bad = int((~vocab_ok).sum())
-            if bad >= 2 and bad > MISMATCH_FRACTION * tb.rows:
-                raise UsageError(
-                    f"tokenizer {self.tok.path} does not match the data: {bad} of {tb.rows} samples hold "
-                    f"token IDs outside its vocabulary of {vocab_size} (largest ID {max_id(tb)})"
-                )
+            guard_vocab(tb, vocab_ok, self.tok)
         findings.extend(check_logprobs(tb, self.opts))
         findings.extend(check_roundtrip(tb, tb.sequence(), vocab_ok, self.roundtrip))
         findings.extend(self.template.check(tb, vocab_ok))
@@ -139,6 +146,7 @@ def check_tokens(
     commit_rows: int = 1 << 18,
     worst: int = 10,
     on_batch: Callable[[int], None] | None = None,
+    engine: Engine | str | None = None,
 ) -> CheckResult:
     """Check every not-yet-checked sample of ``store``'s traces (a :class:`Store` or its URI) against ``tokenizer``.
 
@@ -149,6 +157,10 @@ def check_tokens(
     report, write nothing. Verdict rows are committed every ``commit_rows`` rows. Raises
     :class:`UsageError` for a missing tokenizer or template, bad options, or a tokenizer that does not match
     the data.
+
+    ``engine`` (:func:`prl.engines.get_engine`: ``"local"``, the default, or ``"ray"``) decides where the batches
+    are checked; the lock, the run summary and the commits stay in this process, with the same rows and commit
+    metadata on every engine.
     """
     if not 0.0 < sample_rate <= 1.0:
         raise UsageError(f"sample rate must be in (0, 1], got {sample_rate}")
@@ -174,8 +186,10 @@ def check_tokens(
     if traces_version is None:
         result.elapsed_s = time.perf_counter() - started
         return result
+    engine = get_engine(engine)
+    where = _Where(engine, tokenizer, chat_template)
     with holding(store.uri, "check-tokens", enabled=lock and not dry_run):
-        _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch)
+        _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch, where)
     result.elapsed_s = time.perf_counter() - started
     return result
 
@@ -190,6 +204,7 @@ def _run(
     commit_rows: int,
     worst: int,
     on_batch: Callable[[int], None] | None,
+    where: _Where,
 ) -> None:
     """Stream, check and commit (``result`` is filled in place)."""
     fingerprint, traces_version, sample_rate = result.fingerprint, result.traces_version, result.sample_rate
@@ -210,28 +225,37 @@ def _run(
         rows = new.to_batches(columns=COLUMNS, filter=flt, batch_size=batch_size)
         multi_turn = new.count_rows(filter=pc.field("session_id").is_valid()) > 0
         sessions = trajectory_index(store, traces_version) if multi_turn else NO_SESSIONS
-    checker = BatchChecker(store, tok, opts, fingerprint, traces_version, sessions)
+    counts = _Counts()
+    if where.engine.name == "local":
+        checker = BatchChecker(store, tok, opts, fingerprint, traces_version, sessions)
+        checked = _checked_here(checker, rows, sample_rate, counts)
+    else:
+        files = plan.paths if plan.paths is not None else snapshot_files(store, "traces", traces_version)
+        job = CheckJob(
+            store.uri,
+            where.tokenizer,
+            where.chat_template,
+            opts,
+            fingerprint,
+            traces_version,
+            sample_rate,
+            [f"{store.table_path('traces')}/{p}" for p in files],
+            flt,
+            sessions,
+            batch_size,
+        )
+        checked = _checked_there(where.engine, job, rows, tok, counts)
     heap: list[tuple[int, int, str, int, Example]] = []
 
     def verdict_batches() -> Iterator[pa.RecordBatch]:
-        try:
-            first = True
-            for rb in rows:
-                checker.remember(rb)
-                if sample_rate < 1.0:
-                    keep = keep_sampled(rb.column("sample_id").to_pylist(), sample_rate)
-                    result.sampled_out += int((~keep).sum())
-                    rb = rb.filter(pa.array(keep))
-                if rb.num_rows == 0:
-                    continue
-                out, flagged, status = checker.check(rb, guard=first)
-                first = False
-                _tally(result, out, flagged, status, heap, worst)
-                if on_batch is not None:
-                    on_batch(rb.num_rows)
-                yield out
-        finally:
-            checker.template.close()  # the render worker ends with the scan
+        for out, flagged, status, sampled_out in checked:
+            result.sampled_out += sampled_out
+            if out is None or out.num_rows == 0:
+                continue
+            _tally(result, out, flagged, status, heap, worst)
+            if on_batch is not None:
+                on_batch(out.num_rows)
+            yield out
 
     metadata: dict[str, Any] = {
         "operation": "check-tokens",
@@ -268,10 +292,81 @@ def _run(
         if committed.version is not None:
             result.checks_version = committed.version
 
-    result.tokens = checker.roundtrip.stats.tokens
-    result.prefix_undetermined = dict(sorted(checker.undetermined.items()))
-    result.tokens_roundtripped = checker.roundtrip.stats.tokens_encoded
+    result.tokens = counts.tokens
+    result.prefix_undetermined = dict(sorted(counts.undetermined.items()))
+    result.tokens_roundtripped = counts.tokens_encoded
     result.worst = [ex for *_, ex in sorted(heap, reverse=True)]
+
+
+@dataclass(frozen=True)
+class _Where:
+    """The engine that checks the batches, and the tokenizer and template arguments its workers load."""
+
+    engine: Engine
+    tokenizer: str
+    chat_template: str | None
+
+
+@dataclass
+class _Counts:
+    """Run totals that come from the checker rather than from the verdict rows."""
+
+    tokens: int = 0
+    tokens_encoded: int = 0
+    undetermined: dict[str, int] = field(default_factory=dict)
+
+    def add(self, batch: CheckedBatch) -> None:
+        self.tokens += batch.tokens
+        self.tokens_encoded += batch.tokens_encoded
+        for why, n in batch.undetermined.items():
+            self.undetermined[why] = self.undetermined.get(why, 0) + n
+
+
+_Checked = tuple[pa.RecordBatch | None, list[RowVerdict], list, int]
+"""One checked batch for the summary: verdict rows (None: every row was sampled out), non-ok rows, prefix
+status per row, rows sampled out."""
+
+
+def _checked_here(
+    checker: BatchChecker, rows: Iterator[pa.RecordBatch], sample_rate: float, counts: _Counts
+) -> Iterator[_Checked]:
+    """Check each batch in this process (the first one behind the tokenizer/data mismatch guard)."""
+    try:
+        first = True
+        for rb in rows:
+            checker.remember(rb)
+            sampled_out = 0
+            if sample_rate < 1.0:
+                keep = keep_sampled(rb.column("sample_id").to_pylist(), sample_rate)
+                sampled_out = int((~keep).sum())
+                rb = rb.filter(pa.array(keep))
+            if rb.num_rows == 0:
+                yield None, [], [], sampled_out
+                continue
+            out, flagged, status = checker.check(rb, guard=first)
+            first = False
+            yield out, flagged, status, sampled_out
+    finally:
+        checker.template.close()  # the render worker ends with the scan
+        counts.tokens, counts.tokens_encoded = checker.roundtrip.stats.tokens, checker.roundtrip.stats.tokens_encoded
+        counts.undetermined = dict(checker.undetermined)
+
+
+def _checked_there(
+    engine: Engine, job: CheckJob, rows: Iterator[pa.RecordBatch], tok: CheckTokenizer, counts: _Counts
+) -> Iterator[_Checked]:
+    """Check the batches on ``engine``'s workers. The tokenizer/data mismatch guard runs here first, on the first
+    batch that the local engine would check first."""
+    for rb in rows:
+        if job.sample_rate < 1.0:
+            rb = rb.filter(pa.array(keep_sampled(rb.column("sample_id").to_pylist(), job.sample_rate)))
+        if rb.num_rows:
+            tb = TokenBatch.from_record_batch(rb)
+            guard_vocab(tb, check_vocab(tb, tok.vocab_size)[1], tok)
+            break
+    for batch in engine.check_batches(job):
+        counts.add(batch)
+        yield batch.verdicts, batch.flagged(), batch.status(), batch.sampled_out
 
 
 def _tally(

@@ -5,6 +5,7 @@ A recipe has up to eight tables; a step runs when its table is present (``[store
     [store]                     # where data lives
     uri = "store"               # the trace store: a folder or an s3:// prefix
     out = "shards"              # OUT: the folder that receives shard sets (needed with [shards])
+    engine = "local"            # or "ray": the steps run on the Ray cluster at RAY_ADDRESS (the prl[ray] extra)
 
     [ingest]                    # prl ingest: serving traces → traces / quarantine
     sources = ["traces/"]       # files, folders, globs, s3:// prefixes (.gz / .zst read transparently)
@@ -65,6 +66,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
+from prl.engines import ENGINES
 from prl.errors import UsageError
 from prl.shards.options import ShardOptions
 from prl.validation import Validator
@@ -81,6 +83,7 @@ class StoreSection:
 
     uri: str
     out: str | None = None
+    engine: str = "local"
 
 
 @dataclass(frozen=True)
@@ -210,7 +213,9 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
     if "store" not in doc:
         raise UsageError(f"{where}: a recipe needs a [store] table with uri = the trace store")
     paths = _Paths(os.path.abspath(base_dir))
-    store = _section(where, "store", doc["store"], StoreSection, {"uri": paths.location, "out": paths.location})
+    store = _section(
+        where, "store", doc["store"], StoreSection, {"uri": paths.location, "out": paths.location, "engine": _engine}
+    )
     ingest = rewards = ref = check = score_ref = shards = None
     if "ingest" in doc:
         ingest = _section(
@@ -331,6 +336,10 @@ def _package_folder(spec: str, top: str) -> str:
 
 Check = Callable[[Validator, str, Any], Any]
 """A recipe key's check: ``check(validator, key, value) -> value as loaded``."""
+
+
+def _engine(v: Validator, key: str, value: Any) -> str:
+    return v.string(key, value, choices=ENGINES)
 
 
 def _at_least_one(v: Validator, key: str, value: Any) -> int:

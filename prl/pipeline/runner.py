@@ -163,6 +163,7 @@ def check_tokens_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
         sample_rate=section.sample_rate,
         allow_warn=section.allow_warn,
         dry_run=dry_run,
+        engine=recipe.store.engine,
     )
 
 
@@ -192,7 +193,7 @@ def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:
     from prl.shards.build import build_shards
 
     assert recipe.shards is not None and recipe.store.out is not None
-    return build_shards(store, recipe.store.out, options=recipe.shards, dry_run=dry_run)
+    return build_shards(store, recipe.store.out, options=recipe.shards, dry_run=dry_run, engine=recipe.store.engine)
 
 
 def _maintain(recipe: Recipe, store: Store, dry_run: bool) -> CommandResult:

@@ -42,32 +42,24 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prl.engines import Engine, get_engine
 from prl.errors import UsageError
 from prl.schema import SCHEMA_VERSION, SHARD
-from prl.shards.assemble import Assembled, Gathered, assemble_shard
 from prl.shards.frontier import Frontier, TraceSource, new_backlog_name, options_digest, trace_source, write_frontier
-from prl.shards.gather import INPUT_IDS, WORKERS, mask_column
+from prl.shards.gather import WORKERS
 from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, Totals
-from prl.shards.merge_assemble import MergedShard
-from prl.shards.merge_build import (
-    assemble_merged_shard,
-    kl_totals,
-    merged_statistics,
-    planned_merged,
-    unit_index,
-    unit_scores,
-)
+from prl.shards.merge_build import merged_statistics, planned_merged, unit_index, unit_scores
 from prl.shards.options import ShardOptions
+from prl.shards.parts import PartJob, PartWritten, RowIndex, Spills
 from prl.shards.plan import Plan, make_plan
 from prl.shards.publish import Staging, publish_file, write_json
 from prl.shards.result import ShardResult
 from prl.shards.rewards import resolve_rewards
-from prl.shards.scan import HEAD_COLUMNS
 from prl.shards.scores import LogRatioTotals, Scores, compute_scores, log_ratio_totals
 from prl.shards.spill import ScanSpill
 from prl.shards.statistics import build_statistics, heads_info, kl_statistics, sampling_summary
 from prl.shards.target import OutTarget, out_target
-from prl.shards.writer import WRITER, write_sample_ids, write_shard
+from prl.shards.writer import WRITER, write_sample_ids
 from prl.store import holder
 from prl.store.locks import holding, step_name
 from prl.store.tables import Store
@@ -84,6 +76,7 @@ def build_shards(
     rebuild: bool = False,
     dry_run: bool = False,
     lock: bool = True,
+    engine: Engine | str | None = None,
 ) -> ShardResult:
     """Build one shard set from ``store`` (a :class:`Store` or its URI) into ``out/<set-id>/`` (see the module
     docstring for the steps); ``out`` is a local folder or an ``s3://bucket/prefix``.
@@ -95,13 +88,17 @@ def build_shards(
     build whose lock was taken over publishes nothing (:class:`~prl.errors.LockLostError`, exit 3). Raises
     :class:`~prl.errors.UsageError` for bad options, missing inputs, or an ``s3://`` OUT without credentials or
     bucket.
+
+    ``engine`` (:func:`prl.engines.get_engine`: ``"local"``, the default, or ``"ray"``) decides where the parts are
+    written; the plan, the scores and the publication run here, and the set is the same bytes on every engine.
     """
     store = store if isinstance(store, Store) else Store(store)
+    engine = get_engine(engine)
     options = options or ShardOptions()
     target = out_target(out)
     target.check()
     with holding(store.uri, step_name("build-shards", target.uri), enabled=lock and not dry_run):
-        return _build_locked(store, target, options, rebuild, dry_run)
+        return _build_locked(store, target, options, rebuild, dry_run, engine)
 
 
 def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[Manifest]) -> str:
@@ -122,7 +119,9 @@ def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[
     return f"v{versions['traces']}-{digest[:12]}"
 
 
-def _build_locked(store: Store, target: OutTarget, options: ShardOptions, rebuild: bool, dry_run: bool) -> ShardResult:
+def _build_locked(
+    store: Store, target: OutTarget, options: ShardOptions, rebuild: bool, dry_run: bool, engine: Engine
+) -> ShardResult:
     versions = store.versions()
     if options.kl != "none" and versions.get("ref_logprobs") is None:
         raise UsageError(
@@ -155,7 +154,7 @@ def _build_locked(store: Store, target: OutTarget, options: ShardOptions, rebuil
         return result
     target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
     replaces = [m.set_id for m in target.existing_sets() if m.set_id != set_id] if rebuild else []
-    return _build(store, target, versions, options, _Sources(shipped, prior, source), set_id, result, replaces)
+    return _build(store, target, versions, options, _Sources(shipped, prior, source), set_id, result, replaces, engine)
 
 
 @dataclass
@@ -177,6 +176,7 @@ def _build(
     set_id: str,
     result: ShardResult,
     replaces: list[str],
+    engine: Engine,
 ) -> ShardResult:
     """Plan with spills in a staging folder, write the set there and publish it (or remove it when nothing ships);
     then retire the sets in ``replaces`` (those a rebuild replaces)."""
@@ -194,8 +194,8 @@ def _build(
             _advance_frontier(store, target.uri, versions, options, plan, [m.set_id for m in sources.prior])
             result.statistics = build_statistics(plan, None, options)
             return result
-        spills = _Spills(trace_spill, ref_spill, spill_dir)
-        manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id)
+        spills = Spills(trace_spill, ref_spill, spill_dir)
+        manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id, engine)
         final = target.publish(staging, set_id, _lock_check(store))
         target.retire(replaces)
         _advance_frontier(store, target.uri, versions, options, plan, [*(m.set_id for m in sources.prior), set_id])
@@ -241,23 +241,15 @@ def _lock_check(store: Store) -> Callable[[], None]:
     return lambda: holder.ensure_held(store.location)
 
 
-@dataclass
-class _Spills:
-    """The build's spill files and their folder (removed once every shard has been gathered)."""
-
-    traces: ScanSpill
-    ref: ScanSpill | None
-    folder: str
-
-
 def _write_set(
     staging: Staging,
-    spills: _Spills,
+    spills: Spills,
     plan: Plan,
     options: ShardOptions,
     versions: dict[str, int | None],
     prior: list[Manifest],
     set_id: str,
+    engine: Engine,
 ) -> Manifest:
     """Score, write every shard and the sample-id file into ``staging``, then its manifest; returns the manifest."""
     ship = plan.ship
@@ -271,7 +263,10 @@ def _write_set(
     expected = ship["sample_id"].to_arrow().cast(pa.string())
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
         samples = io.submit(_write_samples, os.path.join(staging.meta, SAMPLES_FILE), expected)
-        written = _write_shards(staging.parts, spills, plan, bounds, scores, options, io)
+        units_N = unit_index(ship) if options.merge_turns else None
+        index = RowIndex.of(plan, spills.ref is not None)
+        job = PartJob(staging.parts, spills, index, ship, bounds, scores, options, plan.k, units_N)
+        written = _write_shards(job, io, engine)
         samples_entry = samples.result()
     shutil.rmtree(spills.folder, ignore_errors=True)  # gone already, unless a shard failed
     statistics = build_statistics(plan, scores, options)
@@ -359,102 +354,50 @@ class _Written:
     unmerged_tokens: int = 0
     """With ``merge_turns``: Σ prompt + completion of the turns shipped (their tokens without merging)."""
 
-
-@dataclass(frozen=True)
-class _RowIndex:
-    """Where each shipped sample (final order) sits in the spills, and whether it has a completion mask."""
-
-    rows_N: np.ndarray
-    ref_rows_N: np.ndarray | None
-    has_mask_N: np.ndarray
-
     @classmethod
-    def of(cls, plan: Plan, with_ref: bool) -> _RowIndex:
-        ship = plan.ship
-        ref_rows_N = ship["ref_row"].to_numpy() if with_ref else None
-        return cls(ship["row"].to_numpy(), ref_rows_N, ship["has_mask"].to_numpy())
-
-    def gather(self, spills: _Spills, k: int | None, lo: int, hi: int) -> Gathered:
-        """The spilled columns of the shipped rows ``lo:hi`` of the final order (heads only when ``k`` is set)."""
-        rows_N = self.rows_N[lo:hi]
-        traces = spills.traces.flat(rows_N, [INPUT_IDS, "completion_logprobs", *mask_column(self.has_mask_N[lo:hi])])
-        nested = spills.traces.gather(rows_N, list(HEAD_COLUMNS)) if k is not None else None
-        ref = None
-        if spills.ref is not None and self.ref_rows_N is not None:
-            ref = spills.ref.flat(self.ref_rows_N[lo:hi], ["ref_logprobs"])["ref_logprobs"]
-        return Gathered(traces, nested, ref)
+    def of(cls, parts: list[PartWritten]) -> _Written:
+        """The totals of ``parts`` (any order), entries in shard order."""
+        parts = sorted(parts, key=lambda p: p.shard)
+        out = cls([p.entry for p in parts], 0.0, 0)
+        for p in parts:  # in shard order: the float sum does not depend on where the parts were written
+            out.kl_sum += p.kl_sum
+            out.kl_tokens += p.kl_tokens
+            out.unsafe_tokens += p.unsafe_tokens
+            out.unsafe_samples += p.unsafe_samples
+            out.unmerged_tokens += p.unmerged_tokens
+        return out
 
 
-def _write_shards(
-    staging: str,
-    spills: _Spills,
-    plan: Plan,
-    bounds: np.ndarray,
-    scores: Scores,
-    options: ShardOptions,
-    io: ThreadPoolExecutor,
-) -> _Written:
-    """Assemble and write every shard, in shard order.
+def _write_shards(job: PartJob, io: ThreadPoolExecutor, engine: Engine) -> _Written:
+    """Assemble and write every shard, in shard order (:class:`prl.shards.parts.PartJob`).
 
-    Shard ``s`` holds the shipped rows ``bounds[s]:bounds[s + 1]`` of the final order. Each shard is gathered
-    from the spill files, assembled, and written and hashed by one of :data:`WORKERS` threads; numpy, Arrow, zstd
-    and hashlib release the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS`
-    shards are in memory at once. Each written file is then fsynced and renamed into place on ``io``, so that
-    waiting for the disk overlaps the next shard's work, and once every shard has been gathered, the spill
-    folder is removed there too.
+    Locally, each shard is gathered from the spill files, assembled, and written and hashed by one of
+    :data:`WORKERS` threads; numpy, Arrow, zstd and hashlib release the GIL for the heavy parts, so shards proceed
+    side by side and at most :data:`WORKERS` shards are in memory at once. Each written file is then fsynced and
+    renamed into place on ``io``, so that waiting for the disk overlaps the next shard's work, and once every shard
+    has been gathered, the spill folder is removed there too. Any other engine runs
+    :meth:`PartJob.write_published` where it likes and hands back the parts written.
     """
-    to_gather = [len(bounds) - 1]
+    if engine.name != "local":
+        return _Written.of(engine.write_parts(job))
+    to_gather = [job.parts]
     counting = threading.Lock()
-    index = _RowIndex.of(plan, spills.ref is not None)
-    units_N = unit_index(plan.ship) if options.merge_turns else None
 
-    def one(s: int) -> tuple[FileEntry, Future[None], Assembled]:
-        lo, hi = int(bounds[s]), int(bounds[s + 1])
-        rows = index.gather(spills, plan.k, lo, hi)
+    def one(s: int) -> tuple[PartWritten, Future[None]]:
+        rows = job.gather(s)
         with counting:
             to_gather[0] -= 1
             if to_gather[0] == 0:
-                io.submit(shutil.rmtree, spills.folder, ignore_errors=True)
-        meta = plan.ship.slice(lo, hi - lo)
-        if units_N is None:
-            assembled = assemble_shard(rows, meta, slice(lo, hi), scores, options, plan.k)
-        else:
-            assembled = _merged(assemble_merged_shard(rows, meta, units_N[lo:hi], scores, options, plan.k))
-        shard = assembled.table
-        del rows
-        name = f"part-{s:05d}.parquet"
-        path = os.path.join(staging, name)
-        size, sha256 = write_shard(shard, f"{path}.tmp")
-        sealed = io.submit(publish_file, f"{path}.tmp", path)
-        entry = FileEntry(
-            file=name,
-            rows=shard.num_rows,
-            bytes=size,
-            sha256=sha256,
-            groups=int(meta["group_id"].n_unique()),
-            tokens=int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
-            completion_tokens=int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
-        )
-        return entry, sealed, assembled
+                io.submit(shutil.rmtree, job.spills.folder, ignore_errors=True)
+        written = job.write(s, rows)
+        path = os.path.join(job.folder, written.entry.file)
+        return written, io.submit(publish_file, f"{path}.tmp", path)
 
     with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        written = list(pool.map(one, range(len(bounds) - 1)))
-    result = _Written([], 0.0, 0)
-    for entry, sealed, assembled in written:
+        done = list(pool.map(one, range(job.parts)))
+    for _, sealed in done:
         sealed.result()
-        result.entries.append(entry)
-        result.kl_sum += assembled.kl_sum
-        result.kl_tokens += assembled.kl_tokens
-        result.unsafe_tokens += assembled.unsafe_tokens
-        result.unsafe_samples += assembled.unsafe_samples
-        result.unmerged_tokens += assembled.unmerged_tokens
-    return result
-
-
-def _merged(merged: MergedShard) -> Assembled:
-    """A shard of merged rows as the build counts it."""
-    kl_sum, kl_n = kl_totals(merged.table)
-    return Assembled(merged.table, kl_sum, kl_n, merged.unsafe_tokens, merged.unsafe_rows, merged.rows.unmerged_tokens)
+    return _Written.of([written for written, _ in done])
 
 
 __all__ = ["IO_THREADS", "WORKERS", "ShardResult", "build_shards"]

@@ -1,0 +1,163 @@
+"""check-tokens batches checked away from the driver (another engine's workers, :mod:`prl.engines`).
+
+The driver describes the run in a :class:`CheckJob` (the store, the tokenizer as the driver loaded it, the
+options, the traces version and files, the anti-join filter, the session index). A worker runs
+:func:`check_block` on each block of pending traces rows: the same :class:`prl.checks.run.BatchChecker` the local
+engine uses, batch by batch, each batch coming back as one :class:`CheckedBatch` row (its verdict rows as an
+Arrow IPC stream, and the counts the run summary adds up). The driver folds them into the summary and commits
+them exactly as the local engine does; nothing here writes to the store.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from prl.checks.options import CheckOptions
+from prl.checks.verdict import RowVerdict
+from prl.errors import UsageError
+from prl.schema import CHECKS
+
+
+@dataclass(frozen=True)
+class CheckJob:
+    """One check-tokens run as its workers need it. ``files``: traces data files to read (paths in the store's
+    filesystem); ``pending``: the filter that leaves out samples already checked (None: none are);
+    ``batch_size``: rows per checked batch."""
+
+    store_uri: str
+    tokenizer: str
+    chat_template: str | None
+    options: CheckOptions
+    fingerprint: str
+    traces_version: int
+    sample_rate: float
+    files: list[str]
+    pending: ds.Expression | None
+    sessions: pl.DataFrame
+    batch_size: int
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass
+class CheckedBatch:
+    """One checked batch: its verdict rows (``CHECKS`` schema) and what the run summary counts besides them."""
+
+    verdicts: pa.RecordBatch
+    sampled_out: int
+    tokens: int
+    tokens_encoded: int
+    undetermined: dict[str, int]
+
+    def to_row(self) -> dict[str, Any]:
+        """Plain values for a Ray Data row: the verdicts as one Arrow IPC stream."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, CHECKS) as writer:
+            writer.write_batch(self.verdicts)
+        return {
+            "verdicts": sink.getvalue().to_pybytes(),
+            "sampled_out": self.sampled_out,
+            "tokens": self.tokens,
+            "tokens_encoded": self.tokens_encoded,
+            "undetermined": orjson.dumps(self.undetermined).decode(),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> CheckedBatch:
+        table = pa.ipc.open_stream(pa.py_buffer(row["verdicts"])).read_all().combine_chunks()
+        batches = table.to_batches()
+        verdicts = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=CHECKS)
+        return cls(
+            verdicts,
+            int(row["sampled_out"]),
+            int(row["tokens"]),
+            int(row["tokens_encoded"]),
+            {str(k): int(v) for k, v in orjson.loads(row["undetermined"]).items()},
+        )
+
+    def flagged(self) -> list[RowVerdict]:
+        """The rows with any reason, as :func:`prl.checks.verdict.assemble` reported them (detail decoded)."""
+        out = self.verdicts
+        reasons = out.column("reasons").to_pylist()
+        verdicts = out.column("verdict").to_pylist()
+        first = out.column("first_divergence").to_pylist()
+        details = out.column("detail").to_pylist()
+        return [
+            RowVerdict(r, verdicts[r], codes, first[r], orjson.loads(details[r]) if details[r] else {})
+            for r, codes in enumerate(reasons)
+            if codes
+        ]
+
+    def status(self) -> list[str | None]:
+        """Prefix status per row."""
+        return self.verdicts.column("prefix_status").to_pylist()
+
+
+_CHECKER: dict[str, Any] = {}
+"""The checker of the run this worker process last served (run id → BatchChecker): a worker process serves
+many blocks of one run, and loads the tokenizer once."""
+
+
+def _checker(job: CheckJob) -> Any:
+    from prl.checks.run import BatchChecker
+    from prl.checks.tokenizer import CheckTokenizer
+    from prl.store.tables import Store
+
+    checker = _CHECKER.get(job.run_id)
+    if checker is None:
+        tok = CheckTokenizer.load(job.tokenizer, job.chat_template, job.options.stop_token_ids)
+        if tok.fingerprint(job.options.to_dict()) != job.fingerprint:
+            raise UsageError(
+                f"the tokenizer {job.tokenizer} on this worker is not the driver's (fingerprint differs); "
+                "every node must see the same tokenizer files"
+            )
+        _CHECKER.clear()
+        store = Store(job.store_uri)
+        checker = BatchChecker(store, tok, job.options, job.fingerprint, job.traces_version, job.sessions)
+        _CHECKER[job.run_id] = checker
+    return checker
+
+
+def check_block(block: pa.Table, job: CheckJob) -> pa.Table:
+    """Check a block of pending traces rows (``prl.checks.batch.COLUMNS``) in batches of ``job.batch_size``;
+    one :meth:`CheckedBatch.to_row` row per batch."""
+    from prl.checks.run import keep_sampled
+
+    checker = _checker(job)
+    rows = []
+    try:
+        for rb in block.to_batches(max_chunksize=job.batch_size):
+            checker.remember(rb)
+            sampled_out = 0
+            if job.sample_rate < 1.0:
+                keep = keep_sampled(rb.column("sample_id").to_pylist(), job.sample_rate)
+                sampled_out = int((~keep).sum())
+                rb = rb.filter(pa.array(keep))
+            stats = checker.roundtrip.stats
+            tokens, encoded, undetermined = stats.tokens, stats.tokens_encoded, dict(checker.undetermined)
+            if rb.num_rows:
+                verdicts, _, _ = checker.check(rb)
+            else:
+                verdicts = pa.RecordBatch.from_pylist([], schema=CHECKS)
+            gone = {k: v - undetermined.get(k, 0) for k, v in checker.undetermined.items()}
+            rows.append(
+                CheckedBatch(
+                    verdicts,
+                    sampled_out,
+                    stats.tokens - tokens,
+                    stats.tokens_encoded - encoded,
+                    {k: v for k, v in gone.items() if v},
+                ).to_row()
+            )
+    finally:
+        checker.template.close()  # the render worker ends with the block (a later block starts a new one)
+    return pa.Table.from_pylist(rows)
+
+
+__all__ = ["CheckJob", "CheckedBatch", "check_block"]

@@ -1,0 +1,175 @@
+"""One part of a shard set: gather its rows from the spills, assemble its table and write it (one file, hashed).
+
+:class:`PartJob` holds everything the parts of one build share (the spills, where each shipped sample sits in
+them, the plan rows, the scores and the options); :meth:`PartJob.write` makes part ``s`` and returns its
+:class:`PartWritten` (manifest entry and counts), the table itself already on disk. Every value in a part
+depends only on its own samples, so the bytes do not depend on which thread, process or machine writes it: the
+local engine runs :meth:`PartJob.write` on threads (:mod:`prl.shards.build`), the Ray engine runs
+:meth:`PartJob.write_published` in Ray tasks (:mod:`prl.engines.ray.shards`), and both yield the same files.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow.compute as pc
+
+from prl.shards.assemble import Assembled, Gathered, assemble_shard
+from prl.shards.gather import INPUT_IDS, mask_column
+from prl.shards.manifest import FileEntry
+from prl.shards.merge_build import assemble_merged_shard, kl_totals
+from prl.shards.options import ShardOptions
+from prl.shards.plan import Plan
+from prl.shards.publish import publish_file
+from prl.shards.scan import HEAD_COLUMNS
+from prl.shards.scores import Scores
+from prl.shards.spill import ScanSpill
+from prl.shards.writer import write_shard
+
+
+@dataclass
+class Spills:
+    """The build's spill files and their folder (removed once every shard has been gathered)."""
+
+    traces: ScanSpill
+    ref: ScanSpill | None
+    folder: str
+
+
+@dataclass(frozen=True)
+class RowIndex:
+    """Where each shipped sample (final order) sits in the spills, and whether it has a completion mask."""
+
+    rows_N: np.ndarray
+    ref_rows_N: np.ndarray | None
+    has_mask_N: np.ndarray
+
+    @classmethod
+    def of(cls, plan: Plan, with_ref: bool) -> RowIndex:
+        ship = plan.ship
+        ref_rows_N = ship["ref_row"].to_numpy() if with_ref else None
+        return cls(ship["row"].to_numpy(), ref_rows_N, ship["has_mask"].to_numpy())
+
+    def gather(self, spills: Spills, k: int | None, lo: int, hi: int) -> Gathered:
+        """The spilled columns of the shipped rows ``lo:hi`` of the final order (heads only when ``k`` is set)."""
+        rows_N = self.rows_N[lo:hi]
+        traces = spills.traces.flat(rows_N, [INPUT_IDS, "completion_logprobs", *mask_column(self.has_mask_N[lo:hi])])
+        nested = spills.traces.gather(rows_N, list(HEAD_COLUMNS)) if k is not None else None
+        ref = None
+        if spills.ref is not None and self.ref_rows_N is not None:
+            ref = spills.ref.flat(self.ref_rows_N[lo:hi], ["ref_logprobs"])["ref_logprobs"]
+        return Gathered(traces, nested, ref)
+
+
+@dataclass(frozen=True)
+class PartWritten:
+    """One part written: its manifest entry, the sum (float64) and count of its per-token KL values, the
+    loss-mask positions (and samples) taken out because a logprob there was null or not finite, and with
+    ``merge_turns`` the tokens its turns hold one row each."""
+
+    shard: int
+    entry: FileEntry
+    kl_sum: float
+    kl_tokens: int
+    unsafe_tokens: int
+    unsafe_samples: int
+    unmerged_tokens: int = 0
+
+    def to_row(self) -> dict[str, Any]:
+        """Plain scalars (what a Ray Data row carries back to the driver)."""
+        counts = {"kl_sum": self.kl_sum, "kl_tokens": self.kl_tokens, "unsafe_tokens": self.unsafe_tokens}
+        samples = {"unsafe_samples": self.unsafe_samples, "unmerged_tokens": self.unmerged_tokens}
+        return {"shard": self.shard, **self.entry.to_json(), **counts, **samples}
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> PartWritten:
+        entry = FileEntry(
+            file=str(row["file"]),
+            rows=int(row["rows"]),
+            bytes=int(row["bytes"]),
+            sha256=str(row["sha256"]),
+            groups=int(row["groups"]),
+            tokens=int(row["tokens"]),
+            completion_tokens=int(row["completion_tokens"]),
+        )
+        return cls(
+            int(row["shard"]),
+            entry,
+            float(row["kl_sum"]),
+            int(row["kl_tokens"]),
+            int(row["unsafe_tokens"]),
+            int(row["unsafe_samples"]),
+            int(row["unmerged_tokens"]),
+        )
+
+
+def part_name(s: int) -> str:
+    """File name of part ``s`` in a set folder."""
+    return f"part-{s:05d}.parquet"
+
+
+@dataclass
+class PartJob:
+    """What every part of one build needs. Part ``s`` holds the shipped rows ``bounds_S1[s]:bounds_S1[s + 1]``
+    of the final order (``ship``: the plan's shipped rows) and is written into ``folder``; with ``merge_turns``,
+    ``units_N`` gives each shipped turn's merged unit (:func:`prl.shards.merge_build.unit_index`)."""
+
+    folder: str
+    spills: Spills
+    index: RowIndex
+    ship: pl.DataFrame
+    bounds_S1: np.ndarray
+    scores: Scores
+    options: ShardOptions
+    k: int | None
+    units_N: np.ndarray | None = None
+
+    @property
+    def parts(self) -> int:
+        return len(self.bounds_S1) - 1
+
+    def gather(self, s: int) -> Gathered:
+        """Part ``s``'s rows, read from the spills."""
+        return self.index.gather(self.spills, self.k, int(self.bounds_S1[s]), int(self.bounds_S1[s + 1]))
+
+    def write(self, s: int, rows: Gathered) -> PartWritten:
+        """Assemble part ``s`` from its gathered ``rows`` and write it to ``<folder>/<name>.tmp`` (not fsynced,
+        not renamed: :func:`prl.shards.publish.publish_file` does both)."""
+        lo, hi = int(self.bounds_S1[s]), int(self.bounds_S1[s + 1])
+        meta = self.ship.slice(lo, hi - lo)
+        if self.units_N is None:
+            assembled = assemble_shard(rows, meta, slice(lo, hi), self.scores, self.options, self.k)
+        else:
+            merged = assemble_merged_shard(rows, meta, self.units_N[lo:hi], self.scores, self.options, self.k)
+            kl_sum, kl_n = kl_totals(merged.table)
+            unsafe = (merged.unsafe_tokens, merged.unsafe_rows)
+            assembled = Assembled(merged.table, kl_sum, kl_n, *unsafe, merged.rows.unmerged_tokens)
+        del rows
+        shard = assembled.table
+        name = part_name(s)
+        size, sha256 = write_shard(shard, os.path.join(self.folder, f"{name}.tmp"))
+        entry = FileEntry(
+            file=name,
+            rows=shard.num_rows,
+            bytes=size,
+            sha256=sha256,
+            groups=int(meta["group_id"].n_unique()),
+            tokens=int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
+            completion_tokens=int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
+        )
+        a = assembled
+        return PartWritten(s, entry, a.kl_sum, a.kl_tokens, a.unsafe_tokens, a.unsafe_samples, a.unmerged_tokens)
+
+    def write_published(self, s: int) -> dict[str, Any]:
+        """Gather, assemble and write part ``s``, fsync it and rename it into place; its :meth:`PartWritten.to_row`."""
+        written = self.write(s, self.gather(s))
+        path = os.path.join(self.folder, written.entry.file)
+        publish_file(f"{path}.tmp", path)
+        return written.to_row()
+
+
+__all__ = ["PartJob", "PartWritten", "RowIndex", "Spills", "part_name"]

@@ -1,0 +1,50 @@
+"""Choosing an engine: names, recipe key, CLI option, and ``local`` needing no Ray."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from prl.engines import LOCAL, get_engine
+from prl.errors import UsageError
+from prl.pipeline.recipe import from_mapping
+
+
+def test_engine_names():
+    assert get_engine() is LOCAL and get_engine("local") is LOCAL and LOCAL.name == "local"
+    ray_engine = get_engine("ray")
+    assert (ray_engine.name, getattr(ray_engine, "address", "?")) == ("ray", None)  # RAY_ADDRESS, as ray.init
+    assert get_engine(ray_engine) is ray_engine
+    with pytest.raises(UsageError, match="unknown engine 'spark'; choose one of local, ray"):
+        get_engine("spark")
+
+
+def test_recipe_engine_key(tmp_path):
+    recipe = from_mapping({"store": {"uri": str(tmp_path / "s"), "engine": "ray"}})
+    assert recipe.store.engine == "ray" and recipe.to_json()["store"]["engine"] == "ray"
+    assert from_mapping({"store": {"uri": str(tmp_path / "s")}}).store.engine == "local"
+    with pytest.raises(UsageError, match=r"\[store\] engine: expected one of local, ray, got 'dask'"):
+        from_mapping({"store": {"uri": str(tmp_path / "s"), "engine": "dask"}})
+
+
+def test_local_engine_imports_no_ray(tmp_path):
+    code = (
+        "import sys, prl, prl.cli, prl.engines, prl.shards.build, prl.checks.run\n"
+        "from prl.engines import get_engine; get_engine('ray')\n"  # naming the engine does not import Ray either
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_cli_rejects_an_unknown_engine(tmp_path):
+    from typer.testing import CliRunner
+
+    from prl.cli import app
+
+    result = CliRunner().invoke(
+        app, ["build-shards", "--store", str(tmp_path), "--out", str(tmp_path / "o"), "--engine", "x"]
+    )
+    assert result.exit_code == 2 and "Invalid value for '--engine'" in result.output

@@ -20,6 +20,7 @@ from prl.shards.options import ShardOptions
 from prl.store.locks import holding
 from tests.checks_helpers import EOS, chat_prompt, enc, make_store, row, tokenizer_dir
 from tests.shards_fixtures import varied_store
+from tests.test_shards_merged_build import store_with as merged_store
 
 pytestmark = [
     pytest.mark.slow,
@@ -85,6 +86,18 @@ def test_build_shards_recipe_on_ray_is_byte_identical_to_local(tmp_path, ray_clu
     assert not list((tmp_path / "ray" / ".prl" / "staging").iterdir())  # spills and staging gone
     again = build_shards(store, str(tmp_path / "ray"), options=ShardOptions.from_mapping(SHARD_OPTIONS), engine="ray")
     assert again.status == "nothing_new"  # already shipped, as on the local engine
+
+
+def test_merged_rows_on_ray_are_the_bytes_of_a_local_build(tmp_path, ray_cluster):
+    store = merged_store(tmp_path)
+    options = ShardOptions(merge_turns=True, singleton_baseline="batch", target_tokens=8)
+    local = build_shards(store, str(tmp_path / "local"), options=options)
+    remote = build_shards(store, str(tmp_path / "ray"), options=options, engine="ray")
+    assert (local.status, local.rows, len(local.shards)) == ("built", 3, 2)  # a0+a1+a2 | b0+b1, solo
+    assert remote.set_id == local.set_id and remote.shards == local.shards
+    assert _manifest(remote) == _manifest(local)  # merged_turns statistics (the parts' unmerged tokens) too
+    for part in local.shards:
+        assert (Path(remote.set_dir) / part["file"]).read_bytes() == (Path(local.set_dir) / part["file"]).read_bytes()
 
 
 PROMPT = chat_prompt("Greet")

@@ -32,12 +32,15 @@ OPTIONS = ShardOptions(target_tokens=60, seed=5)
 
 
 def local_files(out: str) -> dict[str, bytes]:
-    """Every file under a local OUT (staging and retired folders excluded), by path relative to OUT."""
+    """Every file under a local OUT, by path relative to OUT, less the frontier (``.prl/frontier*``: a local
+    OUT's record of what the next build need not scan; an S3 OUT keeps none)."""
     files = {}
     for root, _, names in os.walk(out):
         for name in names:
             path = os.path.join(root, name)
-            files[os.path.relpath(path, out)] = Path(path).read_bytes()
+            rel = os.path.relpath(path, out)
+            if not rel.startswith(os.path.join(".prl", "frontier")):
+                files[rel] = Path(path).read_bytes()
     return files
 
 

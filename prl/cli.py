@@ -194,18 +194,27 @@ def score_ref_cmd(
         str | None,
         typer.Option(
             "--endpoint",
-            help="Server URL: vLLM (http://host:8000, …/v1/completions) or SGLang (…/generate). Bearer token "
-            "from PRL_REF_API_KEY or OPENAI_API_KEY.",
+            help="Server URL: vLLM (http://host:8000, …/v1/completions) or SGLang (…/generate), bearer token "
+            "from PRL_REF_API_KEY or OPENAI_API_KEY; or a Tinker service's base URL (--backend tinker, key from "
+            "TINKER_API_KEY).",
         ),
     ] = None,
     model: Annotated[
         str | None, typer.Option("--model", help="Local transformers model folder (needs the prl[ref] extra).")
     ] = None,
     backend: Annotated[
-        str, typer.Option("--backend", help="auto, vllm or sglang (auto: a URL ending in /generate is SGLang).")
+        str,
+        typer.Option(
+            "--backend", help="auto, vllm, sglang or tinker (auto: a URL ending in /generate is SGLang, else vLLM)."
+        ),
     ] = "auto",
     served_model: Annotated[
-        str | None, typer.Option("--served-model", help="vLLM: the request's model field (default: none sent).")
+        str | None,
+        typer.Option(
+            "--served-model",
+            help="vLLM: the request's model field (default: none sent). Tinker (required): the base model name "
+            "or a tinker:// checkpoint path.",
+        ),
     ] = None,
     batch_tokens: Annotated[
         int,

@@ -31,10 +31,10 @@ A recipe has up to eight tables; a step runs when its table is present (``[store
 
     [score_ref]                 # prl score-ref: reference logprobs for samples lacking them
     ref_model = "ref-v1"        # name recorded as ref_model (and [shards] ref_model unless that names one)
-    endpoint = "http://127.0.0.1:8000"   # a vLLM or SGLang server (…/generate is SGLang) — or:
+    endpoint = "http://127.0.0.1:8000"   # a vLLM or SGLang server (…/generate is SGLang), a Tinker base URL — or:
     model = "models/ref"        # a local transformers model folder (the prl[ref] extra)
-    backend = "auto"            # auto, vllm, sglang (with endpoint)
-    served_model = "ref"        # vLLM: the request's model field (optional)
+    backend = "auto"            # auto, vllm, sglang, tinker (with endpoint; tinker: the prl[tinker] extra)
+    served_model = "ref"        # vLLM: the request's model field (optional); tinker: base model or tinker:// path
     batch_tokens = 16384        # tokens per committed batch (local: padded tokens per forward pass)
     concurrency = 8             # endpoint requests in flight
     retries = 5                 # retries per request on 429 / 5xx / timeouts
@@ -280,7 +280,7 @@ def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> 
             "ref_model": Validator.string,
             "endpoint": Validator.string,
             "model": paths.location,
-            "backend": lambda v, key, value: v.string(key, value, ("auto", "vllm", "sglang")),
+            "backend": lambda v, key, value: v.string(key, value, ("auto", "vllm", "sglang", "tinker")),
             "served_model": Validator.string,
             "batch_tokens": lambda v, key, value: v.integer(key, value, 1),
             "concurrency": lambda v, key, value: v.integer(key, value, 1),
@@ -291,6 +291,8 @@ def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> 
     )
     if (section.endpoint is None) == (section.model is None):
         raise UsageError(f"{where}: [score_ref] needs exactly one of endpoint and model")
+    if section.backend == "tinker" and (section.endpoint is None or section.served_model is None):
+        raise UsageError(f'{where}: [score_ref] backend = "tinker" needs endpoint and served_model')
     return section
 
 

@@ -42,6 +42,7 @@ from prl.store.tables import Store
 LOCK = "score-ref"
 DEFAULT_BATCH_TOKENS = 16384
 SCAN_ROWS = 2048
+ENDPOINT_BACKENDS = ("vllm", "sglang", "tinker")
 
 
 @dataclass
@@ -104,8 +105,9 @@ def score_ref(
     dry_run: bool = False,
 ) -> ScoreResult:
     """Score every sample of ``store`` lacking reference logprobs for ``ref_model`` with one backend: an
-    ``endpoint`` URL (``backend`` ``vllm``, ``sglang``, or ``auto``: a URL ending in ``/generate`` is SGLang,
-    anything else vLLM) or a local ``model`` folder. Raises :class:`UsageError` for bad options,
+    ``endpoint`` URL (``backend`` ``vllm``, ``sglang``, ``tinker`` — a Tinker service's base URL, with
+    ``served_model`` the base model or ``tinker://`` checkpoint — or ``auto``: a URL ending in ``/generate`` is
+    SGLang, anything else vLLM) or a local ``model`` folder. Raises :class:`UsageError` for bad options,
     :class:`~prl.errors.RetryableIOError` when the endpoint stays down (batches committed before are kept)."""
     if not ref_model:
         raise UsageError("--ref-model must name the reference model")
@@ -115,6 +117,8 @@ def score_ref(
         raise UsageError(f"--batch-tokens must be at least 1, got {batch_tokens}")
     store = store if isinstance(store, Store) else Store(store)
     kind = _backend_kind(endpoint, backend)
+    if kind == "tinker" and not served_model:
+        raise UsageError("--backend tinker needs --served-model: a base model name or a tinker:// checkpoint path")
     source = public_url(endpoint) if endpoint is not None else os.path.abspath(str(model))
     result = ScoreResult(store.uri, ref_model, kind, source, dry_run=dry_run)
     result.max_quarantine_rate = max_quarantine_rate
@@ -152,8 +156,8 @@ def _backend_kind(endpoint: str | None, backend: str) -> str:
         return "local"
     if backend == "auto":
         return "sglang" if endpoint.rstrip("/").endswith("/generate") else "vllm"
-    if backend not in ("vllm", "sglang"):
-        raise UsageError(f"--backend must be auto, vllm or sglang with --endpoint, not {backend!r}")
+    if backend not in ENDPOINT_BACKENDS:
+        raise UsageError(f"--backend must be auto, vllm, sglang or tinker with --endpoint, not {backend!r}")
     return backend
 
 
@@ -180,6 +184,10 @@ def _open_backend(
         from prl.score.sglang import SglangBackend
 
         return SglangBackend(endpoint, **client)
+    if kind == "tinker":
+        from prl.score.tinker import TinkerBackend
+
+        return TinkerBackend(endpoint, served_model=served_model, **client)
     from prl.score.vllm import VllmBackend
 
     return VllmBackend(endpoint, served_model=served_model, **client)

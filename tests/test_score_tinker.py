@@ -62,9 +62,10 @@ def _cli(store: Store, url: str, *extra: str) -> tuple[int, dict, str]:
     return res.exit_code, json.loads(lines[0]), res.output
 
 
-def test_tinker_backend_writes_the_models_logprobs(tiny, filled):
+def test_tinker_backend_writes_the_models_logprobs(tiny, filled, monkeypatch):
     _, ref = tiny
     store, samples = filled
+    monkeypatch.setenv("TINKER_TELEMETRY", "1")  # the SDK's default: its batches go to the service too
     with tinker_server(ref) as (url, seen):
         result = _tinker(store, url, batch_tokens=128, concurrency=3)
     assert result.exit_code == 0 and result.backend == "tinker" and result.source == url
@@ -85,6 +86,7 @@ def test_tinker_backend_writes_the_models_logprobs(tiny, filled):
     assert sent == sorted((tuple(p + c), len(c)) for p, c in samples.values())
     assert all(b["prompt_logprobs"] is True and b["sampling_params"]["max_tokens"] == 1 for b in asked)
     assert seen.bodies("/api/v1/sessions/session-1/finish") == [{"reason": {"type": "success"}, "detail": None}]
+    assert "SESSION_START" in [e["event"] for b in seen.bodies("/api/v1/telemetry") for e in b["events"]]
 
 
 def test_the_asample_body_is_the_recorded_one(tiny, tmp_path):
@@ -141,7 +143,8 @@ def test_a_request_failed_as_the_callers_fault_is_quarantined(tiny, filled):
 
 
 @pytest.mark.parametrize(
-    ("behaviour", "reason"), [({"shift": True}, "misaligned"), ({"drop": True}, "length_mismatch")]
+    ("behaviour", "reason"),
+    [({"shift": True}, "misaligned"), ({"drop": True}, "length_mismatch"), ({"json_answer": True}, "bad_response")],
 )
 def test_bad_answers_are_quarantined_never_written(tiny, filled, behaviour, reason):
     _, ref = tiny
@@ -160,7 +163,8 @@ def test_service_down_exits_5_and_a_rerun_finishes_without_duplicates(tiny, fill
         code, summary, _ = _cli(
             store, url, "--concurrency", "1", "--retries", "1", "--timeout", "2", "--batch-tokens", "40"
         )
-    assert code == 5 and "is unavailable: timed out after 2s after 2 attempts" in summary["error"]
+    assert code == 5 and "is unavailable: no answer in 2s after 2 attempts" in summary["error"]
+    assert {b["reason"]["type"] for b in seen.bodies("/api/v1/sessions/session-1/finish")} == {"errored"}
     partial = _refs(store)
     assert 0 < len(partial) <= 3
     with tinker_server(ref) as (url, seen):

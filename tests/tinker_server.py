@@ -46,7 +46,7 @@ class TinkerBehaviour:
     answered as failed requests (``category``) first, in order; ``ok_budget``: after this many results every
     request is answered 503; ``fail_always``: every request is answered 503; ``shift``: logprobs one position
     early (the value at position ``i`` is the next token's), ignoring ``prompt_logprobs_last_n``; ``drop``: one
-    logprob fewer than the prompt has."""
+    logprob fewer than the prompt has; ``json_answer``: the result as JSON, which the SDK reads only as protobuf."""
 
     api_key: str = API_KEY
     try_again: int = 0
@@ -56,6 +56,7 @@ class TinkerBehaviour:
     fail_always: bool = False
     shift: bool = False
     drop: bool = False
+    json_answer: bool = False
     requests: list[tuple[str, str, dict[str, str], Any]] = field(default_factory=list)
     """Every request: (method, path, headers, JSON body or None)."""
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -171,7 +172,10 @@ def tinker_server(ref: Reference, behaviour: TinkerBehaviour | None = None) -> I
                 return 200, {"error": "sampler failed", "category": state.failed.pop(0)}
             if state.ok_budget is not None:
                 state.ok_budget -= 1
-            return 200, sample_response(prompt_logprobs(ref, request, state))
+            logprobs = prompt_logprobs(ref, request, state)
+            if state.json_answer:
+                return 200, {"sequences": [], "prompt_logprobs": [None if np.isnan(v) else float(v) for v in logprobs]}
+            return 200, sample_response(logprobs)
 
         def _json(self, status: int, payload: Any) -> None:
             self._send(status, json.dumps(payload).encode(), "application/json")

@@ -15,8 +15,9 @@ none is computed) instead of ``{"type": "try_again"}``; ``/api/v1/sessions/{id}/
 The request scores only the completion (``prompt_logprobs_last_n`` = completion length, so the service may take
 the prompt from its prefix cache): the answer has one entry per input token, ``None`` before the completion. The
 entries at the completion positions are the reference logprobs. An answer of another length is quarantined
-(``length_mismatch``); one with a logprob before the completion (the SDK's own check raises for it) is
-``misaligned``; a missing or non-finite completion logprob is ``nonfinite_logprob``.
+(``length_mismatch``); one with a logprob before the completion (the SDK's own check raises for it; a service
+that ignores ``prompt_logprobs_last_n`` answers so too) is ``misaligned``; a missing or non-finite completion
+logprob is ``nonfinite_logprob``; an answer the SDK cannot read (not protobuf, say) is ``bad_response``.
 
 ``--endpoint`` is the service's base URL (the SDK's ``base_url``; its default deployment is
 ``https://tinker.thinkingmachines.dev/services/tinker-prod``), ``--served-model`` a base model name or a
@@ -248,7 +249,7 @@ class TinkerBackend:
             return check_answer(pending.result(timeout=self.timeout), request), ""
         except concurrent.futures.TimeoutError:
             pending.future().cancel()
-            return None, f"timed out after {self.timeout:g}s"
+            return None, f"no answer in {self.timeout:g}s"
         except tinker.RequestFailedError as exc:
             if exc.category == tinker.types.RequestErrorCategory.User:
                 return Quarantined("endpoint_rejected", f"request failed: {exc.message}"), ""
@@ -257,11 +258,11 @@ class TinkerBackend:
             return self._status(exc.status_code, exc.message)
         except tinker.APIConnectionError as exc:
             return None, type(exc).__name__
-        except ValueError as exc:  # the SDK's retrieve_future loop wraps a final HTTP error in a ValueError
+        except ValueError as exc:  # the SDK's retrieve_future loop: a final HTTP error, or an unreadable answer
             cause = exc.__cause__
             if isinstance(cause, tinker.APIStatusError):
                 return self._status(cause.status_code, cause.message)
-            raise
+            return Quarantined("bad_response", str(exc)[:300]), ""
         except RuntimeError as exc:  # the SDK's check that only the asked suffix was scored
             if "prompt_logprobs_last_n" in str(exc):
                 return Quarantined("misaligned", str(exc)), ""

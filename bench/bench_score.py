@@ -5,6 +5,8 @@
    on the GPU and says so.
 2. HTTP backends: the same store scored through the tests' 127.0.0.1 server (vLLM ``/v1/completions`` and SGLang
    ``/generate`` shapes, answered from the same model), at request concurrency 1 and 8.
+3. Tinker backend (when the ``tinker`` SDK is installed): the real SDK against the tests' Tinker-speaking server
+   (``tests/tinker_server.py``, sessions, futures polled, protobuf answers), likewise.
 
 Usage: ``python bench/bench_score.py [--samples 48] [--prompt 256] [--completion 128] [--hidden 256]
 [--layers 4] [--vocab 32000]``.
@@ -84,6 +86,26 @@ def report(label: str, result) -> None:
     )
 
 
+def bench_tinker(root: str, traces: str, ref) -> None:
+    """The Tinker backend through the SDK (skipped without it); the test server's key, no telemetry."""
+    try:
+        import tinker  # noqa: F401
+    except ImportError:
+        print("tinker backend: skipped (pip install 'prl[tinker]')")
+        return
+    from tests.tinker_server import API_KEY, BASE_MODEL, tinker_server
+
+    os.environ["TINKER_API_KEY"] = API_KEY
+    os.environ["TINKER_TELEMETRY"] = "0"
+    for concurrency in (1, 8):
+        with tinker_server(ref) as (url, _):
+            store = fresh_store(root, traces, f"tinker-{concurrency}")
+            result = score_ref(
+                store, "bench", endpoint=url, backend="tinker", served_model=BASE_MODEL, concurrency=concurrency
+            )
+        report(f"tinker (SDK), concurrency {concurrency}", result)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=48)
@@ -113,6 +135,7 @@ def main() -> int:
                     store = fresh_store(root, traces, f"{kind}-{concurrency}")
                     result = score_ref(store, "bench", endpoint=url + suffix, concurrency=concurrency)
                 report(f"{kind} endpoint, concurrency {concurrency}", result)
+        bench_tinker(root, traces, ref)
     print("(the endpoint's server runs the model one request at a time in this process, unbatched)")
     return 0
 

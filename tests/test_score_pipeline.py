@@ -72,6 +72,11 @@ def test_recipe_scores_then_builds_kl_shards(tmp_path):
         ({"ref_model": "r", "endpoint": "http://x", "concurrency": 0}, "concurrency: expected an integer ≥ 1"),
         ({"ref_model": "r", "endpoint": "http://x", "timeout": -1}, "timeout: expected a number > 0"),
         ({"ref_model": "r", "endpoint": "http://x", "batch": 3}, "unknown key(s) in [score_ref]: batch"),
+        (
+            {"ref_model": "r", "endpoint": "http://x", "backend": "tinker"},
+            'backend = "tinker" needs endpoint and served_model',
+        ),
+        ({"ref_model": "r", "endpoint": "http://x", "backend": "tgi"}, "backend"),
     ],
 )
 def test_bad_score_ref_tables(tmp_path, table, message):

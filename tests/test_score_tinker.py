@@ -13,11 +13,13 @@ from typer.testing import CliRunner
 
 from prl.cli import app
 from prl.formats.base import Quarantined
+from prl.pipeline.runner import run
 from prl.score import score_ref
 from prl.score.base import ScoreRequest
 from prl.score.tinker import check_answer
 from prl.store.tables import Store
-from tests.score_helpers import Reference, build_tiny_model, traces_store
+from tests.pipeline_helpers import write_recipe
+from tests.score_helpers import Reference, build_tiny_model, traces_store, write_traces
 from tests.test_score_run import _assert_matches_reference, _quarantine, _refs
 from tests.tinker_server import API_KEY, BASE_MODEL, TinkerBehaviour, tinker_server
 
@@ -195,6 +197,20 @@ def test_the_key_is_the_sdks_and_never_printed(tiny, filled, monkeypatch):
     assert code == 0 and summary["scored"] == len(samples)
     assert {h.get("x-api-key") or h.get("X-API-Key") for _, _, h, _ in seen.requests[-3:]} == {API_KEY}
     assert API_KEY not in output and API_KEY not in json.dumps(_quarantine(store))
+
+
+def test_a_recipe_scores_with_tinker(tiny, tmp_path):
+    _, ref = tiny
+    samples = write_traces(tmp_path / "in", 4, seed=7)
+    with tinker_server(ref) as (url, _):
+        table = {"ref_model": "tiny", "endpoint": url, "backend": "tinker", "served_model": CHECKPOINT}
+        recipe = write_recipe(
+            tmp_path / "recipe.toml", {"store": {"uri": "store"}, "ingest": {"sources": ["in"]}, "score_ref": table}
+        )
+        result = run(str(recipe))
+    assert result.exit_code == 0, result.to_json()
+    assert result.step("score_ref").summary["scored"] == len(samples)
+    _assert_matches_reference(_refs(Store(str(tmp_path / "store"))), samples, ref)
 
 
 def test_tinker_needs_a_served_model(filled):

@@ -4,6 +4,8 @@ Backends, one module each, all answering :class:`prl.score.base.Backend`:
 
 - :mod:`prl.score.vllm` — a vLLM ``/v1/completions`` endpoint (token-ID prompt, ``prompt_logprobs``);
 - :mod:`prl.score.sglang` — an SGLang ``/generate`` endpoint (``input_ids``, ``return_logprob``);
+- :mod:`prl.score.tinker` — a Tinker service through the ``tinker`` SDK (``SamplingClient.compute_logprobs``; the
+  ``prl[tinker]`` extra);
 - :mod:`prl.score.local` — a local transformers model folder (the ``prl[ref]`` extra: torch).
 
 :func:`prl.score.run.score_ref` drives them: it picks the samples of ``traces`` that have no ``ref_logprobs`` row

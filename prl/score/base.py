@@ -47,7 +47,7 @@ class Backend(Protocol):
     :class:`prl.errors.RetryableIOError` when the model cannot be reached, never quarantines for that."""
 
     name: str
-    """Short backend name recorded in quarantine rows (``vllm``, ``sglang``, ``local``)."""
+    """Short backend name recorded in quarantine rows (``vllm``, ``sglang``, ``tinker``, ``local``)."""
     source: str
     """Where the logprobs come from (an endpoint URL without credentials, or a model folder): the rows'
     ``source_uri``."""

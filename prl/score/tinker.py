@@ -26,8 +26,9 @@ a key stored by ``tinker auth login``); prl never reads, sends or prints the key
 
 Faults: the SDK retries 5xx, 408, 429 and connection errors itself, for minutes. prl bounds each attempt to
 ``timeout`` seconds (SDK retries included) and retries a timed-out attempt, or a request the service reports
-failed on its side, with the endpoint backends' backoff; when the retries run out, or ``GET /api/v1/healthz``
-never answers before the session opens, the run stops with :class:`~prl.errors.RetryableIOError` (exit 5).
+failed on its side, with the endpoint backends' backoff; when the retries run out, when ``GET /api/v1/healthz``
+never answers, or when no sampling session opens within ``timeout``, the run stops with
+:class:`~prl.errors.RetryableIOError` (exit 5).
 HTTP 401/403/404 and a missing or malformed key are configuration errors (exit 2); any other 4xx, or a request
 the service fails as the caller's fault, quarantines that sample (``endpoint_rejected``).
 """

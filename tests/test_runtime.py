@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
+from typer.testing import CliRunner
 
 from prl import cli
 
@@ -72,5 +74,22 @@ def test_the_command_makes_them_before_it_runs(monkeypatch):
     monkeypatch.setattr(cli, "set_process_defaults", lambda: calls.append("settings"))
     monkeypatch.setattr(cli, "app", lambda: calls.append("command"))
     monkeypatch.setattr(cli.signal, "signal", lambda *args: None)
+    monkeypatch.setattr(cli.SESSION, "quiet_signals", False)  # main() sets it for the process: undone after
     cli.main()
+    assert cli.SESSION.quiet_signals
     assert calls == ["settings", "command"]
+
+
+def test_a_command_run_off_the_main_thread_still_prints_its_one_json_object(monkeypatch, tmp_path):
+    # once main() made signals quiet, the summary of a command run in a thread (a library user's, a test's) must
+    # not try to change signal handlers there: that raises ValueError and no JSON would be printed
+    monkeypatch.setattr(cli.SESSION, "quiet_signals", True)
+    done: dict = {}
+    args = ["inspect", str(tmp_path / "no-store"), "--json"]
+    thread = threading.Thread(target=lambda: done.update(res=CliRunner().invoke(cli.app, args)))
+    thread.start()
+    thread.join(60)
+    res = done["res"]
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    (line,) = res.stdout.strip().splitlines()
+    assert json.loads(line)["exit_code"] == res.exit_code == 2

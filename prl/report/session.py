@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,7 +70,7 @@ class _Session:
     def emit(self, payload: dict[str, Any]) -> None:
         if self.emitted is not None:
             return
-        if self.quiet_signals:
+        if self.quiet_signals and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.emitted = int(payload["exit_code"])

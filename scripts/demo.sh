@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole pipeline on sample_data/ with one recipe (recipes/demo.toml): ingest → rewards → check-tokens →
-# score-ref (reference logprobs from a tiny model built here) → build-shards with KL, then a look at the store and the shard sets, and a second run that finds
-# nothing new. The same command is what cron runs (see recipes/crontab.example).
+# score-ref (reference logprobs from a tiny model built here) → build-shards with KL, then a look at the store and the shard sets,
+# a set of merged multi-turn rows, and a second run that finds nothing new. The same command is what cron runs (see recipes/crontab.example).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PRL=.venv/bin/prl
@@ -23,5 +23,8 @@ step "prl inspect demo_out/shards"
 run $PRL inspect demo_out/shards
 step "prl verify demo_out/shards"
 run $PRL verify demo_out/shards
+step "prl build-shards --set merge_turns=true: each trajectory's CLEAN turns as one row"
+run $PRL build-shards --store demo_out/store --out demo_out/merged --recipe recipes/demo.toml --set merge_turns=true
+run .venv/bin/python scripts/show_merged_rows.py demo_out/merged
 step "prl run recipes/demo.toml again: nothing new"
 run $PRL run recipes/demo.toml

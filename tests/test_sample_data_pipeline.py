@@ -10,6 +10,8 @@ import pytest
 from prl.checks import check_tokens
 from prl.ingestion.side_tables import ingest_side_table
 from prl.ingestion.traces import ingest
+from prl.shards.build import build_shards
+from prl.shards.options import ShardOptions
 from prl.store.tables import Store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -95,3 +97,34 @@ def test_multi_agent_session_is_checked_per_agent(checked_store):
     ]
     # all calls were answered within one second: the capture's milliseconds order them
     assert traces.get_column("created_at").dt.truncate("1s").n_unique() == 1
+
+
+def test_merged_rows_of_the_multi_agent_session(checked_store, tmp_path):
+    options = ShardOptions(rewards={"correct": 1.0}, allow_warn=True, merge_turns=True)
+    res = build_shards(checked_store, str(tmp_path / "out"), options=options)
+    rows = {r["sample_id"]: r for r in pl.read_parquet(os.path.join(res.set_dir, "*.parquet")).to_dicts()}
+    traces = (
+        pl.read_delta(checked_store.table_uri("traces"))
+        .filter(pl.col("session_id").str.starts_with("sess-multi"))
+        .sort("created_at")
+    )
+    turns = {agent: traces.filter(pl.col("agent_id") == agent).to_dicts() for agent in ("planner", "worker")}
+    planner, worker = turns["planner"], turns["worker"]
+    # the planner's three CLEAN calls are one row; the worker's FORK call drifted and was dropped, so its two calls
+    # before it are one row and the call after it starts another
+    expected = [planner, worker[:2], worker[3:]]
+    for members in expected:
+        row, last = rows[members[0]["sample_id"]], members[-1]
+        assert row["input_ids"] == last["prompt_token_ids"] + last["completion_token_ids"]
+        assert row["prompt_len"] == len(members[0]["prompt_token_ids"])
+        sampled = [False] * (len(row["input_ids"]) - row["prompt_len"])
+        lps: list[float | None] = [None] * len(sampled)
+        for t in members:  # each call's completion sits at the end of its own prompt in the merged row
+            start = len(t["prompt_token_ids"]) - row["prompt_len"]
+            for j, lp in enumerate(t["completion_logprobs"]):
+                sampled[start + j], lps[start + j] = True, lp
+        assert row["loss_mask"] == sampled
+        assert row["behavior_logprobs"] == pytest.approx(lps)
+    for t in planner[1:] + worker[1:2] + worker[2:3] + worker[4:]:
+        assert t["sample_id"] not in rows  # inside a merged row, or dropped
+    assert res.statistics["merged_turns"]["rows"] == len(rows)

@@ -55,6 +55,10 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
     from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, TRACES
     from prl.store.tables import Store
 
+    def _full(cols: dict[str, pa.Array], schema: pa.Schema, n: int) -> pa.Table:
+        """``cols`` as a table of ``schema``, the columns it does not name null (``event_id`` and the like)."""
+        return pa.table({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in schema}, schema=schema)
+
     rng = np.random.default_rng(seed)
     store = Store(root)
     now = pa.scalar(0, pa.timestamp("ms", tz="UTC"))
@@ -92,7 +96,7 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
         }
         table = pa.table({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in TRACES}, schema=TRACES)
         store.commit("traces", table.to_batches())
-        r = pa.table(
+        r = _full(
             {
                 "sample_id": pa.array(ids),
                 "name": pa.array(["reward"] * n),
@@ -102,7 +106,8 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
                 "source_line": pa.array(np.arange(n, dtype=np.int64)),
                 "ingested_at": pa.array([now] * n, pa.timestamp("ms", tz="UTC")),
             },
-            schema=REWARDS,
+            REWARDS,
+            n,
         )
         store.commit("rewards", r.to_batches())
         c = pa.table(
@@ -120,7 +125,7 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
                 {f.name: c[f.name] if f.name in c.column_names else pa.nulls(n, f.type) for f in CHECKS}, schema=CHECKS
             ).to_batches(),
         )
-        rf = pa.table(
+        rf = _full(
             {
                 "sample_id": pa.array(ids),
                 "ref_model": pa.array(["ref"] * n),
@@ -129,7 +134,8 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
                 "source_line": pa.array(np.arange(n, dtype=np.int64)),
                 "ingested_at": pa.array([now] * n, pa.timestamp("ms", tz="UTC")),
             },
-            schema=REF_LOGPROBS,
+            REF_LOGPROBS,
+            n,
         )
         store.commit("ref_logprobs", rf.to_batches())
     return tokens

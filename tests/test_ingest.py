@@ -140,12 +140,14 @@ def test_rerun_adds_nothing_and_changed_file_adds_only_new(store, write_trace):
     assert (first.samples, again.samples) == (3, 0)
     assert again.files[0].status == "unchanged"
     assert store.version("traces") == version
-    # the file grows: only the new record is added, the old ones are recognised
+    # the file grows: it is read on from where the last run stopped, and only the new record is added
+    size = os.path.getsize(path)
     with open(path, "a") as fh:
         fh.write(json.dumps(vllm_chat("r3", [9], [([9], [-1.0])])) + "\n")
     os.utime(path, ns=(1, 2))
     grown = ingest([str(path)], store)
-    assert (grown.samples, grown.already_present) == (1, 3)
+    assert (grown.samples, grown.already_present) == (1, 0)
+    assert (grown.files[0].resumed_from, grown.bytes_read) == (size, os.path.getsize(path) - size)
     assert traces(store)["sample_id"].to_list() == ["r0#0", "r1#0", "r2#0", "r3#0"]
 
 

@@ -34,14 +34,16 @@ def test_a_line_still_being_written_is_left_for_the_next_run(store, tmp_path):
     (entry,) = commit_infos(store, "traces", limit=1)[0]["prl.sources"]
     assert (entry["bytes_consumed"], entry["complete"]) == (len(LINES[0]) + len(LINES[1]) + 2, False)
 
-    again = ingest([str(path)], store)  # unchanged, still young: read again, nothing new, nothing lost
-    assert (again.files[0].status, again.samples, again.already_present, again.quarantined) == ("ingested", 0, 2, {})
+    consumed = entry["bytes_consumed"]
+    again = ingest([str(path)], store)  # unchanged, still young: read on from there, nothing new, nothing lost
+    assert (again.files[0].status, again.samples, again.already_present, again.quarantined) == ("ingested", 0, 0, {})
+    assert (again.files[0].resumed_from, again.files[0].bytes_read, again.bytes_read) == (consumed, half, half)
 
     with open(path, "ab") as fh:  # the server finishes the line
         fh.write(LINES[2][half:] + b"\n")
     done = ingest([str(path)], store)
-    assert (done.samples, done.already_present, done.quarantined) == (1, 2, {})
-    assert done.files[0].held_back_bytes == 0
+    assert (done.samples, done.already_present, done.quarantined) == (1, 0, {})
+    assert (done.files[0].held_back_bytes, done.files[0].resumed_from) == (0, consumed)
     assert _sample_ids(store) == ["live0#0", "live1#0", "live2#0"]
     assert ingest([str(path)], store).files[0].status == "unchanged"  # complete now: consumed
     assert _sample_ids(store) == ["live0#0", "live1#0", "live2#0"]
@@ -55,7 +57,8 @@ def test_a_file_that_stopped_mid_line_quarantines_the_line(store, tmp_path):
     old = time.time_ns() - 301 * 10**9  # past the default grace of 300 s
     os.utime(path, ns=(old, old))
     result = ingest([str(path)], store, max_quarantine_rate=None)
-    assert (result.samples, result.already_present, result.quarantined) == (0, 1, {"truncated_line": 1})
+    assert (result.samples, result.already_present, result.quarantined) == (0, 0, {"truncated_line": 1})
+    assert result.files[0].resumed_from == len(LINES[0]) + 1  # only the last line is read again
     q = pl.read_delta(store.table_uri("quarantine")).row(0, named=True)
     assert (q["source_line"], q["reason"], q["raw"]) == (2, "truncated_line", LINES[1][:40].decode())
     assert ingest([str(path)], store).files[0].status == "unchanged"

@@ -54,13 +54,15 @@ def test_a_stream_still_being_written_is_left_for_the_next_run(store, tmp_path, 
     assert (ledger(store)["bytes_consumed"], ledger(store)["complete"]) == (len(head), False)
     assert store.version("quarantine") is None
 
-    again = ingest([str(path)], store)  # unchanged and young: nothing new, nothing lost
-    assert (again.samples, again.already_present, again.quarantined) == (0, 3, {})
+    again = ingest([str(path)], store)  # unchanged and young: read on from the open stream, nothing lost
+    assert (again.samples, again.already_present, again.quarantined) == (0, 0, {})
+    assert (again.files[0].resumed_from, again.files[0].bytes_read) == (len(head), len(written))
 
     with open(path, "ab") as fh:  # the server finishes the stream
         fh.write(form(THIRD[cut_at:]))
     done = ingest([str(path)], store)
-    assert (done.samples, done.already_present, done.quarantined) == (2, 3, {})
+    assert (done.samples, done.already_present, done.quarantined) == (2, 0, {})
+    assert done.files[0].resumed_from == len(head)
     assert (done.files[0].held_back_bytes, ledger(store)["complete"]) == (0, True)
     assert sample_ids(store) == IDS
     assert ingest([str(path)], store).files[0].status == "unchanged"

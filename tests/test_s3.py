@@ -137,10 +137,13 @@ def test_rerun_adds_nothing_and_changed_object_adds_only_new(s3):  # noqa: F811
     assert ingest([s3.url("in/a.jsonl")], store).files[0].status == "unchanged"
     src = expand([s3.url("in/a.jsonl")])[0]
     assert store.transaction_version("traces", f"prl.source:{src.identity}") == 1
-    # the object is replaced with more records: only the new sample lands, the old one is recognised
-    s3.put("in/a.jsonl", jsonl(CHAT, vllm_chat("chat-z", [3], [([4], [-2.0])])))
+    # the object is replaced with more records: it is read on from where the last run stopped (ranged reads)
+    old, new = jsonl(CHAT), jsonl(vllm_chat("chat-z", [3], [([4], [-2.0])]))
+    s3.put("in/a.jsonl", old + new)
     grown = ingest([s3.url("in/")], store)
-    assert (grown.samples, grown.already_present) == (1, 1)
+    assert (grown.samples, grown.already_present) == (1, 0)
+    (read,) = [f for f in grown.files if f.status == "ingested"]
+    assert (read.resumed_from, read.bytes_read, grown.bytes_read) == (len(old), len(new), len(new))
     assert {f.uri: f.status for f in grown.files} == {
         s3.url("in/a.jsonl"): "ingested",
         s3.url("in/b.jsonl.gz"): "unchanged",

@@ -84,16 +84,21 @@ def read_record(
     return reader.name, out
 
 
-def source_position(first_record: bytes, line: int) -> str:
-    """Where a record sits in its source, by content, not by name: a digest of the source's first record and
-    the record's line number.
+def source_key(first_record: bytes) -> str:
+    """What names a source in :func:`source_position`: a digest of its first record (16 hex digits)."""
+    return hashlib.sha256(first_record).hexdigest()[:16]
+
+
+def source_position(key: str, line: int) -> str:
+    """Where a record sits in its source, by content, not by name: the source's :func:`source_key` (a digest of
+    its first record) and the record's line number.
 
     Records without a request ID (TGI, rollout dumps) get IDs derived from their content; two byte-identical
     records (concurrent greedy requests, a group of n identical answers) are still two samples, so the ID
     also takes the record's position. The source is named by its first record, which stays the same when a
     log grows, is renamed or compressed by rotation, or is copied: reading it again under any name gives the
     same IDs and adds nothing, while another file (another first record) gives other IDs."""
-    return f"{hashlib.sha256(first_record).hexdigest()[:16]}:{line}"
+    return f"{key}:{line}"
 
 
 def _no_ids(q: Quarantined) -> Quarantined:

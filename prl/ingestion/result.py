@@ -28,6 +28,10 @@ class FileReport:
     error: str | None = None
     held_back_bytes: int = 0
     """Bytes of an unterminated last line left for a later run (a plain file still being written)."""
+    bytes_read: int = 0
+    """Bytes read by this run: from :attr:`resumed_from` to the end (``bytes`` is the file's size)."""
+    resumed_from: int = 0
+    """The byte this run began at: 0, or where an earlier run stopped in a plain file that grew since."""
     formats: dict[str, int] = field(default_factory=dict)
     """Decoded records per format that read them (detection is per record: a proxy log may mix formats)."""
 

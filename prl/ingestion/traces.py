@@ -29,13 +29,14 @@ from prl.errors import FormatDetectionError, UsageError
 from prl.formats import registry
 from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
-from prl.formats.guard import as_quarantined, read_record, source_position
+from prl.formats.guard import as_quarantined, read_record, source_key, source_position
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.batch import Checked, check_and_assemble
 from prl.ingestion.inline_rewards import inline_reward_rows, reward_batches
 from prl.ingestion.ledger import ledger_entry
 from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, IngestResult
+from prl.ingestion.resume import ResumePoint, app_id, continuation, earlier_points, fresh_reader, point_after
 from prl.io import sources as io_sources
 from prl.io.sources import LineReader, SourceFile, first_lines, lines_of, scan
 from prl.schema import FINISH_REASONS, RAW_LIMIT, TRACES
@@ -77,6 +78,19 @@ class _GroupState:
     reward_rows: list[dict[str, Any]] = field(default_factory=list)
     partial_line_grace: float = 0.0
     """Seconds since its last change during which a plain file ending mid-line is left to grow."""
+    points: dict[str, ResumePoint] = field(default_factory=dict)
+    """Where earlier runs stopped in plain files that may have grown since, by URI."""
+
+
+@dataclass
+class _Opened:
+    """A source opened for reading: from its start, or on from where an earlier run stopped."""
+
+    reader: LineReader
+    fmt: Format
+    records: Iterator[RawRecord]
+    first_record: str | None = None
+    """The :func:`source_key` of the file's first record read without error, once known."""
 
 
 class _EmptySource(Exception):
@@ -154,8 +168,12 @@ def ingest(
                 continue
             pending.append(src)
         index = SampleIndex(store, write=not dry_run)
+        points = earlier_points(store, traces, [src.uri for src in pending])
+        version = None if traces is None else traces.version()
         for group in _groups(pending):
-            _ingest_group(group, store, index, format, options, result, dry_run, batch_tokens, progress, grace)
+            version = _ingest_group(
+                group, store, index, format, options, result, dry_run, batch_tokens, progress, grace, points, version
+            )
         result.versions = {"traces": store.version("traces"), "quarantine": store.version("quarantine")}
     result.seconds = time.perf_counter() - started
     return result
@@ -185,8 +203,11 @@ def _ingest_group(
     batch_tokens: int,
     progress: Callable[[int], None] | None,
     partial_line_grace: float,
-) -> None:
-    state = _GroupState(partial_line_grace=partial_line_grace)
+    points: dict[str, ResumePoint],
+    version: int | None,
+) -> int | None:
+    """Read and commit one group; returns the traces table's version after it (``version``: before it)."""
+    state = _GroupState(partial_line_grace=partial_line_grace, points=points)
     index.refresh()
     dedup = _Deduper(index)
     now_ms = int(time.time() * 1000)
@@ -209,6 +230,8 @@ def _ingest_group(
         for r in state.ledger
         if r["complete"]
     }
+    expected = 1 if version is None else version + 1  # a missing table is created (0), then committed to
+    transactions.update({app_id(r["uri"]): expected for r in state.ledger if "resume" in r})
     committed = pending_traces.commit(
         metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions
     )
@@ -222,9 +245,10 @@ def _ingest_group(
         result.already_present += report.already_present
         for reason, count in report.quarantined.items():
             result.quarantined[reason] = result.quarantined.get(reason, 0) + count
-    result.bytes_read += sum(r.bytes for r in reports if r.status != "unchanged")
+    result.bytes_read += sum(r.bytes_read for r in reports)
     result.prompt_tokens += sum(r.prompt_tokens for r in reports)
     result.completion_tokens += sum(r.completion_tokens for r in reports)
+    return version if committed.version is None else committed.version
 
 
 def _ingest_file(
@@ -238,29 +262,18 @@ def _ingest_file(
     batch_tokens: int,
     progress: Callable[[int], None] | None,
 ) -> Iterator[pa.RecordBatch]:
-    reader = LineReader(src, hold_partial=src.changed_within(state.partial_line_grace))
+    opened = _open_source(src, format, report, state, now_ms)
+    if opened is None:
+        return
+    reader, fmt, records, first_record = opened.reader, opened.fmt, opened.records, opened.first_record
     counts: Counter[str] = Counter()
-    try:
-        fmt, records = _framed(reader, format, src.uri)
-    except _EmptySource:  # consumed with no records; if it grows, its identity changes and it is read again
-        report.status = "empty"
-        state.ledger.append(ledger_entry(src, reader, None, report))
-        return
-    except FormatDetectionError as exc:
-        if reader.truncated:  # nothing decodable before the damage: record the damage, not a format error
-            _record_truncation(src, reader, report, state, now_ms, None)
-            state.ledger.append(ledger_entry(src, reader, None, report))
-            return
-        report.status, report.error = "failed", str(exc)
-        return
     report.format = fmt.name
     formats: Counter[str] = Counter()
-    first_record: bytes | None = None
     rows: list[Located] = []
     raws: list[bytes] = []
     tokens = 0
     last_progress = 0
-    held_tail = 0  # bytes of a record still open where the file ends, left for a later run
+    held_tail = held_line = 0  # a record still open where the file ends, left for a later run: bytes, line
 
     def quarantine(
         line: int, raw: bytes, q: Quarantined, sample_id: str | None = None, name: str = fmt.name, table: str = "traces"
@@ -279,7 +292,7 @@ def _ingest_file(
 
     for record in records:
         if record.unfinished is not None and reader.hold_partial and reader.compression == "none":
-            held_tail = record.unfinished  # an SSE stream still being written: the next run reads it whole
+            held_tail, held_line = record.unfinished, record.line  # an SSE stream still being written
             continue
         report.records += 1
         if record.error is not None:
@@ -287,7 +300,7 @@ def _ingest_file(
                 record.error = Quarantined("truncated_line", "the file's last line is incomplete")
             quarantine(record.line, record.raw, record.error)
             continue
-        first_record = record.raw if first_record is None else first_record
+        first_record = source_key(record.raw) if first_record is None else first_record
         position = source_position(first_record, record.line)  # identity of records without a request id
         name, parsed = read_record(fmt, record.obj, options, position)  # never raises: poison is quarantined
         formats[name] += 1
@@ -321,7 +334,35 @@ def _ingest_file(
         report.format = "mixed"
     if reader.truncated:
         _record_truncation(src, reader, report, state, now_ms, fmt.name)
-    state.ledger.append(ledger_entry(src, reader, report.format, report, held_tail))
+    resume = point_after(reader, fmt.name, format, first_record, held_tail, held_line)
+    state.ledger.append(ledger_entry(src, reader, report.format, report, held_tail, resume))
+
+
+def _open_source(src: SourceFile, format: str, report: FileReport, state: _GroupState, now_ms: int) -> _Opened | None:
+    """The source's reader, format and records: on from where an earlier run stopped when the file still begins
+    with the bytes it consumed, else from the start (the format detected unless named). None for a source
+    with nothing to read (its ledger entry made) or whose format is unknown (``failed``)."""
+    hold = src.changed_within(state.partial_line_grace)
+    point = state.points.get(src.uri)
+    resumed = None if point is None else continuation(src, point, format)
+    if resumed is not None:
+        reader = resumed.reader(src, hold)
+        return _Opened(reader, resumed.fmt, resumed.fmt.frame_blocks(reader.blocks()), resumed.point.first_record)
+    reader = fresh_reader(src, hold)
+    try:
+        fmt, records = _framed(reader, format, src.uri)
+    except _EmptySource:  # consumed with no records; if it grows, its identity changes and it is read again
+        report.status = "empty"
+        state.ledger.append(ledger_entry(src, reader, None, report))
+        return None
+    except FormatDetectionError as exc:
+        if reader.truncated:  # nothing decodable before the damage: record the damage, not a format error
+            _record_truncation(src, reader, report, state, now_ms, None)
+            state.ledger.append(ledger_entry(src, reader, None, report))
+            return None
+        report.status, report.error, report.bytes_read = "failed", str(exc), reader.bytes_read
+        return None
+    return _Opened(reader, fmt, records)
 
 
 def _apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:

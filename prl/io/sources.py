@@ -10,14 +10,12 @@ import fnmatch
 import glob
 import hashlib
 import os
-import queue
 import stat
-import threading
 import time
 import zlib
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -25,6 +23,8 @@ import zstandard
 
 from prl.errors import RetryableIOError, UsageError
 from prl.io.locations import aws_endpoint, filesystem_for
+from prl.io.prefix import PrefixWindow
+from prl.io.readahead import read_ahead as _read_ahead
 
 READ_CHUNK = 4 * 1024 * 1024
 INFLATE_PIECE = 64 * 1024
@@ -244,6 +244,11 @@ class LineReader:
     ``truncated`` holds a message when a compressed stream ended early or was
     corrupt (the lines decoded before the damage were yielded; a partial last line is yielded too and its
     record will fail to parse).
+
+    A plain source an earlier run consumed part of is read on from byte ``start`` (a line boundary), its first
+    line numbered ``first_line``; ``bytes_read`` and ``sha256`` are then of the bytes from ``start`` on.
+    ``whole_bytes`` counts the bytes of the whole (newline-ended) lines yielded, ``next_line`` is the number
+    of the line after them, and ``window`` (when given) sees every stored byte read.
     """
 
     source: SourceFile
@@ -255,6 +260,11 @@ class LineReader:
     bytes_read: int = 0
     hold_partial: bool = False
     held_back: int = 0
+    start: int = 0
+    first_line: int = 1
+    window: PrefixWindow | None = None
+    whole_bytes: int = 0
+    next_line: int = 1
     _hasher: hashlib._Hash = field(default_factory=hashlib.sha256, repr=False)
 
     def __iter__(self) -> Iterator[tuple[int, bytes]]:
@@ -264,7 +274,7 @@ class LineReader:
         """The source as ``(number of the block's first line, bytes)`` blocks of whole lines, each ending with
         ``\\n`` except an unterminated last line (which also sets :attr:`unterminated_line`). A block is one
         read chunk or more (a line longer than a chunk is never cut); line endings are left as they are."""
-        line_no = 1
+        line_no = self.first_line
         parts: list[bytes] = []  # an incomplete line, as read so far
         # reading, hashing, decompressing and counting lines release the GIL: a background thread does
         # them while the caller parses (for S3, each read is a ranged GET whose latency this hides too)
@@ -277,6 +287,8 @@ class LineReader:
             parts = [] if cut == len(block) else [block[cut:]]
             yield line_no, whole
             line_no += newlines  # the newlines of whole: those of block (parts hold none)
+            self.whole_bytes += len(whole)
+        self.next_line = line_no
         if parts:
             self.unterminated_line = line_no
             if self.hold_partial and self.compression == "none":
@@ -293,13 +305,17 @@ class LineReader:
     def _read_chunks(self) -> Generator[bytes, None, None]:
         fs, path = filesystem_for(self.source.uri)
         try:
-            with fs.open_input_stream(path, compression=None) as stream:
+            with fs.open_input_file(path) if self.start else fs.open_input_stream(path, compression=None) as stream:
+                if self.start:
+                    stream.seek(self.start)
                 while True:
                     chunk = stream.read(self.chunk_size)
                     if not chunk:
                         return
                     self._hasher.update(chunk)
                     self.bytes_read += len(chunk)
+                    if self.window is not None:
+                        self.window.add(chunk)
                     yield chunk
         except FileNotFoundError as exc:
             raise RetryableIOError(f"{self.source.uri} disappeared while reading: {exc}") from exc
@@ -308,6 +324,9 @@ class LineReader:
 
     def _decompressed(self) -> Iterator[bytes]:
         chunks = self._read_chunks()
+        if self.start:  # continued: a plain source (its first bytes, magic included, are what they were)
+            yield from chunks
+            return
         first = next(chunks, b"")
         while 0 < len(first) < len(ZSTD_MAGIC):  # the magic bytes may straddle small reads
             more = next(chunks, b"")
@@ -439,49 +458,3 @@ def first_lines(block: tuple[int, bytes], count: int) -> tuple[int, bytes]:
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield first
     yield from rest
-
-
-_END = object()
-T = TypeVar("T")
-
-
-def _read_ahead(chunks: Generator[T, None, None], depth: int) -> Iterator[T]:
-    """Iterate ``chunks`` while a background thread produces up to ``depth`` chunks ahead (memory: ``depth`` + 1
-    chunks). An error in the producer is raised in the consumer; a consumer that stops early stops the producer
-    (after at most one more read) and closes ``chunks``."""
-    ready: queue.Queue[object] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def offer(item: object) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for chunk in chunks:
-                if not offer(chunk):
-                    return
-            offer(_END)
-        except BaseException as exc:  # handed to the consumer, which raises it
-            offer(exc)
-        finally:
-            chunks.close()
-
-    thread = threading.Thread(target=produce, name="prl-read-ahead", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item = ready.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item  # type: ignore[misc]
-    finally:
-        stop.set()
-        thread.join()

@@ -3,7 +3,8 @@
 Per group of source files, one pass streams records in batches (memory bounded by ``batch_tokens``), then two
 commits make the result visible: quarantine first, then traces with the source ledger (commit metadata listing
 uri, size, mtime, sha256 of every file consumed) and one Delta ``txn`` per file identity. A file whose identity
-(uri, size, mtime) is already in the ledger is skipped without being read. Killing a run at any instant and
+(uri, size, mtime) is already in the ledger is skipped without being read; a plain file that grew since is read
+on from where the last run stopped (:mod:`prl.ingestion.resume`). Killing a run at any instant and
 running it again loses nothing and duplicates nothing:
 
 - killed before the quarantine commit: nothing is visible, the rerun does it all again;

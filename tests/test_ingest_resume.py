@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -245,3 +246,43 @@ def test_the_window_digests_the_first_and_last_block_of_a_prefix():
     short.seed(b"a\n", b"a\n", 2)  # continued from byte 2: the first block fills up with what follows
     short.add(b"bc\nd")
     assert short.digest(5) == PrefixDigest(5, 4, sha(b"a\nbc"), sha(b"\nbc\n"))
+
+
+def test_a_last_line_quarantined_as_cut_is_read_whole_once_the_writer_finishes_it(store, tmp_path):
+    path = tmp_path / "paused.jsonl"
+    head, last = big("p0", 1), big("p1", 2)
+    path.write_bytes(head + last[:100])
+    stale = 1_000_000_000  # long past the grace period
+    os.utime(path, ns=(stale, stale))
+    first = ingest([str(path)], store, max_quarantine_rate=None)
+    assert (first.samples, first.quarantined) == (1, {"truncated_line": 1})
+    with open(path, "ab") as fh:  # the writer was only paused
+        fh.write(last[100:])
+    done = ingest([str(path)], store, max_quarantine_rate=None)
+    assert (done.files[0].resumed_from, done.samples, done.quarantined) == (len(head), 1, {})
+    assert ids(store) == ["p0#0", "p1#0"]
+
+
+def test_an_sse_stream_quarantined_as_cut_is_read_whole_once_the_writer_finishes_it(store, tmp_path):
+    """No run starts inside a stream an earlier run quarantined: the point stays at the stream's start."""
+    path = tmp_path / "paused.sse"
+    first, second = SSE[:_END], THIRD
+    done_at = second.rfind(b"data: [DONE]")
+    path.write_bytes(first)
+    ingest([str(path)], store)
+    with open(path, "ab") as fh:
+        fh.write(second[:done_at])
+    stale = 1_000_000_000
+    os.utime(path, ns=(stale, stale))
+    cut = ingest([str(path)], store, max_quarantine_rate=None)
+    assert (cut.files[0].resumed_from, cut.samples, cut.quarantined) == (len(first), 0, {"truncated_stream": 1})
+    assert "resume" not in entry(store)
+    with open(path, "ab") as fh:  # the writer was only paused
+        fh.write(second[done_at:])
+    done = ingest([str(path)], store, max_quarantine_rate=None)
+    assert (done.files[0].resumed_from, done.samples, done.quarantined) == (len(first), 2, {})
+    assert ids(store) == [
+        "chatcmpl-0ba70b30b73b6b0f5d789616dafd9053#0",
+        "chatcmpl-3333333333333333333333333333333d#0",
+        "chatcmpl-3333333333333333333333333333333d#1",
+    ]

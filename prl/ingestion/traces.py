@@ -275,6 +275,7 @@ def _ingest_file(
     tokens = 0
     last_progress = 0
     held_tail = held_line = 0  # a record still open where the file ends, left for a later run: bytes, line
+    cut_open = False  # a record open where the file ends was quarantined: no later run may start inside it
 
     def quarantine(
         line: int, raw: bytes, q: Quarantined, sample_id: str | None = None, name: str = fmt.name, table: str = "traces"
@@ -295,6 +296,7 @@ def _ingest_file(
         if record.unfinished is not None and reader.hold_partial and reader.compression == "none":
             held_tail, held_line = record.unfinished, record.line  # an SSE stream still being written
             continue
+        cut_open = cut_open or record.unfinished is not None
         report.records += 1
         if record.error is not None:
             if reader.unterminated_line == record.line:
@@ -335,7 +337,7 @@ def _ingest_file(
         report.format = "mixed"
     if reader.truncated:
         _record_truncation(src, reader, report, state, now_ms, fmt.name)
-    resume = point_after(reader, fmt.name, format, first_record, held_tail, held_line)
+    resume = None if cut_open else point_after(reader, fmt.name, format, first_record, held_tail, held_line)
     state.ledger.append(ledger_entry(src, reader, report.format, report, held_tail, resume))
 
 

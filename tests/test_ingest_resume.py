@@ -143,6 +143,21 @@ def test_a_growing_sse_capture_continues_at_stream_boundaries(tmp_path):
         assert (traces, quarantine) == once(path, content, Store(str(tmp_path / f"once-{layout}"))), layout
 
 
+@settings(max_examples=10, deadline=None)
+@given(
+    cuts=st.lists(st.integers(1, len(CAPTURE) - 1), min_size=1, max_size=3, unique=True).map(sorted),
+    crlf=st.booleans(),
+)
+def test_any_cut_points_of_an_sse_capture_give_the_tables_of_one_read(cuts, crlf):
+    content = CAPTURE.replace(b"\n", b"\r\n") if crlf else CAPTURE
+    cuts = [cut * len(content) // len(CAPTURE) for cut in cuts]
+    with tempfile.TemporaryDirectory() as work:
+        path = Path(work) / "live.sse"
+        grow(path, content, cuts, Store(f"{work}/grown"))
+        grown = tables(Store(f"{work}/grown"))
+        assert grown == once(path, content, Store(f"{work}/once"))
+
+
 def big(rid: str, seed: int) -> bytes:
     """A chat record of about 5 KiB: more than a digest block."""
     return json.dumps(vllm_chat(rid, list(range(seed, seed + 900)), [([seed + 2], [-1.0])])).encode() + b"\n"

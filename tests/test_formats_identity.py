@@ -43,10 +43,11 @@ def test_rereading_renamed_grown_or_compressed_content_adds_nothing(store, tmp_p
     log = tmp_path / "app.jsonl"
     log.write_text("\n".join([_line(TGI), _line(TGI)]) + "\n")
     assert ingest([str(log)], store).samples == 4
+    size = log.stat().st_size
     with log.open("a") as f:  # the log grows by one more identical record
         f.write(_line(TGI) + "\n")
-    grown = ingest([str(log)], store)
-    assert (grown.samples, grown.already_present) == (2, 4)
+    grown = ingest([str(log)], store)  # read on from where the last run stopped, its line numbered 3
+    assert (grown.samples, grown.already_present, grown.files[0].resumed_from) == (2, 0, size)
     rotated = tmp_path / "app.jsonl.1"  # rotation renames it; a later pass compresses it
     shutil.move(log, rotated)
     assert (ingest([str(rotated)], store).samples, ingest([str(rotated)], store).files[0].status) == (0, "unchanged")

@@ -18,7 +18,14 @@ Three cases, each timed step in a fresh process (so peak RSS is its own), the fa
     rewards, all shipped by one build (whole scan), then ``--new`` new samples and build-shards again (from the
     frontier), against the same new samples in an empty store. Target: within 1.25x of the empty store.
 
-Usage: ``python bench/bench_incremental.py [--stored N] [--short N] [--commits N] [--shipped N] [--cases a,b,c,d]``.
+(e) **growing log**: a log of ``--grown`` (200,000, ``PRL_BENCH_GROWN``) short records written in ``--grows`` (20)
+    appends, ingested after each as cron does: read on from where the last run stopped, against the same runs
+    reading the whole file each time (the file renamed before each run, so no run finds where the last stopped:
+    what ``prl ingest`` did before resume points). Target: the last run from the offset costs within 1.5x of the
+    first, and far less than the last run from the start.
+
+Usage: ``python bench/bench_incremental.py [--stored N] [--short N] [--commits N] [--shipped N] [--grown N]
+[--grows N] [--cases a,b,c,d,e]``.
 """
 
 from __future__ import annotations
@@ -296,6 +303,58 @@ def case_shipped(work: str, shipped: int, new: int) -> None:
     print(f"  peak RSS {max(r['peak_rss_mb'] for r in full):.0f} MB")
 
 
+def _growing_code(pieces: list[str], path: str, store: str, rename: bool) -> str:
+    """Code for :func:`_child`: append each piece to ``path`` and ingest it, timing each run."""
+    return AS_THE_COMMAND + (
+        "import os\n"
+        "from prl.ingestion.traces import ingest\n"
+        f"path, runs = {path!r}, []\n"
+        f"for step, piece in enumerate({pieces!r}):\n"
+        "    with open(piece, 'rb') as src, open(path, 'ab') as dst:\n"
+        "        dst.write(src.read())\n"
+        f"    if {rename!r}:\n"
+        "        moved = f'{path}.{step}'\n"
+        "        os.rename(path, moved)\n"
+        "        path = moved\n"
+        "    t = time.perf_counter()\n"
+        f"    r = ingest([path], {store!r})\n"
+        "    runs.append([time.perf_counter() - t, r.bytes_read, r.samples, r.already_present])\n"
+        "out = {'runs': runs}\n"
+    )
+
+
+def case_growing(work: str, records: int, grows: int) -> None:
+    print(f"(e) growing log: {records:,} short records in {grows} appends, ingested after each")
+    whole = os.path.join(work, "grown.jsonl")
+    records = short_file(whole, records, seed=11)
+    with open(whole, "rb") as fh:
+        lines = fh.read().splitlines(keepends=True)
+    pieces = []
+    for i in range(grows):
+        piece = os.path.join(work, f"piece-{i}.jsonl")
+        with open(piece, "wb") as fh:
+            fh.write(b"".join(lines[i * len(lines) // grows : (i + 1) * len(lines) // grows]))
+        pieces.append(piece)
+    size = os.path.getsize(whole)
+    results = {}
+    for mode, rename in (("offset", False), ("start", True)):
+        path = os.path.join(work, f"live-{mode}.jsonl")
+        runs = _child(_growing_code(pieces, path, os.path.join(work, f"grown-{mode}"), rename))["runs"]
+        assert sum(r[2] for r in runs) == records, (mode, runs)
+        results[mode] = runs
+        seconds, read = [r[0] for r in runs], sum(r[1] for r in runs)
+        print(
+            f"  from the {mode:6s}: first run {seconds[0]:.3f} s, last {seconds[-1]:.3f} s, all {sum(seconds):.2f} s; "
+            f"{read / 2**20:,.1f} MiB read for a {size / 2**20:,.1f} MiB file"
+        )
+    assert sum(r[1] for r in results["offset"]) == size, results["offset"]
+    offset, start = results["offset"][-1][0], results["start"][-1][0]
+    print(
+        f"  last run: {offset / results['offset'][0][0]:.2f}x the first from the offset (target <= 1.5x), "
+        f"{start / offset:.1f}x faster than from the start"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--stored", type=int, default=int(os.environ.get("PRL_BENCH_STORED", "10000000")))
@@ -303,7 +362,9 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=int(os.environ.get("PRL_BENCH_SHORT", "100000")))
     parser.add_argument("--commits", type=int, default=int(os.environ.get("PRL_BENCH_COMMITS", "10000")))
     parser.add_argument("--shipped", type=int, default=int(os.environ.get("PRL_BENCH_SHIPPED", "1000000")))
-    parser.add_argument("--cases", default="a,b,c,d")
+    parser.add_argument("--grown", type=int, default=int(os.environ.get("PRL_BENCH_GROWN", "200000")))
+    parser.add_argument("--grows", type=int, default=20)
+    parser.add_argument("--cases", default="a,b,c,d,e")
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="prl-bench-incremental-")
@@ -317,6 +378,8 @@ def main() -> None:
             case_cron(work, args.commits)
         if "d" in cases:
             case_shipped(work, args.shipped, args.new)
+        if "e" in cases:
+            case_growing(work, args.grown, args.grows)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

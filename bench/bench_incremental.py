@@ -18,7 +18,7 @@ Three cases, each timed step in a fresh process (so peak RSS is its own), the fa
     rewards, all shipped by one build (whole scan), then ``--new`` new samples and build-shards again (from the
     frontier), against the same new samples in an empty store. Target: within 1.25x of the empty store.
 
-(e) **growing log**: a log of ``--grown`` (200,000, ``PRL_BENCH_GROWN``) short records written in ``--grows`` (20)
+(e) **growing log**: a log of ``--grown`` (50,000, ``PRL_BENCH_GROWN``) short records written in ``--grows`` (20)
     appends, ingested after each as cron does: read on from where the last run stopped, against the same runs
     reading the whole file each time (the file renamed before each run, so no run finds where the last stopped:
     what ``prl ingest`` did before resume points). Target: the last run from the offset costs within 1.5x of the
@@ -362,7 +362,7 @@ def main() -> None:
     parser.add_argument("--short", type=int, default=int(os.environ.get("PRL_BENCH_SHORT", "100000")))
     parser.add_argument("--commits", type=int, default=int(os.environ.get("PRL_BENCH_COMMITS", "10000")))
     parser.add_argument("--shipped", type=int, default=int(os.environ.get("PRL_BENCH_SHIPPED", "1000000")))
-    parser.add_argument("--grown", type=int, default=int(os.environ.get("PRL_BENCH_GROWN", "200000")))
+    parser.add_argument("--grown", type=int, default=int(os.environ.get("PRL_BENCH_GROWN", "50000")))
     parser.add_argument("--grows", type=int, default=20)
     parser.add_argument("--cases", default="a,b,c,d,e")
     parser.add_argument("--workdir", default=None)

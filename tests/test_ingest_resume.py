@@ -116,6 +116,18 @@ THIRD = SSE[_END:].replace(b"chatcmpl-aae1480f80a65a0478f20f3fce4dd65a", b"chatc
 CAPTURE = SSE + THIRD  # three streams, the second and third of two choices
 
 
+def _messy() -> bytes:
+    """The capture with a comment and a line that is no SSE field between streams, and a fourth stream (another
+    id) holding a chunk that is not JSON: framed by the line framer, quarantined as malformed_sse / _json."""
+    fourth = THIRD.replace(b"chatcmpl-3333333333333333333333333333333d", b"chatcmpl-4444444444444444444444444444444d")
+    at = fourth.find(b"data: {", fourth.find(b"data: {") + 1)
+    fourth = fourth[:at] + b"data: {broken\n\n" + fourth[at:]
+    return SSE[:_END] + b": keep-alive\n\nnot sse at all\n\n" + SSE[_END:] + fourth + THIRD
+
+
+MESSY = _messy()
+
+
 def test_a_growing_sse_capture_continues_at_stream_boundaries(tmp_path):
     for layout in ("servers", "crlf"):
 
@@ -145,17 +157,18 @@ def test_a_growing_sse_capture_continues_at_stream_boundaries(tmp_path):
 
 @settings(max_examples=10, deadline=None)
 @given(
-    cuts=st.lists(st.integers(1, len(CAPTURE) - 1), min_size=1, max_size=3, unique=True).map(sorted),
+    cuts=st.lists(st.integers(1, len(MESSY) - 1), min_size=1, max_size=3, unique=True).map(sorted),
     crlf=st.booleans(),
 )
 def test_any_cut_points_of_an_sse_capture_give_the_tables_of_one_read(cuts, crlf):
-    content = CAPTURE.replace(b"\n", b"\r\n") if crlf else CAPTURE
-    cuts = [cut * len(content) // len(CAPTURE) for cut in cuts]
+    content = MESSY.replace(b"\n", b"\r\n") if crlf else MESSY
+    cuts = [cut * len(content) // len(MESSY) for cut in cuts]
     with tempfile.TemporaryDirectory() as work:
         path = Path(work) / "live.sse"
         grow(path, content, cuts, Store(f"{work}/grown"))
         grown = tables(Store(f"{work}/grown"))
         assert grown == once(path, content, Store(f"{work}/once"))
+        assert sorted(q["reason"] for q in grown[1]) == ["malformed_json", "malformed_sse"]
 
 
 def big(rid: str, seed: int) -> bytes:

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import polars as pl
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +24,7 @@ from prl.io.prefix import PrefixDigest, PrefixWindow
 from prl.store.tables import Store
 from tests.delta_log import commit_infos
 from tests.records import vllm_chat
+from tests.s3_server import moto_endpoint, s3  # noqa: F401
 
 DATA = Path(__file__).parent.parent / "sample_data" / "traces"
 TGI = (DATA / "tgi_generate.jsonl").read_bytes()  # request IDs derived from content, salted by position
@@ -35,10 +37,13 @@ LOG = TGI + SLIME + b"{not json\n\n" + TGI + CHAT + VERL  # TGI twice: byte-iden
 
 def tables(store: Store) -> tuple[list[dict], list[dict]]:
     """traces and quarantine rows (without their ingest times), in a fixed order."""
-    traces = pl.read_delta(store.table_uri("traces")).drop("ingested_at").sort("sample_id").to_dicts()
+    options = store.options or None
+    read = pl.read_delta(store.table_uri("traces"), storage_options=options)
+    traces = read.drop("ingested_at").sort("sample_id").to_dicts()
     if store.version("quarantine") is None:
         return traces, []
-    quarantine = pl.read_delta(store.table_uri("quarantine")).drop("quarantined_at").sort("quarantine_id")
+    quarantine = pl.read_delta(store.table_uri("quarantine"), storage_options=options)
+    quarantine = quarantine.drop("quarantined_at").sort("quarantine_id")
     return traces, quarantine.to_dicts()
 
 
@@ -314,3 +319,21 @@ def test_an_sse_stream_quarantined_as_cut_is_read_whole_once_the_writer_finishes
         "chatcmpl-3333333333333333333333333333333d#0",
         "chatcmpl-3333333333333333333333333333333d#1",
     ]
+
+
+@pytest.mark.s3
+def test_an_s3_object_rewritten_longer_is_read_on_from_where_the_last_run_stopped(s3):  # noqa: F811
+    """An object store has no appends: a log shipped by rewriting its object with more lines is read with ranged
+    reads from the end of what was consumed, and gives the tables of one read."""
+    lines = LOG.split(b"\n")
+    ends = [sum(len(line) + 1 for line in lines[:n]) for n in range(len(lines))]
+    grown = Store(s3.url("stores/grown"))
+    starts = []
+    for cut in (ends[4] + 9, ends[11], len(LOG)):
+        s3.put("logs/live.jsonl", LOG[:cut])
+        result = ingest([s3.url("logs/live.jsonl")], grown, max_quarantine_rate=None)
+        starts.append((result.files[0].resumed_from, result.bytes_read))
+    assert starts == [(0, ends[4] + 9), (ends[4], ends[11] - ends[4]), (ends[11], len(LOG) - ends[11])]
+    once = Store(s3.url("stores/once"))
+    ingest([s3.url("logs/live.jsonl")], once, max_quarantine_rate=None)
+    assert tables(grown) == tables(once)

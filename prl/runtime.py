@@ -2,7 +2,8 @@
 
 - **Arrow keeps freed memory for reuse.** Steps like build-shards allocate and free shard-sized Arrow buffers
   over and over. Handed back to the OS, each comes back as fresh pages the kernel must fault in and zero; with
-  ``MIMALLOC_PURGE_DELAY=-1`` Arrow's allocator (mimalloc) keeps them. Peak memory does not change.
+  ``MIMALLOC_PURGE_DELAY=-1`` Arrow's allocator (mimalloc) keeps them. Peak memory rises a little (60–100 MB
+  on a small build-shards, about nothing at 200 M tokens: ``bench/bench_shards_memory.py``).
 - **One BLAS thread.** prl does no linear algebra, but numpy's OpenBLAS starts a thread per core at import,
   which then spins for a while: about 0.1 CPU-seconds per command on two cores, taken from the work.
 

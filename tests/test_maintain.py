@@ -7,7 +7,9 @@ import os
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 
 from prl.errors import LockedError, UsageError
 from prl.ingestion.traces import ingest
@@ -16,7 +18,8 @@ from prl.pipeline.runner import run
 from prl.schema import TRACES
 from prl.store.index import INDEX_TABLE, SampleIndex
 from prl.store.locks import holding
-from prl.store.maintain import maintain
+from prl.store.maintain import DATA_ROW_GROUP_ROWS, maintain
+from prl.store.tables import Store, scan_options
 from tests.pipeline_helpers import run_prl
 from tests.records import vllm_chat
 
@@ -145,3 +148,24 @@ def test_recipe_maintain_values_are_checked(tmp_path):
             from_mapping({"store": {"uri": "s"}, "maintain": bad})
     recipe = from_mapping({"store": {"uri": str(tmp_path)}, "maintain": {}})
     assert recipe.steps == ("maintain",) and recipe.maintain == MaintainSection(168, 128)
+
+
+def test_compacted_files_keep_row_groups_a_reader_can_hold(store):
+    # delta-rs would write one row group per compacted file: readers decode a row group at a time, so their memory
+    # would follow the file's size; compaction writes DATA_ROW_GROUP_ROWS rows per group, floats split as prl does
+    rows = [one_row(i).to_pylist()[0] | {"temperature": 0.5 + i % 3} for i in range(DATA_ROW_GROUP_ROWS + 904)]
+    for part in (rows[:3000], rows[3000:]):
+        store.commit("traces", pa.Table.from_pylist(part, schema=TRACES).to_batches())
+    expected = store.read("traces").sort_by("sample_id")
+    maintain(store, retention_hours=1)
+    (path,) = DeltaTable(store.table_uri("traces")).file_uris()
+    meta = pq.ParquetFile(path).metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [DATA_ROW_GROUP_ROWS, 904]
+    columns = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i) for i in range(meta.num_columns)}
+    assert "BYTE_STREAM_SPLIT" in columns["temperature"].encodings
+    assert store.read("traces").sort_by("sample_id").equals(expected)
+
+
+def test_local_scans_read_column_chunks_as_they_go_and_s3_scans_prebuffer(tmp_path):
+    assert Store(str(tmp_path / "store")).scan_options.pre_buffer is False
+    assert scan_options(remote=True).pre_buffer is True

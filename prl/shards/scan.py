@@ -135,9 +135,11 @@ def _scanned_files(
     spill: ScanSpill | None,
     spill_columns: list[str],
     exclude: pa.Array | None,
+    read: ds.ParquetFragmentScanOptions,
 ) -> Iterator[tuple[int, str, pa.RecordBatch]]:
     """``(first scan row number, data file path, batch)`` of each part of ``source`` in turn (its rows that pass
-    the part's filter); with ``spill``, as :func:`_scanned`."""
+    the part's filter), read as ``read`` says (the store's :attr:`~prl.store.tables.Store.scan_options`); with
+    ``spill``, as :func:`_scanned`."""
     row = 0
     batch_rows = SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8
     for dataset, flt in source.parts:
@@ -145,6 +147,7 @@ def _scanned_files(
             columns=columns,
             filter=flt,
             batch_size=batch_rows,
+            fragment_scan_options=read,
             batch_readahead=READAHEAD_BATCHES,
             fragment_readahead=READAHEAD_FILES,
         )
@@ -192,7 +195,7 @@ def scan_traces(
     frames = []
     if source is None:
         source = whole_snapshot(store, version) if version is not None else TraceSource([], whole=True)
-    for row, path, batch in _scanned_files(source, columns, spill, spill_columns, exclude):
+    for row, path, batch in _scanned_files(source, columns, spill, spill_columns, exclude, store.scan_options):
         n = batch.num_rows
         completion_len = _lengths(batch["completion_token_ids"])
         has_mask = pc.is_valid(batch["completion_mask"])

@@ -24,10 +24,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from deltalake import CommitProperties, DeltaTable, WriterProperties
+from deltalake import ColumnProperties, CommitProperties, DeltaTable, WriterProperties
 
 from prl.errors import ExitCode, RetryableIOError, UsageError
-from prl.schema import TABLES
+from prl.schema import TABLES, float_leaves
 from prl.store.index import INDEX_TABLES, ROW_GROUP_ROWS
 from prl.store.locks import holding
 from prl.store.tables import Store, describe_error
@@ -36,6 +36,10 @@ DEFAULT_RETENTION_HOURS = 168
 """Delta's own default: a reader may stay pinned at a version for a week."""
 MIN_RETENTION_HOURS = 1
 DEFAULT_TARGET_MB = 128
+DATA_ROW_GROUP_ROWS = 4096
+"""Rows per row group of a compacted data file: about one ingest batch of chat samples. Readers decode a row group
+at a time, so this bounds their memory whatever the file's size (delta-rs's default, one row group per file of up
+to a million rows, made a build-shards scan of a compacted 40 M-token store peak at 1.4 GB instead of 0.7 GB)."""
 MAINTAINED = (*TABLES, *INDEX_TABLES)
 
 
@@ -127,7 +131,18 @@ def _compact(table: DeltaTable, name: str, target_mb: int, props: CommitProperti
     if name in INDEX_TABLES:
         writer = WriterProperties(compression="ZSTD", max_row_group_size=ROW_GROUP_ROWS)
         return table.optimize.z_order(["key"], target_size=target, writer_properties=writer, commit_properties=props)
-    return table.optimize.compact(target_size=target, commit_properties=props)
+    return table.optimize.compact(target_size=target, writer_properties=data_writer(name), commit_properties=props)
+
+
+def data_writer(name: str) -> WriterProperties:
+    """How compaction writes a data table's files: zstd, row groups of :data:`DATA_ROW_GROUP_ROWS` rows, and the
+    top-level floating-point columns byte-stream-split without a dictionary as prl's own writer does (delta-rs
+    applies column settings to top-level columns only, so list leaves keep its defaults)."""
+    floats = [path for path in float_leaves(TABLES[name]) if "." not in path]
+    split = ColumnProperties(dictionary_enabled=False, encoding="BYTE_STREAM_SPLIT")
+    return WriterProperties(
+        compression="ZSTD", max_row_group_size=DATA_ROW_GROUP_ROWS, column_properties=dict.fromkeys(floats, split)
+    )
 
 
 def _maintain_table(

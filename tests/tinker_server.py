@@ -27,13 +27,13 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from tests.score_helpers import Reference
+from tests.score_helpers import Reference, serving
 
 API_KEY = "tml-test-5b9d2e41"
 BASE_MODEL = "tiny/base"
@@ -187,13 +187,5 @@ def tinker_server(ref: Reference, behaviour: TinkerBehaviour | None = None) -> I
             self.end_headers()
             self.wfile.write(data)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Handler) as url:
+        yield url, state

@@ -17,11 +17,14 @@ from typer.testing import CliRunner
 from prl.cli import app
 from prl.errors import RetryableIOError, UsageError
 from prl.io.locations import filesystem_for
+from prl.schema import REWARDS
 from prl.shards.build import build_shards
+from prl.shards.frontier import frontier_path, read_frontier
 from prl.shards.listing import list_sets
 from prl.shards.options import ShardOptions
 from prl.shards.s3out import S3Out
 from prl.shards.verify import verify_shards
+from prl.store.tables import Store
 from tests.s3_server import moto_endpoint, s3  # noqa: F401
 from tests.shards_fixtures import random_store, reward, table, trace, verdict
 
@@ -32,8 +35,8 @@ OPTIONS = ShardOptions(target_tokens=60, seed=5)
 
 
 def local_files(out: str) -> dict[str, bytes]:
-    """Every file under a local OUT, by path relative to OUT, less the frontier (``.prl/frontier*``: a local
-    OUT's record of what the next build need not scan; an S3 OUT keeps none)."""
+    """Every file under a local OUT, by path relative to OUT, less the frontier (``.prl/frontier*``: what the
+    next build need not scan; its backlog file has a name of its own in every OUT)."""
     files = {}
     for root, _, names in os.walk(out):
         for name in names:
@@ -45,9 +48,9 @@ def local_files(out: str) -> dict[str, bytes]:
 
 
 def s3_files(s3, prefix: str) -> dict[str, bytes]:  # noqa: F811
-    return {
-        key[len(prefix) :]: s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read() for key in s3.keys(prefix)
-    }
+    """Every object under ``prefix`` by key relative to it, less the frontier (as :func:`local_files`)."""
+    keys = [key for key in s3.keys(prefix) if not key[len(prefix) :].startswith(".prl/frontier")]
+    return {key[len(prefix) :]: s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read() for key in keys}
 
 
 def test_an_s3_out_holds_the_bytes_of_a_local_build_and_reads_back_exactly(s3, tmp_path):  # noqa: F811
@@ -276,3 +279,32 @@ def test_a_missing_bucket_is_a_usage_error_and_a_dead_endpoint_retryable(s3, tmp
 def test_listing_an_s3_prefix_that_holds_no_set_is_a_usage_error(s3):  # noqa: F811
     res = runner.invoke(app, ["shards", "list", s3.url("nothing"), "--json"])
     assert res.exit_code == 2 and "holds no shard set" in json.loads(res.stdout)["error"]
+
+
+def test_an_s3_out_keeps_a_frontier_and_its_next_build_is_the_bytes_of_a_whole_scan(s3, tmp_path):  # noqa: F811
+    from tests.test_shards_frontier import OPTIONS as FRONTIER_OPTIONS
+    from tests.test_shards_frontier import _commit, _history, _rows, _same_build
+
+    store = Store(str(tmp_path / "store"))
+    _history(store)
+    out, whole = s3.url("runs/fast"), str(tmp_path / "whole")
+    first = build_shards(store, out, options=FRONTIER_OPTIONS)
+    assert (first.traces_scan, first.rows) == ({"from": "whole", "rows": 8}, 5)
+    frontier = read_frontier(f"s3://{s3.bucket}/runs/fast")
+    assert frontier is not None and (frontier.shipped, frontier.sets) == (5, (first.set_id,))
+    backlog_key = f"runs/fast/.prl/frontier/{frontier.backlog}"
+    assert backlog_key in s3.keys("runs/fast/.prl/frontier/")
+    build_shards(store, whole, options=FRONTIER_OPTIONS)
+
+    _commit(store, _rows("n", 1, 2, version="step-12"))
+    store.commit("rewards", table(REWARDS, [reward("b0-1:0", 1.0)]).to_batches())
+    second = build_shards(store, out, options=FRONTIER_OPTIONS)
+    assert second.traces_scan == {"from": "frontier", "rows": 3 + 2}
+    os.remove(frontier_path(whole))
+    twin = build_shards(store, whole, options=FRONTIER_OPTIONS)
+    assert twin.traces_scan == {"from": "whole", "rows": 10}
+    _same_build(second, twin)
+    # the earlier backlog is gone, the new one is named by the new frontier
+    newer = read_frontier(f"s3://{s3.bucket}/runs/fast")
+    assert newer is not None and s3.keys("runs/fast/.prl/frontier/") == [f"runs/fast/.prl/frontier/{newer.backlog}"]
+    assert verify_shards(out).exit_code == 0

@@ -218,10 +218,10 @@ def _advance_frontier(
     plan: Plan,
     sets: list[str],
 ) -> None:
-    """After a build of a local ``out`` completed: the frontier for the next one (:mod:`prl.shards.frontier`);
-    nothing when ``out`` is remote or is no folder (a first build that shipped nothing leaves none)."""
+    """After a build of ``out`` completed: the frontier for the next one (:mod:`prl.shards.frontier`); nothing
+    when ``out`` holds no set yet (a first build that shipped nothing leaves no folder and no objects)."""
     traces_version = versions.get("traces")
-    if "://" in out or not os.path.isdir(out) or traces_version is None or plan.backlog is None:
+    if traces_version is None or plan.backlog is None or not sets:
         return
     frontier = Frontier(
         traces_version=traces_version,

@@ -38,10 +38,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from prl.io.locations import filesystem_for, is_remote
 from prl.schema import TABLES
-from prl.shards.layout import meta_root
+from prl.shards.layout import META, meta_root
 from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file, write_json
+from prl.shards.s3out import S3Out
 from prl.store.changes import added_files, snapshot_files
 from prl.store.tables import Store
 
@@ -90,10 +92,16 @@ class Frontier:
 
 
 def read_frontier(out: str) -> Frontier | None:
-    """The frontier of ``out``, or None when there is none or it is not one this version of prl wrote."""
+    """The frontier of ``out`` (a local folder or an ``s3://`` prefix), or None when there is none or it is not
+    one this version of prl wrote."""
     try:
-        with open(frontier_path(out), encoding="utf-8") as fh:
-            raw = json.load(fh)
+        if is_remote(out):
+            fs, path = filesystem_for(frontier_path(out))
+            with fs.open_input_stream(path) as stream:
+                raw = json.loads(stream.read())
+        else:
+            with open(frontier_path(out), encoding="utf-8") as fh:
+                raw = json.load(fh)
         if raw.get("format") != FRONTIER_FORMAT:
             return None
         version_max = raw["version_max"]
@@ -133,7 +141,7 @@ def trace_source(
 ) -> TraceSource:
     """The traces rows a build of ``out`` must consider (before leaving out samples of sets the frontier does not
     account for): from the frontier when it applies, else the whole snapshot at ``version``."""
-    frontier = None if rebuild or "://" in out else read_frontier(out)
+    frontier = None if rebuild else read_frontier(out)
     if frontier is None or frontier.options != options_digest(options) or frontier.traces_version > version:
         return whole_snapshot(store, version)
     if not set(frontier.sets) <= set(prior_sets):
@@ -142,7 +150,8 @@ def trace_source(
     if new_files is None:
         return whole_snapshot(store, version)
     try:
-        backlog = pq.read_table(os.path.join(backlog_dir(out), frontier.backlog), schema=BACKLOG_SCHEMA)
+        fs, path = filesystem_for(os.path.join(backlog_dir(out), frontier.backlog))
+        backlog = pq.read_table(path, schema=BACKLOG_SCHEMA, filesystem=fs)
     except (OSError, pa.ArrowInvalid):
         return whole_snapshot(store, version)
     backlog_files = sorted(set(pc.unique(backlog.column("file")).to_pylist()))
@@ -169,8 +178,12 @@ def relative_file(store: Store, path: str) -> str:
 
 
 def write_frontier(out: str, frontier: Frontier, backlog: pa.Table) -> None:
-    """Write the backlog file, then ``frontier.json`` naming it (each fsynced and renamed into place), then
-    remove earlier backlog files. A build killed in between leaves the earlier frontier, which stays correct."""
+    """Write the backlog file, then ``frontier.json`` naming it (locally each fsynced and renamed into place; on
+    S3 each one put), then remove earlier backlog files. A build killed in between leaves the earlier frontier,
+    which stays correct."""
+    if is_remote(out):
+        _write_remote(out, frontier, backlog)
+        return
     root = backlog_dir(out)
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, frontier.backlog)
@@ -183,6 +196,16 @@ def write_frontier(out: str, frontier: Frontier, backlog: pa.Table) -> None:
                 os.remove(os.path.join(root, name))
             except FileNotFoundError:
                 pass
+
+
+def _write_remote(out: str, frontier: Frontier, backlog: pa.Table) -> None:
+    target = S3Out(out)
+    sink = pa.BufferOutputStream()
+    pq.write_table(backlog.cast(BACKLOG_SCHEMA), sink, compression="zstd")
+    folder = target.key(META, "frontier")
+    target.put(f"{folder}/{frontier.backlog}", sink.getvalue().to_pybytes())
+    target.put(target.key(META, FRONTIER), json.dumps(frontier.to_json(), indent=2, sort_keys=True).encode())
+    target.delete_under(f"{folder}/", keep=f"{folder}/{frontier.backlog}")
 
 
 def new_backlog_name() -> str:

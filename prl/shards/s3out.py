@@ -321,6 +321,18 @@ class S3Out:
         if set_ids:
             self.write_index()
 
+    def put(self, key: str, body: bytes) -> None:
+        """Put one object of derived data (the index, the frontier: the last writer wins)."""
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error("writing", exc) from exc
+
+    def delete_under(self, prefix: str, keep: str) -> None:
+        """Delete every object under ``prefix`` except ``keep`` (with boto3: pyarrow's S3 filesystem leaves a
+        folder marker object where it deletes)."""
+        self._delete([obj["Key"] for obj in self._keys(prefix) if obj["Key"] != keep])
+
     def write_index(self) -> None:
         """Rewrite ``OUT/.prl/index.json`` from the manifests present (derived data: the last writer wins)."""
         data = (json.dumps(index_json(self.existing_sets()), indent=2, sort_keys=True) + "\n").encode()

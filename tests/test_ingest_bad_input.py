@@ -7,6 +7,7 @@ import gzip
 import json
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pytest
 import zstandard
@@ -305,6 +306,7 @@ def _poison(old: str, new: str) -> str:
         (_poison('"content": "text"', '"content": "\\ud83d"'), "bad_string"),
         (_poison('"logprob": -0.5', '"logprob": false'), "bad_logprob"),
         (_poison('"logprob": -0.5', '"logprob": true'), "bad_logprob"),
+        (_poison('"logprob": -0.5', '"logprob": -1e300'), "out_of_range"),  # finite, but -inf in float32
     ],
 )
 def test_poison_record_is_quarantined_and_the_file_lands(store, tmp_path, line, reason):
@@ -450,3 +452,14 @@ def test_a_record_with_no_sample_in_it_is_quarantined(store, tmp_path):
     rows = pl.read_delta(store.table_uri("quarantine"))
     assert rows["reason"].to_list() == ["no_choices"]
     assert rows["source_line"].to_list() == [1]
+
+
+def test_a_head_logprob_beyond_float32_is_out_of_range(store, write_trace):
+    heads = [[[(3, -0.5), (4, -1e300)], [(1, -0.25), (5, -2.0)]]]
+    bad = vllm_chat("h", [1, 2], [([3, 1], [-0.5, -0.25])], heads=heads)
+    good = vllm_chat("g", [1, 2], [([3, 1], [-0.5, -0.25])], heads=[[[(3, -0.5), (4, -3e38)], [(1, -0.25)]]])
+    result = ingest([str(write_trace("h.jsonl", [bad, good]))], store, max_quarantine_rate=None)
+    assert (result.samples, result.quarantined) == (1, {"out_of_range": 1})
+    assert reasons(store) == [(1, "out_of_range")]
+    head = pl.read_delta(store.table_uri("traces"))["topk_logprobs"].to_list()
+    assert head == [[[-0.5, float(np.float32(-3e38))], [-0.25]]]  # the largest float32 magnitudes are kept

@@ -22,7 +22,6 @@ import math
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
 from prl.formats.fields import DERIVED_ID_PREFIX
@@ -118,11 +117,6 @@ def check_sample(sample: Sample) -> Sample | Quarantined:
             value = getattr(sample, name)
             if value is not None and math.isfinite(value) and abs(value) > FLOAT32_MAX:
                 raise Quarantined("out_of_range", f"{name} {value} does not fit in float32")
-        for name, values in (
-            ("completion_logprobs", sample.completion_logprobs),
-            ("topk_logprobs", sample.topk_logprobs),
-        ):
-            _check_float32(name, values)
         for name in _STRING_FIELDS:
             value = getattr(sample, name)
             if value is not None and not _is_unicode(value):
@@ -134,19 +128,6 @@ def check_sample(sample: Sample) -> Sample | Quarantined:
         signal.choice_index = sample.choice_index if isinstance(sample.choice_index, int) else None
         return signal
     return sample
-
-
-def _check_float32(name: str, values: pa.Array | None) -> None:
-    """Finite logprobs beyond float32's range would be stored as infinities: ``out_of_range``."""
-    if values is None or len(values) == 0:
-        return
-    if pa.types.is_list(values.type):
-        values = pc.list_flatten(values)
-    if not pa.types.is_floating(values.type):
-        return
-    bounds = pc.min_max(pc.abs(pc.if_else(pc.is_finite(values), values, 0.0))).as_py()
-    if bounds["max"] is not None and bounds["max"] > FLOAT32_MAX:
-        raise Quarantined("out_of_range", f"{name} holds {bounds['max']:g} in magnitude, beyond float32")
 
 
 def _is_unicode(text: str) -> bool:

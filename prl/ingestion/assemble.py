@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.formats.base import ParseOptions, Quarantined, Sample
+from prl.formats.guard import FLOAT32_MAX
 
 VLLM_LOGPROB_FLOOR = -9999.0
 INT32_MAX = 2**31 - 1
@@ -49,10 +50,25 @@ def _floor_to_null(logprobs: pa.Array) -> pa.Array:
     return logprobs
 
 
+def _check_float32(name: str, values: pa.Array | None) -> None:
+    """Finite logprobs beyond float32's range would be stored as infinities: ``out_of_range``."""
+    if values is None or len(values) == 0:
+        return
+    if pa.types.is_list(values.type):
+        values = pc.list_flatten(values)
+    if not pa.types.is_floating(values.type):
+        return
+    bounds = pc.min_max(pc.abs(pc.if_else(pc.is_finite(values), values, 0.0))).as_py()
+    if bounds["max"] is not None and bounds["max"] > FLOAT32_MAX:
+        raise Quarantined("out_of_range", f"{name} holds {bounds['max']:g} in magnitude, beyond float32")
+
+
 def validate(sample: Sample) -> Sample:
     """Check one sample's arrays (vectorized per array). Returns the sample with the ``-9999`` floor nulled;
     raises :class:`Quarantined` otherwise."""
     n = len(sample.completion_token_ids)
+    for name, values in (("completion_logprobs", sample.completion_logprobs), ("topk_logprobs", sample.topk_logprobs)):
+        _check_float32(name, values)
     if sample.finish_reason is None:
         raise Quarantined(
             "missing_finish_reason",

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.formats.base import Quarantined
-from prl.ingestion.assemble import INT32_MAX, VLLM_LOGPROB_FLOOR, Located, sample_id_of, validate
+from prl.ingestion.assemble import FLOAT32_MAX, INT32_MAX, VLLM_LOGPROB_FLOOR, Located, sample_id_of, validate
 from prl.schema import TIMESTAMP_MS, TRACES, VERSION_SPAN
 
 TOPK_IDS = pa.list_(pa.int32())
@@ -105,7 +105,7 @@ def _suspects(rows: Sequence[Located], flats: dict[str, _Flat]) -> np.ndarray:
     bad |= _row_any(_ids_out_of_range(_numpy(prompt.values, 0)), prompt.offsets)
     bad |= _row_any(_ids_out_of_range(_numpy(comp.values, 0)), comp.offsets)
     lp_values = _numpy(lp.values, -1.0)
-    bad |= _row_any(~np.isfinite(lp_values) | (lp_values > 0), lp.offsets)
+    bad |= _row_any(~np.isfinite(lp_values) | (lp_values > 0) | (lp_values < -FLOAT32_MAX), lp.offsets)
     mask = flats["mask"]
     if mask.null is None or not mask.null.all():
         bad |= (mask.null is None or ~mask.null) & (mask.lengths != clen)
@@ -122,6 +122,10 @@ def _suspects(rows: Sequence[Located], flats: dict[str, _Flat]) -> np.ndarray:
             bad |= _row_any(id_rows != lp_rows, ids.offsets)
             inner = pc.list_flatten(ids.values)
             per_position = _row_any(_ids_out_of_range(_numpy(inner, 0)), _inner_offsets(ids.values))
+            head_lps = _numpy(pc.list_flatten(lps.values), 0.0)
+            per_position |= _row_any(
+                np.isfinite(head_lps) & (np.abs(head_lps) > FLOAT32_MAX), _inner_offsets(lps.values)
+            )
             bad |= _row_any(per_position, ids.offsets)
         else:
             bad |= heads

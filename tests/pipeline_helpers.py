@@ -118,6 +118,8 @@ class GrowingInput:
     bad: set[tuple[str, int]] = field(default_factory=set)
     """(source_uri, line) expected in ``quarantine``."""
     lines: dict[str, int] = field(default_factory=dict)
+    origin: dict[str, tuple[str, int]] = field(default_factory=dict)
+    """sample id → (source_uri, line) of the record it comes from."""
 
     def __post_init__(self) -> None:
         self.rng = np.random.default_rng(self.seed)
@@ -171,13 +173,10 @@ class GrowingInput:
             line = self._next_line(path)
             if bad:
                 self.bad.add((str(path), line))
-                for c in range(1, n):
-                    self.good.add(f"{request_id}#{c}")
-                    rewards.append({"sample_id": f"{request_id}#{c}", "reward": float(rng.integers(0, 2))})
-            else:
-                for c in range(n):
-                    self.good.add(f"{request_id}#{c}")
-                    rewards.append({"sample_id": f"{request_id}#{c}", "reward": float(rng.integers(0, 2))})
+            for c in range(1 if bad else 0, n):
+                self.good.add(f"{request_id}#{c}")
+                self.origin[f"{request_id}#{c}"] = (str(path), line)
+                rewards.append({"sample_id": f"{request_id}#{c}", "reward": float(rng.integers(0, 2))})
         path = self.trace_path(self.records % self.files)
         per_file.setdefault(path, []).append('{"object": "chat.completion", "id": "broken", ')
         self.bad.add((str(path), self._next_line(path)))

@@ -1,0 +1,172 @@
+"""The accounting after a finished rerun of the kill harness (:mod:`tests.crash_harness`): everything exactly once.
+
+Each check raises :class:`AssertionError` naming what is wrong:
+
+- traces: the rows are exactly the expected ``(sample_id, source_uri, source_line)``, each once; quarantine's
+  traces rows exactly the expected bad ``(source_uri, source_line)``, each once;
+- rewards: the rows are exactly the expected ``(source_line, sample_id, name, value)`` events, each once
+  (``event_id`` unique); quarantine's rewards rows exactly the expected bad lines, each once;
+- checks: exactly one verdict per expected sample;
+- shards: every published set complete, its files exactly those its manifest names, verifying
+  (:func:`prl.shards.verify.verify_shards`), no sample in two sets, every expected sample shipped, no staging
+  left, nothing visible without a manifest (an ``s3://`` OUT is mirrored to a local folder object by object first);
+- no lock of the store left.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from prl.io.locations import split_s3
+from prl.shards.verify import verify_shards
+from prl.store.tables import Store
+from tests.crash_inputs import RewardInput, TraceInput
+from tests.pipeline_helpers import assert_shards_sound, read_table
+
+
+@dataclass
+class Paths:
+    """Where one harness run keeps its inputs (always local) and its store and OUT (local, or ``s3://``)."""
+
+    root: Path
+    store: str
+    out: str
+
+    @property
+    def traces(self) -> str:
+        return str(self.root / "in" / "traces")
+
+    @property
+    def rewards(self) -> str:
+        return str(self.root / "in" / "rewards.jsonl")
+
+    @property
+    def mirror(self) -> Path:
+        """A local copy of an ``s3://`` OUT, object by object."""
+        return self.root / "out-mirror"
+
+
+def _twice(values: list[Any]) -> list[Any]:
+    return sorted(v for v, n in Counter(values).items() if n > 1)[:5]
+
+
+def assert_same(found: list[Any], expected: list[Any], what: str) -> None:
+    """``found`` (any order) is ``expected`` (sorted), each exactly once; else name what is twice, missing, extra."""
+    found = sorted(found)
+    if found == expected:
+        return
+    twice, have, want = _twice(found), set(found), set(expected)
+    raise AssertionError(
+        f"{what}: {len(found)} rows, {len(expected)} expected; twice: {twice}; "
+        f"missing: {sorted(want - have)[:5]}; unexpected: {sorted(have - want)[:5]}"
+    )
+
+
+def _quarantined(store: Store, table: str) -> pl.DataFrame:
+    if store.version("quarantine") is None:
+        return pl.DataFrame({"quarantine_id": [], "table": [], "source_uri": [], "source_line": []})
+    rows = read_table(store, "quarantine", ["quarantine_id", "table", "source_uri", "source_line"])
+    assert rows["quarantine_id"].n_unique() == rows.height, f"quarantine ids twice: {_twice(rows['quarantine_id'])}"
+    return rows.filter(pl.col("table") == table)
+
+
+def account_traces(store: Store, data: TraceInput) -> None:
+    rows = read_table(store, "traces", ["sample_id", "source_uri", "source_line"])
+    assert_same(list(rows.iter_rows()), data.expected_rows(), "traces")
+    bad = _quarantined(store, "traces")
+    assert_same(list(zip(bad["source_uri"], bad["source_line"])), sorted(data.expected_bad), "quarantined traces")
+
+
+def account_rewards(store: Store, data: RewardInput) -> None:
+    rows = read_table(store, "rewards", ["source_line", "sample_id", "name", "value", "event_id", "source_uri"])
+    assert set(rows["source_uri"]) <= {str(data.path)}, set(rows["source_uri"])
+    assert rows["event_id"].null_count() == 0 and rows["event_id"].n_unique() == rows.height, "event ids twice"
+    found = list(rows.select("source_line", "sample_id", "name", "value").iter_rows())
+    assert_same(found, data.expected_events(), "reward events")
+    bad = _quarantined(store, "rewards")
+    assert set(bad["source_uri"]) <= {str(data.path)}, set(bad["source_uri"])
+    assert_same(bad["source_line"].to_list(), data.expected_bad(), "quarantined reward lines")
+
+
+def account_checks(store: Store, data: TraceInput) -> None:
+    checked = read_table(store, "checks", ["sample_id"])["sample_id"].to_list()
+    assert_same(checked, sorted(data.expected_good), "checks")
+
+
+def mirror_s3(uri: str, local: Path) -> None:
+    """Make ``local`` an exact copy of the objects under ``uri``: changed ones (by ETag, noted in a folder beside
+    it) fetched again, gone ones removed."""
+    from prl.store.s3lock import s3_client
+
+    client = s3_client()
+    bucket, prefix = split_s3(uri)
+    tags = local.with_name(local.name + "-etags")
+    seen: set[Path] = set()
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(prefix) + 1 :]
+            path, tag = local / rel, tags / rel
+            seen.add(path)
+            if path.exists() and tag.exists() and tag.read_text() == obj["ETag"]:
+                continue
+            for folder in (path.parent, tag.parent):
+                folder.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+            tag.write_text(obj["ETag"])
+    for root, dirs, names in os.walk(local, topdown=False):
+        for name in names:
+            path = Path(root) / name
+            if path not in seen:
+                path.unlink()
+                (tags / path.relative_to(local)).unlink(missing_ok=True)
+        for name in dirs:
+            if not os.listdir(Path(root) / name):
+                os.rmdir(Path(root) / name)
+
+
+def account_shards(p: Paths, data: TraceInput) -> None:
+    out = Path(p.out)
+    if p.out.startswith("s3://"):
+        mirror_s3(p.out, p.mirror)
+        out = p.mirror
+    if not out.exists():
+        assert not data.expected_good, "nothing published"
+        return
+    assert_shards_sound(out, data.expected_good)
+    staging = out / ".prl" / "staging"
+    assert not staging.exists() or not os.listdir(staging), f"staging left: {os.listdir(staging)}"
+
+
+def held_locks(p: Paths) -> list[str]:
+    """The lock files (or objects) of the store."""
+    if not p.store.startswith("s3://"):
+        locks = Path(p.store) / "_locks"
+        return sorted(n for n in os.listdir(locks) if n.endswith(".lock")) if locks.exists() else []
+    from prl.store.s3lock import s3_client
+
+    bucket, prefix = split_s3(p.store)
+    listed = s3_client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/_locks/")
+    return sorted(obj["Key"] for obj in listed.get("Contents", []))
+
+
+def account(command: str, p: Paths, traces: TraceInput, rewards: RewardInput, final: bool = False) -> None:
+    """The accounting of ``command``'s own output (of every table its set-up wrote too when ``final``)."""
+    store = Store(p.store)
+    if command == "ingest" or final and command != "rewards":
+        account_traces(store, traces)
+    if command == "rewards":
+        account_rewards(store, rewards)
+    if command == "check":
+        account_checks(store, traces)
+    if command == "shards":
+        account_shards(p, traces)
+        if final:
+            result = verify_shards(p.out)
+            assert result.ok and len(result.sets) > 0, result.problems[:5]
+    assert not held_locks(p), f"locks left: {held_locks(p)}"

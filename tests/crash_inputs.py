@@ -1,0 +1,158 @@
+"""Inputs of the kill harness (:mod:`tests.crash_harness`) that grow between runs, with what each line must become.
+
+:class:`TraceInput` grows vLLM trace files (:class:`tests.pipeline_helpers.GrowingInput`) and now and then leaves
+a file's last line unfinished, as a writer still writing it would; :class:`RewardInput` grows a reward JSONL file
+with lines of every accepted shape (one event or several per line, stamped or not, exact repeats of an earlier
+line, which are events of their own), bad lines, and now and then an unfinished last line. A line still being
+written belongs in neither the table nor quarantine until it is finished.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.pipeline_helpers import GrowingInput
+
+
+@dataclass
+class Unfinished:
+    """The rest of a cut last line (``path`` holds the line up to the cut) and what the line becomes once whole."""
+
+    path: Path
+    rest: str
+    good: set[str] = field(default_factory=set)
+    bad: set[tuple[str, int]] = field(default_factory=set)
+    events: list[tuple[int, str, str, float]] = field(default_factory=list)
+
+    def finish(self) -> None:
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(self.rest)
+
+
+def cut_last_line(path: Path, rng: random.Random) -> tuple[str, str, int]:
+    """Cut ``path``'s last line at a random byte past its first (the newline or more goes): ``(last line, rest cut
+    off, its line number)``."""
+    text = path.read_text(encoding="utf-8")
+    last = text.rstrip("\n").rsplit("\n", 1)[-1] + "\n"
+    cut = len(text) - len(last) + rng.randint(1, len(last) - 1)
+    with open(path, "r+", encoding="utf-8") as fh:
+        fh.truncate(cut)
+    return last, text[cut:], text.count("\n")
+
+
+class TraceInput(GrowingInput):
+    """:class:`GrowingInput` whose ``expected_*`` leave out the record of an unfinished last line."""
+
+    pending: Unfinished | None = None
+
+    @property
+    def expected_good(self) -> set[str]:
+        return self.good - (self.pending.good if self.pending else set())
+
+    @property
+    def expected_bad(self) -> set[tuple[str, int]]:
+        return self.bad - (self.pending.bad if self.pending else set())
+
+    def expected_rows(self) -> list[tuple[str, str, int]]:
+        """``(sample_id, source_uri, source_line)`` of every sample expected in traces, sorted."""
+        return sorted((sid, *self.origin[sid]) for sid in self.expected_good)
+
+    def finish_line(self) -> bool:
+        """Finish the unfinished line (True when there was one)."""
+        if self.pending is None:
+            return False
+        self.pending.finish()
+        self.pending = None
+        return True
+
+    def grow_some(self, rng: random.Random) -> None:
+        """Finish an unfinished line, append 2-6 records and a malformed line, and (3 times in 10) cut a file's
+        last line short."""
+        self.finish_line()
+        self.grow(rng.randint(2, 6))
+        if rng.random() < 0.3:
+            path = self.trace_path(rng.randrange(self.files))
+            last, rest, line = cut_last_line(path, rng)
+            good = {sid for sid, where in self.origin.items() if where == (str(path), line)}
+            self.pending = Unfinished(path, rest, good, {(str(path), line)} & self.bad)
+            assert good or self.pending.bad, f"line {line} of {path} is in no expectation: {last[:80]}"
+
+
+@dataclass
+class RewardInput:
+    """A reward JSONL file that grows by lines of every accepted shape, with the events and quarantined lines it
+    must give: ``events`` are ``(source_line, sample_id, name, value)``, ``bad`` line numbers."""
+
+    path: Path
+    seed: int = 0
+    lines: int = 0
+    accepted: list[tuple[str, list[tuple[str, float]]]] = field(default_factory=list)
+    """Every line written so far that gives events, with them ``(name, value)`` (repeats are drawn from them)."""
+    events: list[tuple[int, str, str, float]] = field(default_factory=list)
+    bad: list[int] = field(default_factory=list)
+    pending: Unfinished | None = None
+
+    def expected_events(self) -> list[tuple[int, str, str, float]]:
+        held = set(self.pending.events) if self.pending else set()
+        return sorted(e for e in self.events if e not in held)
+
+    def expected_bad(self) -> list[int]:
+        held = {line for _, line in self.pending.bad} if self.pending else set()
+        return sorted(line for line in self.bad if line not in held)
+
+    def finish_line(self) -> bool:
+        if self.pending is None:
+            return False
+        self.pending.finish()
+        self.pending = None
+        return True
+
+    def _line(self, rng: random.Random, plain: bool) -> tuple[str, list[tuple[str, float]] | None]:
+        """One line and its events ``(name, value)`` (None: quarantined)."""
+        k = self.lines
+        sample = f"s{self.seed}-{k}#{k % 3}"
+        value = rng.choice([0.0, 1.0, 0.5, -0.25])
+        shape = "plain" if plain else rng.choice(["plain", "stamped", "parts", "named", "repeat", "bad", "junk"])
+        if shape == "repeat" and self.accepted:
+            return rng.choice(self.accepted)
+        if shape == "stamped":
+            return json.dumps({"sample_id": sample, "reward": value, "created_at": 1_700_000_000 + k}), [
+                ("reward", value)
+            ]
+        if shape == "parts":
+            parts = {"format": value, "correct": float(k % 2)}
+            return json.dumps({"sample_id": sample, "rewards": parts}), list(parts.items())
+        if shape == "named":
+            return json.dumps({"sample_id": sample, "name": "length", "value": value}), [("length", value)]
+        if shape == "bad":
+            return json.dumps({"sample_id": sample, "reward": "high"}), None
+        if shape == "junk":
+            return '{"sample_id": "broken", ', None
+        return json.dumps({"sample_id": sample, "reward": value}), [("reward", value)]
+
+    def grow_some(self, rng: random.Random) -> None:
+        """Finish an unfinished line; append 2-6 lines (all of the plain shape half the time, which the columnar
+        reader takes); 3 times in 10 cut the last line short."""
+        self.finish_line()
+        plain = rng.random() < 0.5
+        texts = []
+        for _ in range(rng.randint(2, 6)):
+            text, events = self._line(rng, plain)
+            self.lines += 1
+            texts.append(text)
+            if events is None:
+                self.bad.append(self.lines)
+                continue
+            self.accepted.append((text, events))
+            sample = json.loads(text)["sample_id"]
+            self.events += [(self.lines, sample, name, value) for name, value in events]
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write("".join(t + "\n" for t in texts))
+        if rng.random() < 0.3:
+            _, rest, line = cut_last_line(self.path, rng)
+            events = [e for e in self.events if e[0] == line]
+            bad = {(str(self.path), line)} if line in self.bad else set()
+            self.pending = Unfinished(self.path, rest, events=events, bad=bad)

@@ -1,0 +1,56 @@
+"""At least 100 SIGKILLs per writing command (ingest, the reward side table, check-tokens, build-shards), each at
+a seeded random instant of the command's run, each followed by a rerun to completion and a full accounting: every
+input line exactly once in its table or quarantine (a line still being written in neither, until it is finished),
+every reward event once, every sample checked once, every published shard set complete and verifying, nothing
+shipped twice, no lock left (see :mod:`tests.crash_harness`, which forks the runs from one interpreter so that a
+kill cycle costs the runs, not an interpreter start). The same on an ``s3://`` store and OUT (moto server) for
+ingest and build-shards, with fewer kills: each kill there leaves a lock that the rerun may only take over once
+its heartbeat is stale. ``PRL_CRASH_KILLS``, ``PRL_CRASH_S3_KILLS`` and ``PRL_KILL_SEED`` set the counts and the
+seed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.pipeline_helpers import prl_env
+from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
+
+KILLS = int(os.environ.get("PRL_CRASH_KILLS", "100"))
+S3_KILLS = int(os.environ.get("PRL_CRASH_S3_KILLS", "25"))
+SEED = int(os.environ.get("PRL_KILL_SEED", "20261201"))
+COMMANDS = ["ingest", "rewards", "check", "shards"]
+
+
+def run_harness(command: str, root, kills: int, env: dict[str, str], *extra: str) -> dict:
+    argv = [sys.executable, "-m", "tests.crash_harness", command, str(root), "--kills", str(kills)]
+    argv += ["--seed", str(SEED + COMMANDS.index(command)), *extra]
+    env = prl_env({**env, "TOKENIZERS_PARALLELISM": "false", "POLARS_MAX_THREADS": "1"})
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
+    lines = proc.stdout.strip().splitlines()
+    assert lines, proc.stderr[-4000:]
+    summary = json.loads(lines[-1])
+    assert proc.returncode == 0, summary.get("error", summary)
+    assert summary["killed"] >= kills
+    assert summary["after_write"] >= kills // 5, summary  # kills land inside the command's work, not before it
+    assert summary["samples"] > 0
+    return summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_hundred_sigkills_lose_and_duplicate_nothing(tmp_path, command):
+    run_harness(command, tmp_path, KILLS, dict(os.environ))
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["ingest", "shards"])
+def test_sigkills_on_an_s3_store_and_out_lose_and_duplicate_nothing(s3, tmp_path, command):  # noqa: F811
+    env = {**environ_for(s3.endpoint), "PRL_LOCK_STALE_AFTER": "1", "TMPDIR": str(tmp_path)}
+    run_harness(command, tmp_path, S3_KILLS, env, "--bucket", s3.bucket)
+    assert s3.keys("store/_locks/") == []

@@ -45,6 +45,7 @@ from prl.checks.tokenizer import CheckTokenizer
 from prl.errors import LockedError
 from prl.io.locations import split_s3
 from prl.shards.options import ShardOptions
+from prl.store.s3lock import s3_client
 from tests.crash_accounting import Paths, account
 from tests.crash_inputs import RewardInput, TraceInput
 
@@ -107,8 +108,6 @@ def state(p: Paths) -> list[str]:
     names = []
     for where in (p.store, p.out):
         if where.startswith("s3://"):
-            from prl.store.s3lock import s3_client
-
             bucket, prefix = split_s3(where)
             pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
             names += [o["Key"] for page in pages for o in page.get("Contents", []) if "/_locks/" not in o["Key"]]
@@ -118,9 +117,9 @@ def state(p: Paths) -> list[str]:
     return sorted(names)
 
 
-def _child(work: Callable[[], None], report: Path) -> int:
+def _child(work: Callable[[], None], report: Path, cpu: dict[str, float], what: str) -> int:
     """Fork a child running ``work``; its exit status (0: done; 1: failed, the traceback in ``report``; minus a
-    signal number when killed)."""
+    signal number when killed). Its CPU seconds are added to ``cpu[what]``."""
     pid = os.fork()
     if pid == 0:  # the child: never returns into the parent's code
         status = 0
@@ -131,7 +130,8 @@ def _child(work: Callable[[], None], report: Path) -> int:
             report.write_text(traceback.format_exc())
         finally:
             os._exit(status)
-    _, status = os.waitpid(pid, 0)
+    _, status, usage = os.wait4(pid, 0)
+    cpu[what] = cpu.get(what, 0.0) + usage.ru_utime + usage.ru_stime
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
@@ -196,6 +196,7 @@ class Cycles:
         self.note, self.report = p.root / "note.json", p.root / "failure.txt"
         self.window = 0.3  # seconds: a whole run's duration, where kills are aimed
         self.counts = {"killed": 0, "after_write": 0, "finished": 0, "cycles": 0, "lock_wait_s": 0.0}
+        self.cpu: dict[str, float] = {}
 
     def _grow(self) -> None:
         (self.rewards if self.command == "rewards" else self.traces).grow_some(self.rng)
@@ -212,7 +213,7 @@ class Cycles:
         self.counts["cycles"] += 1
         self._grow()
         delay = self.rng.uniform(0.0, 1.1 * self.window)
-        status = _child(_killed_run(self.command, self.p, delay, self.note), self.report)
+        status = _child(_killed_run(self.command, self.p, delay, self.note), self.report, self.cpu, "killed")
         killed = json.loads(self.note.read_text())
         if status == 0:
             self.counts["finished"] += 1
@@ -220,7 +221,15 @@ class Cycles:
         elif status != -signal.SIGKILL:
             return self._fail(f"killed run ended with {status}")
         setup = self._finish() if self.rng.random() < 0.5 else False  # the rerun sees the line finished
-        if _child(_rerun(self.command, self.p, setup, (self.traces, self.rewards), self.note), self.report) != 0:
+        if (
+            _child(
+                _rerun(self.command, self.p, setup, (self.traces, self.rewards), self.note),
+                self.report,
+                self.cpu,
+                "rerun",
+            )
+            != 0
+        ):
             return self._fail("rerun or accounting failed")
         rerun = json.loads(self.note.read_text())
         self.counts["lock_wait_s"] += rerun["waited"]
@@ -239,7 +248,7 @@ class Cycles:
             if error is not None:
                 return {"error": error, **self.counts}
         self._finish()
-        if _child(_final(self.command, self.p, (self.traces, self.rewards)), self.report) != 0:
+        if _child(_final(self.command, self.p, (self.traces, self.rewards)), self.report, self.cpu, "final") != 0:
             return {"error": self._fail("final accounting failed"), **self.counts}
         samples = len(self.rewards.events) if self.command == "rewards" else len(self.traces.good)
         seconds = round(time.perf_counter() - started, 1)
@@ -248,6 +257,7 @@ class Cycles:
             "lock_wait_s": round(self.counts["lock_wait_s"], 1),
             "seconds": seconds,
             "samples": samples,
+            "cpu_s": {what: round(value, 1) for what, value in self.cpu.items()},
         }
 
 
@@ -266,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         p = Paths(root, str(root / "store"), str(root / "out"))
     if args.command == "check":
         preload_tokenizer()
+    if args.bucket:  # botocore reads its S3 model once, here, not in every child (a client starts no threads)
+        s3_client()
     summary = Cycles(args.command, p, args.seed).run(args.kills)
     print(json.dumps(summary))
     return 1 if "error" in summary else 0

@@ -25,7 +25,7 @@ class Unfinished:
     rest: str
     good: set[str] = field(default_factory=set)
     bad: set[tuple[str, int]] = field(default_factory=set)
-    events: list[tuple[int, str, str, float]] = field(default_factory=list)
+    events: list[tuple[str, int, str, str, float]] = field(default_factory=list)
 
     def finish(self) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:
@@ -43,10 +43,26 @@ def cut_last_line(path: Path, rng: random.Random) -> tuple[str, str, int]:
     return last, text[cut:], text.count("\n")
 
 
+ROTATE = 4
+"""Growths a file takes before the writer moves on to new files (as a rotating log does): a grown file is read
+again whole, so ever-growing files would make each run cost the whole history."""
+
+
 class TraceInput(GrowingInput):
-    """:class:`GrowingInput` whose ``expected_*`` leave out the record of an unfinished last line."""
+    """:class:`GrowingInput` whose files rotate every :data:`ROTATE` growths (``traces/part-G-I.jsonl`` and
+    ``rewards/rewards-G.jsonl``), and whose ``expected_*`` leave out the record of an unfinished last line."""
 
     pending: Unfinished | None = None
+    growths: int = 0
+
+    def trace_path(self, i: int) -> Path:
+        return self.root / "traces" / f"part-{self.growths // ROTATE}-{i}.jsonl"
+
+    @property
+    def rewards_path(self) -> Path:
+        path = self.root / "rewards" / f"rewards-{self.growths // ROTATE}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
 
     @property
     def expected_good(self) -> set[str]:
@@ -69,39 +85,51 @@ class TraceInput(GrowingInput):
         return True
 
     def grow_some(self, rng: random.Random) -> None:
-        """Finish an unfinished line, append 2-6 records and a malformed line, and (3 times in 10) cut a file's
-        last line short."""
+        """Finish an unfinished line, append 2-6 records and a malformed line, and (3 times in 10) cut the last
+        line of one of the files written to short."""
         self.finish_line()
         self.grow(rng.randint(2, 6))
         if rng.random() < 0.3:
             path = self.trace_path(rng.randrange(self.files))
-            last, rest, line = cut_last_line(path, rng)
-            good = {sid for sid, where in self.origin.items() if where == (str(path), line)}
-            self.pending = Unfinished(path, rest, good, {(str(path), line)} & self.bad)
-            assert good or self.pending.bad, f"line {line} of {path} is in no expectation: {last[:80]}"
+            if path.exists():
+                last, rest, line = cut_last_line(path, rng)
+                good = {sid for sid, where in self.origin.items() if where == (str(path), line)}
+                self.pending = Unfinished(path, rest, good, {(str(path), line)} & self.bad)
+                assert good or self.pending.bad, f"line {line} of {path} is in no expectation: {last[:80]}"
+        self.growths += 1
 
 
 @dataclass
 class RewardInput:
-    """A reward JSONL file that grows by lines of every accepted shape, with the events and quarantined lines it
-    must give: ``events`` are ``(source_line, sample_id, name, value)``, ``bad`` line numbers."""
+    """Reward JSONL files in ``folder`` (``rewards-G.jsonl``, rotating every :data:`ROTATE` growths) that grow by
+    lines of every accepted shape, with the events and quarantined lines they must give: ``events`` are
+    ``(source_uri, source_line, sample_id, name, value)``, ``bad`` ``(source_uri, source_line)``."""
 
-    path: Path
+    folder: Path
     seed: int = 0
-    lines: int = 0
+    growths: int = 0
+    lines: dict[str, int] = field(default_factory=dict)
+    """Lines written to each file."""
+    samples: int = 0
     accepted: list[tuple[str, list[tuple[str, float]]]] = field(default_factory=list)
-    """Every line written so far that gives events, with them ``(name, value)`` (repeats are drawn from them)."""
-    events: list[tuple[int, str, str, float]] = field(default_factory=list)
-    bad: list[int] = field(default_factory=list)
+    """The lines of the current file that give events, with them ``(name, value)``: repeats are drawn from them
+    (identical unstamped events of two files are one event, see :mod:`prl.ingestion.event_ids`)."""
+    events: list[tuple[str, int, str, str, float]] = field(default_factory=list)
+    bad: list[tuple[str, int]] = field(default_factory=list)
     pending: Unfinished | None = None
 
-    def expected_events(self) -> list[tuple[int, str, str, float]]:
+    @property
+    def path(self) -> Path:
+        """The file being written to."""
+        return self.folder / f"rewards-{self.growths // ROTATE}.jsonl"
+
+    def expected_events(self) -> list[tuple[str, int, str, str, float]]:
         held = set(self.pending.events) if self.pending else set()
         return sorted(e for e in self.events if e not in held)
 
-    def expected_bad(self) -> list[int]:
-        held = {line for _, line in self.pending.bad} if self.pending else set()
-        return sorted(line for line in self.bad if line not in held)
+    def expected_bad(self) -> list[tuple[str, int]]:
+        held = self.pending.bad if self.pending else set()
+        return sorted(b for b in self.bad if b not in held)
 
     def finish_line(self) -> bool:
         if self.pending is None:
@@ -112,7 +140,8 @@ class RewardInput:
 
     def _line(self, rng: random.Random, plain: bool) -> tuple[str, list[tuple[str, float]] | None]:
         """One line and its events ``(name, value)`` (None: quarantined)."""
-        k = self.lines
+        k = self.samples
+        self.samples += 1
         sample = f"s{self.seed}-{k}#{k % 3}"
         value = rng.choice([0.0, 1.0, 0.5, -0.25])
         shape = "plain" if plain else rng.choice(["plain", "stamped", "parts", "named", "repeat", "bad", "junk"])
@@ -138,21 +167,25 @@ class RewardInput:
         reader takes); 3 times in 10 cut the last line short."""
         self.finish_line()
         plain = rng.random() < 0.5
-        texts = []
+        path, uri, texts = self.path, str(self.path), []
+        if uri not in self.lines:
+            self.accepted = []
         for _ in range(rng.randint(2, 6)):
             text, events = self._line(rng, plain)
-            self.lines += 1
+            line = self.lines[uri] = self.lines.get(uri, 0) + 1
             texts.append(text)
             if events is None:
-                self.bad.append(self.lines)
+                self.bad.append((uri, line))
                 continue
             self.accepted.append((text, events))
             sample = json.loads(text)["sample_id"]
-            self.events += [(self.lines, sample, name, value) for name, value in events]
-        with open(self.path, "a", encoding="utf-8") as fh:
+            self.events += [(uri, line, sample, name, value) for name, value in events]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
             fh.write("".join(t + "\n" for t in texts))
         if rng.random() < 0.3:
-            _, rest, line = cut_last_line(self.path, rng)
-            events = [e for e in self.events if e[0] == line]
-            bad = {(str(self.path), line)} if line in self.bad else set()
-            self.pending = Unfinished(self.path, rest, events=events, bad=bad)
+            _, rest, line = cut_last_line(path, rng)
+            events = [e for e in self.events if e[:2] == (uri, line)]
+            bad = {(uri, line)} & set(self.bad)
+            self.pending = Unfinished(path, rest, events=events, bad=bad)
+        self.growths += 1

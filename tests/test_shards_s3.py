@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import polars as pl
@@ -25,7 +29,8 @@ from prl.shards.options import ShardOptions
 from prl.shards.s3out import S3Out
 from prl.shards.verify import verify_shards
 from prl.store.tables import Store
-from tests.s3_server import moto_endpoint, s3  # noqa: F401
+from tests.pipeline_helpers import prl_env
+from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 from tests.shards_fixtures import random_store, reward, table, trace, verdict
 
 pytestmark = pytest.mark.s3
@@ -193,6 +198,34 @@ def test_a_cut_upload_of_a_set_that_is_never_rebuilt_is_removed_by_the_next_buil
     assert {k.split("/")[1] for k in s3.keys("out/") if not k.startswith("out/.prl/")} == {result.set_id}
     assert {k.split("/")[3] for k in s3.keys("out/.prl/sets/")} == {result.set_id}
     assert verify_shards(out).exit_code == 0
+
+
+KILLED_AT_PUBLISH = """
+import os, signal, sys
+from prl.shards.build import build_shards
+from prl.shards.options import ShardOptions
+from prl.shards.s3out import S3Out
+S3Out.publish = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+build_shards(sys.argv[1], sys.argv[2], options=ShardOptions(target_tokens=60, seed=5))
+"""
+
+
+def test_a_build_killed_with_its_set_staged_leaves_no_local_staging_past_the_next_build(s3, tmp_path, monkeypatch):  # noqa: F811
+    """An S3 build stages its set on local disk; a SIGKILL cannot clean up after itself, so the next build into
+    that OUT on this host removes the dead build's staging (parts, spills) before its own."""
+    store = random_store(str(tmp_path / "store"), 6, 2)
+    out = s3.url("out")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    env = prl_env({**environ_for(s3.endpoint), "TMPDIR": str(tmp_path / "tmp")})
+    argv = [sys.executable, "-c", KILLED_AT_PUBLISH, store.uri, out]
+    killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    left = [name for _, _, names in os.walk(tmp_path / "tmp") for name in names]
+    assert any(name.endswith(".parquet") for name in left)  # the dead build's parts, on local disk
+    result = build_shards(store, out, options=OPTIONS)
+    assert (result.status, result.rows) == ("built", 12)
+    assert os.listdir(tmp_path / "tmp") == []
 
 
 def test_a_rebuild_retires_the_sets_it_replaces(s3, tmp_path):  # noqa: F811

@@ -1,8 +1,9 @@
 """Shard sets in an ``s3://`` OUT: the layout of :mod:`prl.shards.layout` under a prefix, published by uploads
 that end with one conditional put (design.md §6).
 
-A build into ``s3://bucket/prefix`` stages its set in a local folder (under ``$TMPDIR``) exactly as a local build
-does, then :meth:`S3Out.publish`:
+A build into ``s3://bucket/prefix`` stages its set in a local folder (``$TMPDIR/prl-s3out-<digest of OUT>``,
+which the next build into that OUT on this host clears of what killed builds left) exactly as a local build does,
+then :meth:`S3Out.publish`:
 
 1. uploads every part to ``OUT/<set-id>/part-*.parquet`` and the sample ids to
    ``OUT/.prl/sets/<set-id>/sample_ids.parquet``, each with its sha256 as object metadata (``x-amz-meta-sha256``);
@@ -25,9 +26,10 @@ Credentials and endpoint come from the standard AWS environment (``AWS_ACCESS_KE
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +42,7 @@ from prl.errors import LockedError, RetryableIOError, UsageError
 from prl.io.locations import normalise_s3, split_s3
 from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
-from prl.shards.publish import SET_ID_RE, Staging, index_json, make_staging
+from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, index_json, make_staging
 from prl.store.s3lock import CONDITION_FAILED, s3_client
 
 try:
@@ -73,7 +75,6 @@ class S3Out:
         self.bucket, prefix = split_s3(self.uri)
         self.prefix = f"{prefix}/" if prefix else ""
         self._client: Any = None
-        self._tmp: str | None = None
 
     # --- keys and access -----------------------------------------------------------------------------------
     def key(self, *parts: str) -> str:
@@ -235,20 +236,30 @@ class S3Out:
                     raise self._error("reading", exc) from exc
 
     # --- writing -------------------------------------------------------------------------------------------
+    @property
+    def local_root(self) -> str:
+        """Where builds into this OUT stage their sets on this host: ``$TMPDIR/prl-s3out-<12 hex digits of the
+        OUT's URI>``, laid out as a local OUT (staging folders named by set id, pid and nonce)."""
+        digest = hashlib.sha256(self.uri.encode()).hexdigest()[:12]
+        return os.path.join(tempfile.gettempdir(), f"prl-s3out-{digest}")
+
     def stage(self, set_id: str) -> Staging:
-        """A local staging folder for ``set_id`` (in a fresh folder under ``$TMPDIR``)."""
-        self._tmp = tempfile.mkdtemp(prefix="prl-shards-")
-        return make_staging(self._tmp, set_id)
+        """A local staging folder for ``set_id`` under :attr:`local_root`."""
+        return make_staging(self.local_root, set_id)
 
     def discard(self, staging: Staging, nothing_shipped: bool = False) -> None:
-        """Remove the local folder :meth:`stage` made (``staging`` and everything beside it)."""
-        tmp, self._tmp = self._tmp, None
-        shutil.rmtree(tmp or staging.root, ignore_errors=True)
+        """Remove the local folder :meth:`stage` made (and :attr:`local_root` when nothing else is left)."""
+        discard_staging(staging, self.local_root)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.local_root)
 
     def clean(self, keep: str | None) -> None:
         """Remove what killed uploads left (call it holding the build lock): set folders and meta folders of
         set ids without a manifest, except set ``keep`` (the set this build makes: its parts already sent are
-        not sent again)."""
+        not sent again); and on this host the local staging folders of killed builds into this OUT (their pid
+        is gone, :func:`prl.shards.publish.clean_stale_staging`)."""
+        if os.path.isdir(self.local_root):
+            clean_stale_staging(self.local_root)
         complete = {*self.set_ids(), keep}
         keys: list[str] = []
         for root in (self.prefix, self.key(META, "sets") + "/"):

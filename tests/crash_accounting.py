@@ -8,13 +8,16 @@ Each check raises :class:`AssertionError` naming what is wrong:
   (``event_id`` unique); quarantine's rewards rows exactly the expected bad lines, each once;
 - checks: exactly one verdict per expected sample;
 - shards: every published set complete, its files exactly those its manifest names, verifying
-  (:func:`prl.shards.verify.verify_shards`), no sample in two sets, every expected sample shipped, no staging
-  left, nothing visible without a manifest (an ``s3://`` OUT is mirrored to a local folder object by object first);
+  (:func:`prl.shards.verify.verify_set`; a set already verified whose files are unchanged is not read again,
+  except in the final accounting, which reads and verifies every set), no sample in two sets, every expected sample shipped, no staging
+  left (for an ``s3://`` OUT, none on local disk either), nothing visible without a manifest (an ``s3://`` OUT
+  is mirrored to a local folder object by object first);
 - no lock of the store left.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -22,9 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from prl.io.locations import split_s3
-from prl.shards.verify import verify_shards
+from prl.shards.layout import SetRef, find_sets
+from prl.shards.s3out import S3Out
+from prl.shards.verify import VerifyResult, verify_set, verify_shards
 from prl.store.tables import Store
 from tests.crash_inputs import RewardInput, TraceInput
 from tests.pipeline_helpers import assert_shards_sound, read_table
@@ -131,17 +137,69 @@ def mirror_s3(uri: str, local: Path) -> None:
                 os.rmdir(Path(root) / name)
 
 
-def account_shards(p: Paths, data: TraceInput) -> None:
+def _fingerprint(ref: SetRef) -> list[list[Any]]:
+    """Name, size, mtime and inode of every file of a set (its rows' folder and its meta folder)."""
+    files = []
+    for folder in (ref.dir, os.path.dirname(ref.manifest_path)):
+        for name in sorted(os.listdir(folder)):
+            st = os.stat(os.path.join(folder, name))
+            files.append([os.path.join(folder, name), st.st_size, st.st_mtime_ns, st.st_ino])
+    return files
+
+
+def _check_set(ref: SetRef, result: VerifyResult) -> list[str]:
+    """Verify one set into ``result`` and check its folder holds exactly its manifest's parts, whose samples are
+    its sample-id file's; its sample ids."""
+    verify_set(ref, result)
+    manifest = json.loads(Path(ref.manifest_path).read_text())
+    names = {e["file"] for e in manifest["shards"]}
+    assert set(os.listdir(ref.dir)) == names, f"{ref.set_id} holds files its manifest does not name"
+    in_shards = []
+    for name in sorted(names):
+        in_shards += pq.read_table(os.path.join(ref.dir, name), columns=["sample_id"])["sample_id"].to_pylist()
+    samples = pq.read_table(ref.samples_path)["sample_id"].to_pylist()
+    assert sorted(in_shards) == samples, f"{ref.set_id}: its parts do not hold its sample ids"
+    return samples
+
+
+def assert_sets_sound(out: Path, expected: set[str], known: Path) -> None:
+    """After a finished build: every set of ``out`` complete and verifying, nothing visible without a manifest,
+    no sample in two sets, the samples shipped exactly ``expected``. A set whose files (name, size, mtime, inode)
+    are those it had when ``known`` last recorded it verified is not read again."""
+    seen = json.loads(known.read_text()) if known.exists() else {}
+    listed = {ref.set_id: ref for ref in find_sets(str(out))}
+    hidden = [n for n in os.listdir(out) if not n.startswith(".") and (out / n).is_dir() and n not in listed]
+    assert not hidden, f"visible without a manifest after a finished build: {hidden}"
+    result, now, shipped = VerifyResult(path=str(out)), {}, []
+    for set_id, ref in listed.items():
+        fingerprint = _fingerprint(ref)
+        entry = seen.get(set_id)
+        if entry is None or entry["fingerprint"] != fingerprint:
+            entry = {"fingerprint": fingerprint, "samples": _check_set(ref, result)}
+        now[set_id] = entry
+        shipped += entry["samples"]
+    assert result.ok, result.problems[:5]
+    assert_same(shipped, sorted(expected), "samples shipped")
+    known.write_text(json.dumps(now))
+
+
+def account_shards(p: Paths, data: TraceInput, final: bool) -> None:
     out = Path(p.out)
     if p.out.startswith("s3://"):
+        local = S3Out(p.out).local_root  # where builds stage on this host: a killed one's staging is gone too
+        assert not os.path.exists(local), f"local staging left: {os.listdir(local)}"
         mirror_s3(p.out, p.mirror)
         out = p.mirror
     if not out.exists():
         assert not data.expected_good, "nothing published"
         return
-    assert_shards_sound(out, data.expected_good)
     staging = out / ".prl" / "staging"
     assert not staging.exists() or not os.listdir(staging), f"staging left: {os.listdir(staging)}"
+    assert_sets_sound(out, data.expected_good, p.root / "verified.json")
+    if final:  # every set read again, and verified where it lives
+        assert_shards_sound(out, data.expected_good)
+        result = verify_shards(p.out)
+        assert result.ok and len(result.sets) == len(find_sets(str(out))), result.problems[:5]
 
 
 def held_locks(p: Paths) -> list[str]:
@@ -166,8 +224,5 @@ def account(command: str, p: Paths, traces: TraceInput, rewards: RewardInput, fi
     if command == "check":
         account_checks(store, traces)
     if command == "shards":
-        account_shards(p, traces)
-        if final:
-            result = verify_shards(p.out)
-            assert result.ok and len(result.sets) > 0, result.problems[:5]
+        account_shards(p, traces, final)
     assert not held_locks(p), f"locks left: {held_locks(p)}"

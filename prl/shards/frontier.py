@@ -39,12 +39,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from prl.io.locations import filesystem_for, is_remote
-from prl.schema import TABLES
 from prl.shards.layout import META, meta_root
 from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file, write_json
 from prl.shards.s3out import S3Out
-from prl.store.changes import added_files, snapshot_files
+from prl.store.changes import added_files, files_dataset, snapshot_files
 from prl.store.tables import Store
 
 FRONTIER = "frontier.json"
@@ -157,18 +156,13 @@ def trace_source(
     backlog_files = sorted(set(pc.unique(backlog.column("file")).to_pylist()))
     if backlog_files and not set(backlog_files) <= set(snapshot_files(store, "traces", version)):
         return whole_snapshot(store, version)
-    root = store.table_path("traces")
     parts: list[tuple[ds.Dataset, ds.Expression | None]] = []
     if backlog_files:
         ids = pc.unique(backlog.column("sample_id").combine_chunks())
-        parts.append((_files(store, root, backlog_files), pc.field("sample_id").isin(ids)))
+        parts.append((files_dataset(store, "traces", backlog_files), pc.field("sample_id").isin(ids)))
     if new_files:
-        parts.append((_files(store, root, new_files), None))
+        parts.append((files_dataset(store, "traces", new_files), None))
     return TraceSource(parts, False, frontier.shipped, frontier.version_max, frontier.sets)
-
-
-def _files(store: Store, root: str, paths: list[str]) -> ds.Dataset:
-    return ds.dataset([f"{root}/{p}" for p in paths], schema=TABLES["traces"], format="parquet", filesystem=store.fs)
 
 
 def relative_file(store: Store, path: str) -> str:

@@ -14,6 +14,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from prl.schema import TABLES
 from prl.store.tables import Store
 
 
@@ -47,8 +48,8 @@ def snapshot_files(store: Store, table: str, version: int) -> list[str]:
 
 
 def files_dataset(store: Store, table: str, paths: list[str]) -> ds.Dataset:
-    """A pyarrow dataset over some data files of ``table`` (paths relative to the table folder)."""
-    from prl.schema import TABLES
-
+    """A pyarrow dataset over some data files of ``table`` (paths relative to the table folder), read as the
+    store's streaming scans read (:attr:`Store.scan_options`)."""
     root = store.table_path(table)
-    return ds.dataset([f"{root}/{p}" for p in paths], schema=TABLES[table], format="parquet", filesystem=store.fs)
+    parquet = ds.ParquetFileFormat(default_fragment_scan_options=store.scan_options)
+    return ds.dataset([f"{root}/{p}" for p in paths], schema=TABLES[table], format=parquet, filesystem=store.fs)

@@ -52,20 +52,21 @@ class _TokenValues:
     unsafe_samples: int = 0
 
 
-def _safe_mask(
-    m_T: np.ndarray, lp_T: np.ndarray, ref_T: np.ndarray | None, c_off: np.ndarray
+def safe_loss_mask(
+    m_T: np.ndarray, lp_T: np.ndarray, ref_T: np.ndarray | None, off_R1: np.ndarray
 ) -> tuple[np.ndarray, int, int]:
-    """``(loss mask, unsafe tokens, samples with one)``: a loss-mask position whose behaviour logprob (or, with
-    KL, reference logprob) is null or not finite leaves the mask, so every value a loss multiplies there (token
-    advantage, KL) is defined; ``token_advantages`` is then 0 and ``kl`` null at that position."""
+    """``(loss mask, unsafe tokens, rows with one)``: a loss-mask position whose behaviour logprob (or, with KL,
+    reference logprob) is null (NaN here) or not finite leaves the mask, so every value a loss multiplies there
+    (token advantage, KL) is defined; ``token_advantages`` is then 0 and ``kl`` null at that position. Row ``r``
+    holds positions ``off_R1[r]:off_R1[r + 1]`` (a shard's samples, or its merged rows)."""
     safe_T = np.isfinite(lp_T)
     if ref_T is not None:
         safe_T &= np.isfinite(ref_T)
     unsafe_T = m_T & ~safe_T
     if not unsafe_T.any():
         return m_T, 0, 0
-    row_T = np.repeat(np.arange(len(c_off) - 1), np.diff(c_off))
-    return m_T & safe_T, int(unsafe_T.sum()), len(np.unique(row_T[unsafe_T]))
+    row_U = np.searchsorted(off_R1, np.flatnonzero(unsafe_T), side="right") - 1
+    return m_T & safe_T, int(unsafe_T.sum()), len(np.unique(row_U))
 
 
 def _token_values(rows: Gathered, advantage_N: np.ndarray, mean_d: float, options: ShardOptions) -> _TokenValues:
@@ -76,7 +77,7 @@ def _token_values(rows: Gathered, advantage_N: np.ndarray, mean_d: float, option
     m_T = mask_T(rows.traces.get("completion_mask"), c_off)
     lp_T = rows.traces["completion_logprobs"].filled()
     ref_T = rows.ref.filled() if rows.ref is not None else None
-    m_T, unsafe_tokens, unsafe_samples = _safe_mask(m_T, lp_T, ref_T, c_off)
+    m_T, unsafe_tokens, unsafe_samples = safe_loss_mask(m_T, lp_T, ref_T, c_off)
     masked = not m_T.all()
     into_adv = options.kl == "advantages"
     n_tokens = len(m_T)

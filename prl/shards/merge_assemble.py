@@ -29,6 +29,7 @@ import pyarrow as pa
 from prl.numerics import heads
 from prl.numerics import kl as klmod
 from prl.schema import SHARD
+from prl.shards.assemble import safe_loss_mask
 from prl.shards.merge import MergedRows, gather_column, merge_turns
 from prl.shards.merge_sampling import SAMPLING_SETTINGS, merged_spans, oldest_turn, settings_change
 
@@ -100,21 +101,6 @@ def merge_keys(turns: pa.Table, unit_N: np.ndarray) -> np.ndarray:
     return np.cumsum(new_N).astype(np.int64)
 
 
-def _safe_mask(
-    mask_M: np.ndarray, lp_M: np.ndarray, ref_M: np.ndarray | None, rows: MergedRows
-) -> tuple[np.ndarray, int, int]:
-    """``(loss mask, unsafe tokens, rows with one)``: loss-mask positions whose behaviour (or reference) logprob
-    is null (NaN here) or not finite leave the mask."""
-    safe = np.isfinite(lp_M)
-    if ref_M is not None:
-        safe &= np.isfinite(ref_M)
-    unsafe = mask_M & ~safe
-    if not unsafe.any():
-        return mask_M, 0, 0
-    row_M = np.searchsorted(rows.region_off_R1, np.flatnonzero(unsafe), side="right") - 1
-    return mask_M & safe, int(unsafe.sum()), len(np.unique(row_M))
-
-
 def _per_row(turns: pa.Table, rows: MergedRows, c_off: np.ndarray) -> dict[str, pa.Array]:
     """The per-row columns taken from the turns: names (first turn), version and staleness (oldest turn), spans,
     sampling settings (shared by the row's turns)."""
@@ -165,7 +151,7 @@ def assemble_merged(
     if kl.mode != "none":
         ref_col = gather_column(turns["ref_logprobs"], c_off, rows)
         ref_M = _floats(ref_col)
-    mask_M, unsafe_tokens, unsafe_rows = _safe_mask(mask_M, _floats(lp), ref_M, rows)
+    mask_M, unsafe_tokens, unsafe_rows = safe_loss_mask(mask_M, _floats(lp), ref_M, rows.region_off_R1)
     adv_M = np.repeat(scores.advantage_U[unit_R], np.diff(rows.region_off_R1)).astype(np.float64)
     adv_M[~mask_M] = 0.0
     if ref_M is not None:

@@ -341,3 +341,8 @@ def test_an_s3_out_keeps_a_frontier_and_its_next_build_is_the_bytes_of_a_whole_s
     newer = read_frontier(f"s3://{s3.bucket}/runs/fast")
     assert newer is not None and s3.keys("runs/fast/.prl/frontier/") == [f"runs/fast/.prl/frontier/{newer.backlog}"]
     assert verify_shards(out).exit_code == 0
+    # a damaged frontier object is no frontier: the next build scans the whole table and ships nothing twice
+    s3.client.put_object(Bucket=s3.bucket, Key="runs/fast/.prl/frontier.json", Body=b"{not json")
+    assert read_frontier(f"s3://{s3.bucket}/runs/fast") is None
+    again = build_shards(store, out, options=FRONTIER_OPTIONS)
+    assert (again.status, again.traces_scan) == ("nothing_new", {"from": "whole", "rows": 10})

@@ -123,17 +123,42 @@ def test_a_row_never_spilled_is_an_error(tmp_path):
 
 
 def test_a_damaged_spill_file_is_an_error(tmp_path):
-    rows = [{"ids": list(range(50)), "more": [], "lp": [-1.0] * 50, "mask": None, "heads": None}] * 4
+    rows = [{"ids": list(range(50)), "more": [], "lp": [-1.0] * 50, "mask": None, "heads": [[1, 2]]}] * 4
     spill, kept = spill_of(tmp_path, rows, [2], [True] * 4)
+    ids = spill.raw["ids"].values_path
+    assert os.path.getsize(ids) == 4 * 50 * 4  # int32 values back to back, nothing else
+    with open(ids, "r+b") as fh:
+        fh.truncate(4 * 50 * 4 - 8)  # the last row's last two values are gone: never returned short
+    assert spill.flat(np.array(kept[:3]), ["ids"])["ids"].values_T.tolist() == list(range(50)) * 3
+    with pytest.raises(OSError, match=r"spill file ended at byte 792 of a row ending at byte 800"):
+        spill.flat(np.array(kept[3:]), ["ids"])
     size = os.path.getsize(spill.path)
     with open(spill.path, "r+b") as fh:
-        fh.truncate(size - 64)  # the footer that indexes the batches is gone
+        fh.truncate(size - 64)  # the footer that indexes the IPC file's batches is gone
     with pytest.raises(pa.ArrowInvalid):
-        spill.flat(np.array(kept), ["ids"])
-    with open(spill.path, "rb") as fh:  # a row range past the end of the file is never returned short
+        spill.gather(np.array(kept), ["heads"])
+    with open(ids, "rb") as fh:  # a row range past the end of the file is never returned short
         with pytest.raises(OSError, match=r"spill file ended at byte \d+ of a row ending at byte \d+"):
-            _read_ranges(fh.fileno(), [0, size], [8, size + 8])
+            _read_ranges(fh.fileno(), [0, 792], [8, 800])
         assert _read_ranges(fh.fileno(), [0, 4], [4, 8]).tobytes() == fh.read(8)
+
+
+def test_flat_columns_are_raw_files_and_the_rest_one_ipc_file(tmp_path):
+    """Token lists spill as values back to back (bools one byte each), validity bytes only once a null is seen
+    (ones for the values before it); the heads go to the IPC file, which holds nothing else."""
+    rows = [
+        {"ids": [7, 8], "more": [9], "lp": [-1.0], "mask": [True, False], "heads": [[1]]},
+        {"ids": [], "more": [], "lp": [None, -2.0], "mask": None, "heads": None},
+    ]
+    spill, _ = spill_of(tmp_path, rows, [1], [True, True])
+    raw = spill.raw
+    assert sorted(raw) == ["ids", "lp", "mask", "more"]
+    assert np.fromfile(raw["ids"].values_path, np.int32).tolist() == [7, 8]
+    assert np.fromfile(raw["mask"].values_path, np.uint8).tolist() == [1, 0]
+    assert raw["ids"].starts_S1.tolist() == [0, 2, 2] and raw["mask"].row_valid_S.tolist() == [True, False]
+    assert not os.path.exists(raw["ids"].valid_path) and raw["ids"].row_valid_S is None
+    assert np.fromfile(raw["lp"].valid_path, np.uint8).tolist() == [1, 0, 1]
+    assert pa.ipc.open_file(spill.path).schema.names == ["heads"]
 
 
 @settings(max_examples=200, deadline=None)

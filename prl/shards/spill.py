@@ -1,10 +1,15 @@
-"""Token columns of a scan, spilled in scan order to an Arrow IPC file and gathered back shard by shard.
+"""Token columns of a scan, spilled in scan order and gathered back shard by shard.
 
 ``prl build-shards`` decodes the store's token columns once, during its plan scan, and appends them here
 (:meth:`ScanSpill.write`). Once the final order is known, each shard gathers its rows back (:meth:`ScanSpill.flat`
-for lists of fixed-width values, :meth:`ScanSpill.gather` for anything else). Only the bytes of the rows gathered
-are read (and of the touched batches' offsets and bitmaps), and nothing read stays mapped, so memory stays bounded
-by the rows gathered, not by the file.
+for lists of fixed-width values or bools, :meth:`ScanSpill.gather` for anything else).
+
+A list column of fixed-width values (token ids, logprobs, masks) is spilled as raw files: its values back to back
+(``<path>.<column>.values``; bools one byte each) and, once a null value has been seen, one validity byte per
+value (``.valid``). Where each row's values start is kept in memory (8 bytes per row and column), so a shard reads
+exactly the bytes of its rows, with one ``preadv`` per run of rows that follow each other, and nothing else: its
+cost and memory follow the rows gathered, never the size of the spill. Other columns (the heads: lists of lists)
+go to one Arrow IPC file (``<path>``), read through a mapping whose pages are dropped as the rows are copied.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from numpy.typing import ArrayLike
 
 _DROP = getattr(mmap, "MADV_DONTNEED", None)
@@ -53,77 +60,118 @@ class FlatList:
         return pa.ListArray.from_arrays(offsets, values, mask=pa.array(~self.row_valid_N))
 
 
-def _runs(starts_R: np.ndarray, ends_R: np.ndarray) -> tuple[list[int], list[int]]:
-    """Byte ranges ``[starts_R[i], ends_R[i])`` without the empty ones, merged where one ends where the next
-    begins (rows that follow each other both in the file and in the result, as a group's samples usually do)."""
+def _runs(starts_R: np.ndarray, ends_R: np.ndarray, dest_R: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+    """Byte ranges ``[starts_R[i], ends_R[i])`` bound for ``dest_R[i]``, without the empty ones, merged where one
+    ends where the next begins both in the file and in the result (rows that follow each other in both, as a
+    group's samples usually do): ``(starts, ends, dests)`` of the merged runs."""
     keep = ends_R > starts_R
-    starts_R, ends_R = starts_R[keep], ends_R[keep]
+    starts_R, ends_R, dest_R = starts_R[keep], ends_R[keep], dest_R[keep]
     if len(starts_R) < 2:
-        return starts_R.tolist(), ends_R.tolist()
-    first = np.flatnonzero(np.concatenate(([True], starts_R[1:] != ends_R[:-1])))
+        return starts_R.tolist(), ends_R.tolist(), dest_R.tolist()
+    follows = (starts_R[1:] == ends_R[:-1]) & (dest_R[1:] == dest_R[:-1] + (ends_R[:-1] - starts_R[:-1]))
+    first = np.flatnonzero(np.concatenate(([True], ~follows)))
     last = np.concatenate((first[1:] - 1, [len(starts_R) - 1]))
-    return starts_R[first].tolist(), ends_R[last].tolist()
+    return starts_R[first].tolist(), ends_R[last].tolist(), dest_R[first].tolist()
 
 
-def _read_ranges(fd: int, starts_R: ArrayLike, ends_R: ArrayLike) -> np.ndarray:
-    """The file's byte ranges ``[starts_R[i], ends_R[i])`` back to back (uint8), read into place with one
-    ``preadv`` (which runs without the GIL) per run of ranges that follow each other in the file."""
-    starts, ends = _runs(np.asarray(starts_R, dtype=np.int64), np.asarray(ends_R, dtype=np.int64))
-    out = np.empty(sum(ends) - sum(starts), dtype=np.uint8)
+def _read_into(fd: int, out: np.ndarray, starts_R: ArrayLike, ends_R: ArrayLike, dest_R: ArrayLike) -> None:
+    """Read the file's byte ranges ``[starts_R[i], ends_R[i])`` into ``out`` (uint8) at byte ``dest_R[i]``, with
+    one ``preadv`` (which runs without the GIL) per merged run (:func:`_runs`)."""
+    starts, ends, dests = _runs(
+        np.asarray(starts_R, dtype=np.int64), np.asarray(ends_R, dtype=np.int64), np.asarray(dest_R, dtype=np.int64)
+    )
     view = memoryview(out)  # type: ignore[arg-type]
-    pos = 0
-    for start, end in zip(starts, ends, strict=True):
+    for start, end, pos in zip(starts, ends, dests, strict=True):
         while start < end:
             got = os.preadv(fd, [view[pos : pos + end - start]], start)
             if got <= 0:
                 raise OSError(f"spill file ended at byte {start} of a row ending at byte {end}")
             pos += got
             start += got
+
+
+def _read_ranges(fd: int, starts_R: ArrayLike, ends_R: ArrayLike) -> np.ndarray:
+    """The file's byte ranges ``[starts_R[i], ends_R[i])`` back to back (uint8)."""
+    starts = np.asarray(starts_R, dtype=np.int64)
+    lengths = np.maximum(np.asarray(ends_R, dtype=np.int64) - starts, 0)
+    out = np.empty(int(lengths.sum()), dtype=np.uint8)
+    _read_into(fd, out, starts, starts + lengths, np.cumsum(lengths) - lengths)
     return out
 
 
-def _bits(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray:
-    """``length`` bits of an Arrow bitmap from bit ``offset``, as bool (LSB first)."""
-    raw = np.frombuffer(buffer, dtype=np.uint8, count=(offset + length + 7) // 8)
-    return np.unpackbits(raw, bitorder="little")[offset : offset + length].view(bool)
+def is_flat(field: pa.Field) -> bool:
+    """Whether a spilled column is a list of fixed-width values or bools (spilled raw, read by :meth:`ScanSpill.flat`)."""
+    t = field.type
+    return pa.types.is_list(t) and (pa.types.is_boolean(t.value_type) or pa.types.is_primitive(t.value_type))
 
 
-@dataclass
-class _BatchColumn:
-    """Where one list column of one spilled batch lies: its offsets, row validity, and its values (a byte position
-    in the file for fixed-width values, or unpacked bools), with their validity."""
+class _RawColumn:
+    """One flat list column spilled raw: values back to back, validity bytes once a null is seen, row starts in
+    memory."""
 
-    offsets_R1: np.ndarray
-    row_valid_R: np.ndarray | None
-    byte_start: int
-    bools_V: np.ndarray | None
-    valid_V: np.ndarray | None
+    def __init__(self, path: str, value_type: pa.DataType) -> None:
+        self.values_path, self.valid_path = f"{path}.values", f"{path}.valid"
+        self.value_type = value_type
+        self.dtype = np.dtype(np.uint8) if pa.types.is_boolean(value_type) else np.dtype(value_type.to_pandas_dtype())
+        self._values: BinaryIO | None = open(self.values_path, "wb")  # noqa: SIM115 (closed by close())
+        self._valid: BinaryIO | None = None
+        self._lengths: list[np.ndarray] = []
+        self._row_valid: list[np.ndarray] = []
+        self.count = 0
+        """Values written so far."""
+        self.starts_S1 = np.zeros(1, dtype=np.int64)
+        """Value index where each spilled row starts, and the total (after :meth:`close`)."""
+        self.row_valid_S: np.ndarray | None = None
+        """Whether each spilled row is not null (None when none is)."""
+        self.has_valid = False
 
+    def write(self, column: pa.ListArray) -> None:
+        values = column.flatten()  # the values of the rows that are not null, back to back
+        if pa.types.is_boolean(self.value_type):
+            data = pc.fill_null(values, False).to_numpy(zero_copy_only=False).view(np.uint8)
+        else:
+            buffer = values.buffers()[1]
+            data = (
+                np.frombuffer(buffer, self.dtype, len(values), values.offset * self.dtype.itemsize)
+                if len(values)
+                else np.zeros(0, self.dtype)
+            )
+        if values.null_count and self._valid is None:
+            self._valid = open(self.valid_path, "wb")  # noqa: SIM115
+            self._valid.write(np.ones(self.count, dtype=np.uint8).tobytes())
+            self.has_valid = True
+        if self._valid is not None:
+            valid = (
+                values.is_valid().to_numpy(zero_copy_only=False) if values.null_count else np.ones(len(values), bool)
+            )
+            self._valid.write(valid.view(np.uint8).tobytes())
+        assert self._values is not None, "write after close"
+        self._values.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+        self.count += len(values)
+        self._lengths.append(
+            pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        )
+        self._row_valid.append(column.is_valid().to_numpy(zero_copy_only=False))
 
-def _batch_column(array: pa.ListArray, mapped: pa.Buffer) -> _BatchColumn:
-    """Where ``array`` (a list column of a batch read in place from the mapped file ``mapped``) lies in the file."""
-    offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1, offset=4 * array.offset)
-    row_valid = None
-    if array.null_count:
-        row_valid = _bits(array.buffers()[0], array.offset, len(array))
-    values = array.values
-    size = values.type.bit_width
-    valid = None
-    if values.null_count:
-        valid = _bits(values.buffers()[0], values.offset, len(values))
-    if size == 1:
-        return _BatchColumn(offsets, row_valid, 0, _bits(values.buffers()[1], values.offset, len(values)), valid)
-    data = values.buffers()[1]
-    if data is None or data.size == 0:  # no values: nothing will be read
-        return _BatchColumn(offsets, row_valid, 0, None, valid)
-    start = data.address - mapped.address
-    if not 0 <= start <= start + data.size <= mapped.size:  # never read bytes that are not this column's
-        raise RuntimeError("a spilled column was not read in place from its file; cannot locate its rows")
-    return _BatchColumn(offsets, row_valid, start + values.offset * size // 8, None, valid)
+    def close(self) -> None:
+        """Close the files (the column then travels to other processes as its paths and row starts)."""
+        if self._values is not None:
+            self._values.close()
+            self._values = None
+        if self._valid is not None:
+            self._valid.close()
+            self._valid = None
+        if self._lengths:
+            lengths = np.concatenate(self._lengths)
+            self.starts_S1 = np.concatenate(([0], np.cumsum(lengths)))
+            row_valid = np.concatenate(self._row_valid)
+            self.row_valid_S = None if row_valid.all() else row_valid
+            self._lengths, self._row_valid = [], []
 
 
 class ScanSpill:
-    """Rows of one table in scan order, in one Arrow IPC file, found again by their scan row numbers.
+    """Rows of one table in scan order, found again by their scan row numbers: flat list columns in raw files,
+    the others in one Arrow IPC file (see the module docstring).
 
     Only the rows given to :meth:`write` are kept. Write every batch, :meth:`close`, then gather.
     """
@@ -133,21 +181,32 @@ class ScanSpill:
         self.sink: pa.OSFile | None = None
         self.writer: pa.ipc.RecordBatchFileWriter | None = None
         self.schema: pa.Schema | None = None
+        self.raw: dict[str, _RawColumn] = {}
         self._rows: list[np.ndarray] = []
+        self._nested: list[str] = []
         self.rows_S = np.zeros(0, dtype=np.int64)
         """Scan row number of every spilled row (ascending)."""
         self.starts_B1 = np.zeros(1, dtype=np.int64)
-        """Spill row where each written batch starts, and the total."""
+        """Spill row where each batch of the IPC file starts, and the total."""
 
     def write(self, batch: pa.RecordBatch, rows: np.ndarray) -> None:
         """Append ``batch`` whose rows have scan row numbers ``rows`` (ascending, after earlier writes)."""
         if batch.num_rows == 0:
             return
-        if self.writer is None:
+        if self.schema is None:
             self.schema = batch.schema
-            self.sink = pa.OSFile(self.path, "wb")
-            self.writer = pa.ipc.new_file(self.sink, batch.schema)
-        self.writer.write_batch(batch)
+            for i, field in enumerate(batch.schema):
+                if is_flat(field):
+                    self.raw[field.name] = _RawColumn(f"{self.path}.{i}", field.type.value_type)
+                else:
+                    self._nested.append(field.name)
+            if self._nested:
+                self.sink = pa.OSFile(self.path, "wb")
+                self.writer = pa.ipc.new_file(self.sink, pa.schema([batch.schema.field(n) for n in self._nested]))
+        for name, column in self.raw.items():
+            column.write(batch.column(name))
+        if self.writer is not None:
+            self.writer.write_batch(batch.select(self._nested))
         self._rows.append(np.asarray(rows, dtype=np.int64))
 
     def close(self) -> None:
@@ -157,33 +216,40 @@ class ScanSpill:
         if self.sink is not None:
             self.sink.close()
             self.sink = None
+        for column in self.raw.values():
+            column.close()
         if self._rows:
             self.rows_S = np.concatenate(self._rows)
             self.starts_B1 = np.concatenate(([0], np.cumsum([len(r) for r in self._rows])))
             self._rows = []
 
-    def _locate(self, rows_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(batch_N, index_N)``: the spilled batch holding each scan row and its index there."""
+    def _spill_rows(self, rows_N: np.ndarray) -> np.ndarray:
+        """The spill row (index into :attr:`rows_S`) of each scan row."""
         assert self.schema is not None, "gather from an empty spill"
         spill_N = np.searchsorted(self.rows_S, rows_N)
         if len(rows_N) and not np.array_equal(self.rows_S[np.minimum(spill_N, len(self.rows_S) - 1)], rows_N):
             raise RuntimeError(f"rows missing from spill file {self.path}")
+        return spill_N
+
+    def _locate(self, rows_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(batch_N, index_N)``: the IPC file's batch holding each scan row and its index there."""
+        spill_N = self._spill_rows(rows_N)
         batch_N = np.searchsorted(self.starts_B1, spill_N, side="right") - 1
         return batch_N, spill_N - self.starts_B1[batch_N]
 
     @contextmanager
-    def _mapped(self) -> Iterator[tuple[pa.Buffer, pa.ipc.RecordBatchFileReader, int, Callable[[], None]]]:
-        """The file, memory-mapped read-only, as a buffer with a reader over it, its descriptor, and a function
-        that drops the mapped pages read so far (the kernel maps the pages around each one read, so they add up
-        fast). On the way out the pages are dropped, and the mapping is closed unless the caller still holds a view
-        of it (it closes when that goes)."""
+    def _mapped(self) -> Iterator[tuple[pa.ipc.RecordBatchFileReader, Callable[[], None]]]:
+        """The IPC file, memory-mapped read-only, with a reader over it and a function that drops the mapped
+        pages read so far (the kernel maps the pages around each one read, so they add up fast). On the way out
+        the pages are dropped, and the mapping is closed unless the caller still holds a view of it (it closes
+        when that goes)."""
         with open(self.path, "rb") as fh:
             mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
             buffer = reader = None
             try:
                 buffer = pa.py_buffer(mapped)
                 reader = pa.ipc.open_file(pa.BufferReader(buffer))
-                yield buffer, reader, fh.fileno(), lambda: _DROP is not None and mapped.madvise(_DROP)  # type: ignore[func-returns-value, misc]
+                yield reader, lambda: _DROP is not None and mapped.madvise(_DROP)  # type: ignore[func-returns-value, misc]
             finally:
                 del reader, buffer
                 if _DROP is not None:
@@ -196,102 +262,83 @@ class ScanSpill:
     def flat(self, rows_N: np.ndarray, columns: Sequence[str | tuple[str, ...]]) -> dict[object, FlatList]:
         """Each of ``columns`` (lists of fixed-width values or bools) for the rows with scan row numbers ``rows_N``,
         in that order, keyed by the column; a tuple of columns of one value type is gathered as their row-wise
-        concatenation (``part_lengths`` in order).
-
-        Fixed-width values are read straight from the file into their place in the result, one ``pread`` per row
-        and column (no per-value indices, no mapping of the values: a mapping would also bring in the pages around
-        every row read, so that memory would grow towards the whole file). Only the touched batches' offsets and
-        bitmaps are read through a mapping, and their pages are dropped before returning.
-        """
-        batch_N, index_N = self._locate(rows_N)
-        touched = np.unique(batch_N).tolist()
+        concatenation (``part_lengths`` in order). The values are read straight from the spill files into their
+        place in the result (:func:`_read_into`); nothing else is read."""
+        spill_N = self._spill_rows(rows_N)
         out: dict[object, FlatList] = {}
-        with self._mapped() as (buffer, reader, fd, _):
-            batches = {b: reader.get_batch(b) for b in touched}
-            for spec in columns:
-                names = (spec,) if isinstance(spec, str) else tuple(spec)
-                out[spec] = self._flat_one(names, batches, batch_N, index_N, fd, buffer)
-            del batches, buffer, reader  # every view of the mapping (the values are copies)
+        for spec in columns:
+            names = (spec,) if isinstance(spec, str) else tuple(spec)
+            out[spec] = self._flat_one([self.raw[name] for name in names], spill_N)
         return out
 
-    def _flat_one(
-        self,
-        names: tuple[str, ...],
-        batches: dict[int, pa.RecordBatch],
-        batch_N: np.ndarray,
-        index_N: np.ndarray,
-        fd: int,
-        mapped: pa.Buffer,
-    ) -> FlatList:
-        n = len(batch_N)
-        assert self.schema is not None
-        dtype = np.dtype(self.schema.field(names[0]).type.value_type.to_pandas_dtype())
-        starts = np.zeros((n, len(names)), dtype=np.int64)  # value positions within each row's batch
-        ends = np.zeros((n, len(names)), dtype=np.int64)
-        byte_base = np.zeros((n, len(names)), dtype=np.int64)
-        row_valid = np.ones(n, dtype=bool)
-        columns: dict[tuple[int, int], _BatchColumn] = {}
-        for b, batch in batches.items():
-            sel = np.flatnonzero(batch_N == b)
-            j = index_N[sel]
-            for p, name in enumerate(names):
-                col = _batch_column(batch.column(name), mapped)
-                columns[(b, p)] = col
-                starts[sel, p] = col.offsets_R1[j]
-                ends[sel, p] = col.offsets_R1[j + 1]
-                if col.row_valid_R is not None:
-                    ok = col.row_valid_R[j]
-                    ends[sel[~ok], p] = starts[sel[~ok], p]  # a null row is empty
-                    if len(names) == 1:
-                        row_valid[sel] = ok
-                byte_base[sel, p] = col.byte_start
-        lengths = ends - starts
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(lengths.sum(axis=1), out=offsets[1:])
-
-        def slices(arrays: dict[tuple[int, int], np.ndarray]) -> np.ndarray:
-            """The rows' value ranges of per-batch bool arrays (unpacked bits), back to back."""
-            keys = [(b, p) for b in batch_N.tolist() for p in range(len(names))]  # per row and part, in order
-            if not keys:
-                return np.empty(0, dtype=bool)
-            bounds = zip(starts.ravel().tolist(), ends.ravel().tolist(), strict=True)
-            return np.concatenate([arrays[k][lo:hi] for k, (lo, hi) in zip(keys, bounds, strict=True)])
-
-        if dtype == np.dtype(np.bool_):
-            values = slices({k: c.bools_V for k, c in columns.items()})  # type: ignore[misc]
-        else:  # the common case: straight from the file, no per-row Python besides the reads
-            size = dtype.itemsize
-            values = _read_ranges(fd, (byte_base + starts * size).ravel(), (byte_base + ends * size).ravel())
-            values = values.view(dtype)
-        valid = None
-        if any(c.valid_V is not None for c in columns.values()):
-            ones = {k: np.ones(int(c.offsets_R1[-1]), dtype=bool) for k, c in columns.items() if c.valid_V is None}
-            valid = slices({k: c.valid_V if c.valid_V is not None else ones[k] for k, c in columns.items()})
+    def _flat_one(self, parts: list[_RawColumn], spill_N: np.ndarray) -> FlatList:
+        starts = [p.starts_S1[spill_N] for p in parts]
+        lengths = [p.starts_S1[spill_N + 1] - start for p, start in zip(parts, starts, strict=True)]
+        offsets = np.zeros(len(spill_N) + 1, dtype=np.int64)
+        np.cumsum(np.sum(lengths, axis=0), out=offsets[1:])
+        dtype = parts[0].dtype
+        size = dtype.itemsize
+        values = np.empty(int(offsets[-1]), dtype=dtype)
+        valid = np.ones(len(values), dtype=bool) if any(p.has_valid for p in parts) else None
+        dest = offsets[:-1].copy()
+        for part, start, length in zip(parts, starts, lengths, strict=True):
+            with _opened(part.values_path) as fd:
+                _read_into(fd, values.view(np.uint8), start * size, (start + length) * size, dest * size)
+            if valid is not None and part.has_valid:
+                with _opened(part.valid_path) as fd:
+                    _read_into(fd, valid.view(np.uint8), start, start + length, dest)
+            dest += length
+        row_valid = None
+        if len(parts) == 1 and parts[0].row_valid_S is not None:
+            row_valid = parts[0].row_valid_S[spill_N]
+            row_valid = None if row_valid.all() else row_valid
         return FlatList(
-            values,
+            values.view(bool) if dtype == np.uint8 and pa.types.is_boolean(parts[0].value_type) else values,
             offsets,
             valid,
-            None if row_valid.all() else row_valid,
-            tuple(lengths[:, p] for p in range(len(names))) if len(names) > 1 else (),
+            row_valid,
+            tuple(lengths) if len(parts) > 1 else (),
         )
 
     def gather(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
-        """``columns`` of the rows with scan row numbers ``rows_N``, in that order (spill column types), through
-        Arrow's ``take``: for columns :meth:`flat` does not cover (lists of lists)."""
+        """``columns`` of the rows with scan row numbers ``rows_N``, in that order (spill column types): flat
+        columns through :meth:`flat`, the others through Arrow's ``take`` from the IPC file."""
         assert self.schema is not None, "gather from an empty spill"
         schema = pa.schema([self.schema.field(c) for c in columns])
         if len(rows_N) == 0:
             return schema.empty_table()
+        nested = [c for c in columns if c not in self.raw]
+        taken = self._take(rows_N, nested) if nested else None
+        flat = self.flat(rows_N, [c for c in columns if c in self.raw])
+        arrays = [
+            flat[c].to_arrow(self.raw[c].value_type) if c in self.raw else taken.column(c)  # type: ignore[union-attr]
+            for c in columns
+        ]
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    def _take(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
+        """``columns`` (of the IPC file) of the rows ``rows_N``, in that order."""
         batch_N, index_N = self._locate(rows_N)
         by_batch = np.argsort(batch_N, kind="stable")
         bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
         pieces = []
-        with self._mapped() as (buffer, reader, _, drop_pages):
+        with self._mapped() as (reader, drop_pages):
             for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
                 sel = by_batch[lo:hi]
                 b = int(batch_N[sel[0]])
                 pieces.append(reader.get_batch(b).select(columns).take(pa.array(index_N[sel])))
                 drop_pages()  # the rows are copied: memory stays bounded by one batch
-            del buffer, reader  # every view of the mapping (the pieces are copies)
+            del reader  # every view of the mapping (the pieces are copies)
+        schema = pa.schema([self.schema.field(c) for c in columns])  # type: ignore[union-attr]
         table = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
         return table if len(pieces) == 1 else table.take(pa.array(np.argsort(by_batch)))
+
+
+@contextmanager
+def _opened(path: str) -> Iterator[int]:
+    """A read-only descriptor of ``path``, closed on the way out."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)

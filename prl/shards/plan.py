@@ -214,12 +214,19 @@ def _with_staleness(
     return traces, current, version_max
 
 
+def _aligned(traces: pl.DataFrame, side: pl.DataFrame) -> list[pl.Series]:
+    """The columns of ``side`` (one row per ``sample_id``) other than ``sample_id``, aligned to the rows of
+    ``traces`` (null where a sample has no row there): a join of the keys alone, then one gather per column, so
+    that the trace columns are never copied."""
+    keys = side.select("sample_id").with_row_index("_i")
+    index = traces.select("sample_id").join(keys, on="sample_id", how="left", maintain_order="left")["_i"]
+    return [column.gather(index) for column in side.drop("sample_id").get_columns()]
+
+
 def _scored(inputs: _Inputs, traces: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
     """One row per considered sample (scan order) with its joins, ``score`` and first failed filter ``drop``."""
-    plan = traces.join(inputs.rewards, on="sample_id", how="left").join(inputs.verdicts, on="sample_id", how="left")
-    if inputs.refs is not None:
-        plan = plan.join(inputs.refs, on="sample_id", how="left")
-    plan = plan.sort("row")
+    sides = [inputs.rewards, inputs.verdicts] + ([inputs.refs] if inputs.refs is not None else [])
+    plan = traces.hstack([column for side in sides for column in _aligned(traces, side)])
     names = list(options.rewards)
     components = {n: plan[f"r::{n}"].to_numpy().astype(np.float64) for n in names}
     missing = np.zeros(plan.height, dtype=bool)
@@ -315,7 +322,7 @@ def make_plan(
     if options.merge_turns and keep.height:
         keep = mark_units(plan, keep, options)
     ship = pack(keep, options)
-    backlog = plan.filter(pl.col("drop").is_not_null()).select("sample_id", "_file")
+    backlog = plan.select("sample_id", "_file", "drop").filter(pl.col("drop").is_not_null()).drop("drop")
     return Plan(
         ship,
         plan.height + already + before,
@@ -336,22 +343,22 @@ def pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
     """Order ``keep`` into shuffled whole groups and number the shards (``shard`` column)."""
     if keep.is_empty():
         return keep.with_columns(pl.lit(0, dtype=pl.Int32).alias("shard"))
-    # merged turns: a unit's turns stay together and in order (prl.shards.merge_build)
-    keep = keep.sort(
-        ["group_id", "unit_first", "unit_pos"] if "unit_pos" in keep.columns else ["group_id", "sample_id"]
+    # merged turns: a unit's turns stay together and in order (prl.shards.merge_build); the order is worked
+    # out on the key columns alone and applied to the wide frame once
+    by = ["group_id", "unit_first", "unit_pos"] if "unit_pos" in keep.columns else ["group_id", "sample_id"]
+    tokens_col = (
+        pl.col("row_tokens") if "row_tokens" in keep.columns else pl.col("prompt_len") + pl.col("completion_len")
     )
-    gidx, num_g = adv.dense_index(keep["group_id"].to_arrow())  # sorted → group numbers increase with group_id
+    keys = keep.select(*by, tokens_col.alias("_tokens")).with_row_index("_k").sort(by)
+    gidx, num_g = adv.dense_index(keys["group_id"].to_arrow())  # sorted → group numbers increase with group_id
     perm_G = np.random.default_rng(options.seed).permutation(num_g)
     rank_G = np.empty(num_g, dtype=np.int64)
     rank_G[perm_G] = np.arange(num_g)
-    tokens = (
-        keep["row_tokens"] if "row_tokens" in keep.columns else keep["prompt_len"] + keep["completion_len"]
-    ).to_numpy()
-    group_tokens_G = np.bincount(gidx, weights=tokens, minlength=num_g)
+    group_tokens_G = np.bincount(gidx, weights=keys["_tokens"].to_numpy(), minlength=num_g)
     start_by_rank = np.concatenate(([0.0], np.cumsum(group_tokens_G[perm_G])[:-1]))
     window_G = (start_by_rank // options.target_tokens).astype(np.int64)[rank_G]
     order = np.lexsort((np.arange(len(gidx)), rank_G[gidx]))
-    keep = keep[order]
+    keep = keep[keys["_k"].to_numpy()[order]]
     _, shard = np.unique(window_G[gidx][order], return_inverse=True)
     return keep.with_columns(pl.Series("shard", shard.astype(np.int32)))
 

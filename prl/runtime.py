@@ -1,17 +1,21 @@
 """Process-wide settings the ``prl`` command makes before it loads its libraries.
 
-- **Arrow keeps freed memory for reuse.** Steps like build-shards allocate and free shard-sized Arrow buffers
-  over and over. Handed back to the OS, each comes back as fresh pages the kernel must fault in and zero; with
-  ``MIMALLOC_PURGE_DELAY=-1`` Arrow's allocator (mimalloc) keeps them. Peak memory rises a little (60–100 MB
-  on a small build-shards, about nothing at 200 M tokens: ``bench/bench_shards_memory.py``).
+- **Freed memory goes back to the OS after a second.** Arrow's allocator (mimalloc) and polars' (jemalloc) each
+  keep pages they freed, for reuse; by default Arrow's hands them back after 10 ms and jemalloc's after 10 s, and
+  with ``MIMALLOC_PURGE_DELAY=-1`` Arrow would keep them for good. Pages one allocator keeps are lost to the
+  other, so a build-shards whose plan (polars joins, Arrow scans) is followed by shard writing (Arrow, numpy) kept
+  the high-water mark of both: 1,061 MB peak at 200 M tokens against 804 MB with both at 1 s
+  (``MIMALLOC_PURGE_DELAY=1000``, ``_RJEM_MALLOC_CONF=dirty_decay_ms:1000,muzzy_decay_ms:0``;
+  ``bench/bench_shards_memory.py``). A second is long enough that shard-sized buffers freed and allocated again
+  back to back are reused rather than faulted in afresh: no CPU time measured against keeping them for good.
 - **One BLAS thread.** prl does no linear algebra, but numpy's OpenBLAS starts a thread per core at import,
   which then spins for a while: about 0.1 CPU-seconds per command on two cores, taken from the work.
 
 glibc's own malloc is left as the environment sets it (``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_``
 or ``GLIBC_TUNABLES`` tune it without any code).
 
-Library users can call :func:`set_process_defaults` themselves, before importing numpy or pyarrow, or set the
-same environment variables.
+Library users can call :func:`set_process_defaults` themselves, before importing numpy, pyarrow or polars, or set
+the same environment variables.
 """
 
 from __future__ import annotations
@@ -19,7 +23,11 @@ from __future__ import annotations
 import os
 import sys
 
-SETTINGS = (("OPENBLAS_NUM_THREADS", "1", "numpy"), ("MIMALLOC_PURGE_DELAY", "-1", "pyarrow"))
+SETTINGS = (
+    ("OPENBLAS_NUM_THREADS", "1", "numpy"),
+    ("MIMALLOC_PURGE_DELAY", "1000", "pyarrow"),
+    ("_RJEM_MALLOC_CONF", "dirty_decay_ms:1000,muzzy_decay_ms:0", "polars"),
+)
 """``(environment variable, value, the library that reads it once when it loads)``."""
 
 
@@ -30,8 +38,9 @@ def set_process_defaults() -> dict[str, str]:
     - OpenBLAS: ``OPENBLAS_NUM_THREADS=1``, read when numpy is first imported (not set, nor reported, once it
       has been). It applies to the whole process, so a library user who runs BLAS work beside prl should not
       call this.
-    - Arrow (mimalloc): ``MIMALLOC_PURGE_DELAY=-1``, read when pyarrow is first imported (likewise). About 9% of
-      a cold build-shards, 4% of a warm one.
+    - Arrow (mimalloc): ``MIMALLOC_PURGE_DELAY=1000``, read when pyarrow is first imported (likewise).
+    - polars (jemalloc): ``_RJEM_MALLOC_CONF=dirty_decay_ms:1000,muzzy_decay_ms:0``, read when polars is first
+      imported (likewise).
     """
     made: dict[str, str] = {}
     for name, value, library in SETTINGS:  # each is read once, when its library loads: set it while that can happen

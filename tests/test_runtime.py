@@ -13,7 +13,15 @@ from typer.testing import CliRunner
 
 from prl import cli
 
-SETTINGS = ("OPENBLAS_NUM_THREADS", "MIMALLOC_PURGE_DELAY", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+SETTINGS = (
+    "OPENBLAS_NUM_THREADS",
+    "MIMALLOC_PURGE_DELAY",
+    "_RJEM_MALLOC_CONF",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+)
+JEMALLOC = "dirty_decay_ms:1000,muzzy_decay_ms:0"
+DEFAULTS = {"OPENBLAS_NUM_THREADS": "1", "MIMALLOC_PURGE_DELAY": "1000", "_RJEM_MALLOC_CONF": JEMALLOC}
 CALL = (
     "import json, os; from prl.runtime import set_process_defaults; made = set_process_defaults(); "
     "print(json.dumps([made, os.environ.get('MIMALLOC_PURGE_DELAY')]))"
@@ -28,27 +36,28 @@ def made_in_a_fresh_process(before: str = "", **env: str) -> list:
 
 
 def test_every_setting_is_made_in_a_bare_environment():
-    assert made_in_a_fresh_process() == [{"OPENBLAS_NUM_THREADS": "1", "MIMALLOC_PURGE_DELAY": "-1"}, "-1"]
+    assert made_in_a_fresh_process() == [DEFAULTS, "1000"]
 
 
 def test_settings_the_environment_makes_are_left_alone():
-    assert made_in_a_fresh_process(OPENBLAS_NUM_THREADS="2", MIMALLOC_PURGE_DELAY="10") == [{}, "10"]
+    both = {"OPENBLAS_NUM_THREADS": "2", "MIMALLOC_PURGE_DELAY": "10", "_RJEM_MALLOC_CONF": "narenas:1"}
+    assert made_in_a_fresh_process(**both) == [{}, "10"]
     made, purge = made_in_a_fresh_process(OPENBLAS_NUM_THREADS="4")
-    assert (made, purge) == ({"MIMALLOC_PURGE_DELAY": "-1"}, "-1")
+    assert (made, purge) == ({"MIMALLOC_PURGE_DELAY": "1000", "_RJEM_MALLOC_CONF": JEMALLOC}, "1000")
 
 
 def test_glibc_malloc_is_left_to_the_environment():
     # no mallopt call: glibc's thresholds stay what glibc (or MALLOC_*_ / GLIBC_TUNABLES) makes them
     made, _ = made_in_a_fresh_process(MALLOC_TRIM_THRESHOLD_="5")
-    assert made == {"OPENBLAS_NUM_THREADS": "1", "MIMALLOC_PURGE_DELAY": "-1"}
+    assert made == DEFAULTS
     code = "import prl.runtime, sys; print('ctypes' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False"]
 
 
 def test_variables_read_at_import_are_left_alone_once_their_library_is_loaded():
-    made, purge = made_in_a_fresh_process("import numpy, pyarrow; ")
-    assert "OPENBLAS_NUM_THREADS" not in made and "MIMALLOC_PURGE_DELAY" not in made
+    made, purge = made_in_a_fresh_process("import numpy, pyarrow, polars; ")
+    assert made == {}
     assert purge is None
 
 

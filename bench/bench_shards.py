@@ -45,9 +45,11 @@ def _child(code: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def make_store(root: str, samples: int, prompt: int, completion: int, group: int, seed: int = 0, first: int = 0) -> int:
-    """A checked store written straight from numpy (samples ``s{first}:0`` on; appended when the store exists);
-    returns the token count written."""
+def make_store(
+    root: str, samples: int, prompt: int, completion: int, group: int, seed: int = 0, first: int = 0, chunk: int = 512
+) -> int:
+    """A checked store written straight from numpy (samples ``s{first}:0`` on, ``chunk`` samples per commit of each
+    table; appended when the store exists); returns the token count written."""
     import numpy as np
     import pyarrow as pa
 
@@ -63,7 +65,6 @@ def make_store(root: str, samples: int, prompt: int, completion: int, group: int
     store = Store(root)
     now = pa.scalar(0, pa.timestamp("ms", tz="UTC"))
     tokens = 0
-    chunk = 512
     for start in range(first, first + samples, chunk):
         n = min(chunk, first + samples - start)
         ids = [f"s{i}:0" for i in range(start, start + n)]

@@ -2,10 +2,12 @@
 
 Grows one checked store (rewards, ``ok`` verdicts, reference logprobs; samples of ≈``--prompt`` + ≈``--completion``
 tokens, groups of ``--group``) to each size of ``--tokens`` in turn, and at each size builds every sample into a
-fresh OUT in a fresh process (KL into the token advantages, as ``bench_shards.py``), once with Arrow's allocator
-keeping freed pages (``MIMALLOC_PURGE_DELAY=-1``, what the ``prl`` command sets) and once handing them back at once
-(``MIMALLOC_PURGE_DELAY=0``). Reports per size: samples, tokens, seconds, tokens/s and peak RSS (MB) for each
-setting, and the growth of peak RSS between the smallest and the largest size in MB per million samples.
+fresh OUT in a fresh process (KL into the token advantages, as ``bench_shards.py``), once with the ``prl``
+command's allocator settings (Arrow's mimalloc and polars' jemalloc hand freed pages back after a second:
+:mod:`prl.runtime`) and once with both keeping them (``MIMALLOC_PURGE_DELAY=-1`` and jemalloc's defaults, 10 s).
+Reports per size: samples, tokens, seconds, tokens/s and peak RSS (MB) for each setting, and the growth of peak
+RSS between the smallest and the largest size in MB per million samples. The store is written ``--chunk``
+samples per commit.
 
 Sizes start above one shard (``target_tokens``, 4 M tokens by default): below that, peak RSS follows the size of
 the one shard being built, not the store. The defaults (8 and 32 M tokens) take a minute or two on a small machine;
@@ -36,7 +38,7 @@ BUILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
 from prl.runtime import set_process_defaults
-set_process_defaults()  # as the prl command does (the environment's MIMALLOC_PURGE_DELAY wins)
+set_process_defaults()  # as the prl command does (what the environment sets wins)
 from prl.shards.build import build_shards
 from prl.shards.options import ShardOptions
 from prl.store.tables import Store
@@ -47,14 +49,14 @@ print(json.dumps({{"seconds": seconds, "tokens": res.tokens, "rows": res.rows,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
 """
 
-PURGE_SETTINGS = {"keep_pages": "-1", "purge_at_once": "0"}
-"""Name in the report → ``MIMALLOC_PURGE_DELAY`` of the build's process."""
+PURGE_SETTINGS = {"prl_defaults": {}, "keep_pages": {"MIMALLOC_PURGE_DELAY": "-1", "_RJEM_MALLOC_CONF": ""}}
+"""Name in the report → the build process's environment, over the ``prl`` command's defaults."""
 
 
-def build_once(store: str, out: str, purge_delay: str) -> dict:
+def build_once(store: str, out: str, settings: dict[str, str]) -> dict:
     """One build of every sample of ``store`` into a fresh ``out``, in its own process."""
     shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, "MIMALLOC_PURGE_DELAY": purge_delay}
+    env = {**os.environ, **settings}
     code = BUILD.format(root=ROOT, store=store, out=out)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     if proc.returncode:
@@ -68,6 +70,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--completion", type=int, default=300)
     parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--chunk", type=int, default=4096, help="samples per commit while the store is grown")
     args = parser.parse_args()
     sizes = sorted(int(float(v)) for v in args.tokens.split(","))
     per_sample = args.prompt + args.completion
@@ -78,11 +81,13 @@ def main() -> None:
         for size in sizes:
             more = max(0, (size - tokens) // per_sample)
             t = time.perf_counter()
-            tokens += make_store(store, more, args.prompt, args.completion, args.group, seed=len(rows), first=samples)
+            tokens += make_store(
+                store, more, args.prompt, args.completion, args.group, seed=len(rows), first=samples, chunk=args.chunk
+            )
             samples += more
             row: dict = {"samples": samples, "tokens": tokens, "setup_seconds": round(time.perf_counter() - t, 1)}
-            for name, delay in PURGE_SETTINGS.items():
-                build = build_once(store, out, delay)
+            for name, settings in PURGE_SETTINGS.items():
+                build = build_once(store, out, settings)
                 assert build["rows"] == samples, build
                 row[name] = {
                     "seconds": round(build["seconds"], 2),

@@ -69,3 +69,29 @@ def every_shard_built_is_safe(tmp_path_factory: pytest.TempPathFactory):
 
     problems = unsafe_shards(tmp_path_factory.getbasetemp())
     assert not problems, "\n".join(problems[:20])
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real two-node Ray cluster on 127.0.0.1 (a head and one worker, one CPU and a 256 MB object store each),
+    started once per test session by the first Ray test (they share one xdist group) and stopped after the
+    session; the environment points ``ray.init`` at it meanwhile."""
+    from prl.engines.ray.cluster import LocalCluster
+
+    cluster = LocalCluster(workers=1, cpus=1, head_cpus=1, object_store_mb=256).start()
+    saved = {k: os.environ.get(k) for k in cluster.env}
+    os.environ.update(cluster.env)
+    try:
+        yield cluster
+    finally:
+        import ray  # imported by the first test that joined the cluster (after RAY_* were set)
+
+        if ray.is_initialized():
+            ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        cluster.stop()
+        assert cluster.pids() == []

@@ -1,11 +1,10 @@
-"""The Ray engine against the local engine on a real two-node Ray cluster on 127.0.0.1 (a head and one worker,
-one CPU and a 256 MB object store each, started once per test session and stopped after it)."""
+"""The Ray engine against the local engine on a real two-node Ray cluster on 127.0.0.1 (the session's
+``ray_cluster``, :mod:`tests.conftest`): check-tokens and build-shards."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,29 +35,6 @@ SHARD_OPTIONS = {
     "ref_model": "ref-a",
     "missing_ref": "drop",
 }
-
-
-@pytest.fixture(scope="session")
-def ray_cluster():
-    from prl.engines.ray.cluster import LocalCluster
-
-    cluster = LocalCluster(workers=1, cpus=1, head_cpus=1, object_store_mb=256).start()
-    saved = {k: os.environ.get(k) for k in cluster.env}
-    os.environ.update(cluster.env)
-    try:
-        yield cluster
-    finally:
-        import ray  # imported by the first test that joined the cluster (after RAY_* were set)
-
-        if ray.is_initialized():
-            ray.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        cluster.stop()
-        assert cluster.pids() == []
 
 
 def _manifest(result) -> dict:

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from prl.checks.remote import CheckedBatch, CheckJob
+    from prl.ingestion.remote import IngestJob, UnitRead
+    from prl.score.remote import ScoreJob
+    from prl.score.scored import ScoredBatch
     from prl.shards.parts import PartJob, PartWritten
 
 
@@ -22,6 +25,12 @@ class LocalEngine:
 
     def check_batches(self, job: CheckJob) -> Iterator[CheckedBatch]:
         raise NotImplementedError("check-tokens checks local batches itself")
+
+    def read_units(self, job: IngestJob) -> Iterator[UnitRead]:
+        raise NotImplementedError("ingest reads local groups itself")
+
+    def score_files(self, job: ScoreJob) -> Iterator[ScoredBatch]:
+        raise NotImplementedError("score-ref scores local batches itself")
 
 
 LOCAL = LocalEngine()

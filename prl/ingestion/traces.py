@@ -12,106 +12,42 @@ running it again loses nothing and duplicates nothing:
   ``quarantine_id`` and are not added twice; the traces commit happens;
 - a sample already in ``traces`` with the same ``record_digest`` is skipped (counted as ``already_present``),
   one with a different digest is quarantined as ``duplicate_sample_id``.
+
+``engine="ray"`` reads a group's files on a Ray cluster, in runs of consecutive files
+(:mod:`prl.ingestion.remote`): each worker writes its files' rows as data files, and this process folds the
+reads together in file order and makes the same commits, with the same ledger and transactions, as the local
+engine; the tables hold the same rows.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import replace
 
-import numpy as np
-import pyarrow as pa
-
-from prl.errors import FormatDetectionError, UsageError
+from prl.engines import Engine, get_engine
+from prl.errors import UsageError
 from prl.formats import registry
-from prl.formats.agents import agent_of
-from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
-from prl.formats.guard import as_quarantined, read_record, source_key, source_position
-from prl.ingestion.assemble import Located, sample_id_of
-from prl.ingestion.batch import Checked, check_and_assemble
-from prl.ingestion.inline_rewards import inline_reward_rows, reward_batches
-from prl.ingestion.ledger import ledger_entry
+from prl.formats.base import ParseOptions, Sample
+from prl.ingestion.inline_rewards import reward_batches
 from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
+from prl.ingestion.reading import RAW_KEEP
+from prl.ingestion.remote import IngestJob, UnitRead, merged, read_unit
 from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, IngestResult
-from prl.ingestion.resume import ResumePoint, app_id, continuation, earlier_points, fresh_reader, point_after
+from prl.ingestion.resume import app_id, earlier_points
 from prl.io import sources as io_sources
-from prl.io.sources import LineReader, SourceFile, first_lines, lines_of, scan
-from prl.schema import FINISH_REASONS, RAW_LIMIT, TRACES
+from prl.io.sources import SourceFile, scan
+from prl.schema import FINISH_REASONS
 from prl.store.index import SampleIndex
 from prl.store.locks import holding
 from prl.store.resolve import open_store
-from prl.store.tables import Store
+from prl.store.tables import PendingCommit, Store
 
 BATCH_TOKENS = 2_000_000
 """Tokens (prompt + completion) per assembled batch: bounds memory to a few tens of MB per batch."""
 GROUP_BYTES = 512 * 1024 * 1024
 """Source bytes per commit group: many small files share one commit."""
 GROUP_FILES = 256
-HEAD_LINES = 64
-RAW_KEEP = 4 * RAW_LIMIT + 4
-"""Bytes of a kept record's raw text held until its batch is written: enough for the ``RAW_LIMIT``
-characters (and the truncation flag) of a quarantine row, should the record turn out to be a duplicate;
-holding whole SSE streams would cost hundreds of MB per batch."""
-
-
-class _Deduper:
-    """Knows which sample IDs exist (with their digests) in the traces table, from the sample index, and
-    earlier in this group (``seen``: exactly the rows the group's commit adds)."""
-
-    def __init__(self, index: SampleIndex) -> None:
-        self.index = index
-        self.seen: dict[str, str] = {}
-
-    def existing(self, sample_ids: list[str]) -> dict[str, str]:
-        found = self.index.lookup(sample_ids)
-        found.update((sid, self.seen[sid]) for sid in sample_ids if sid in self.seen)
-        return found
-
-
-@dataclass
-class _GroupState:
-    quarantine_rows: list[dict[str, Any]] = field(default_factory=list)
-    ledger: list[dict[str, Any]] = field(default_factory=list)
-    reward_rows: list[dict[str, Any]] = field(default_factory=list)
-    partial_line_grace: float = 0.0
-    """Seconds since its last change during which a plain file ending mid-line is left to grow."""
-    points: dict[str, ResumePoint] = field(default_factory=dict)
-    """Where earlier runs stopped in plain files that may have grown since, by URI."""
-
-
-@dataclass
-class _Opened:
-    """A source opened for reading: from its start, or on from where an earlier run stopped."""
-
-    reader: LineReader
-    fmt: Format
-    records: Iterator[RawRecord]
-    first_record: str | None = None
-    """The :func:`source_key` of the file's first record read without error, once known."""
-
-
-class _EmptySource(Exception):
-    """A source with no record at all (empty, or blank lines only): nothing to detect, nothing lost."""
-
-
-def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterator[RawRecord]]:
-    """The source's format (detected from its first :data:`HEAD_LINES` lines unless named) and its records."""
-    blocks = reader.blocks()
-    read: list[tuple[int, bytes]] = []  # the blocks holding the head, framed again with the rest
-    head: list[tuple[int, bytes]] = []
-    for block in blocks:
-        read.append(block)
-        head.extend(lines_of([first_lines(block, HEAD_LINES - len(head))]))
-        if len(head) >= HEAD_LINES:
-            break
-    if len(head) < HEAD_LINES and not any(line.strip() for _, line in head) and not reader.truncated:
-        raise _EmptySource(uri)
-    fmt = registry.per_record(registry.detect_file(uri, head)) if fmt_name == "auto" else registry.by_name(fmt_name)
-    return fmt, fmt.frame_blocks(itertools.chain(read, blocks))
 
 
 def ingest(
@@ -129,6 +65,7 @@ def ingest(
     progress: Callable[[int], None] | None = None,
     lock: bool = True,
     partial_line_grace: float | None = None,
+    engine: Engine | str | None = None,
 ) -> IngestResult:
     """Ingest trace files into ``store``'s ``traces`` table (bad records into ``quarantine``).
 
@@ -143,6 +80,8 @@ def ingest(
     and changed more recently than this is still being written; its last line is not consumed (the ledger
     records the bytes read and the file is read again by the next run). Older, the line is ``truncated_line``.
     The same for an SSE stream still open where such a file ends (left whole; older, ``truncated_stream``).
+    ``engine`` (:func:`prl.engines.get_engine`: ``"local"``, the default, or ``"ray"``) decides where the files
+    are read; the lock, the ledger and the commits stay in this process, with the same rows on every engine.
     """
     if format != "auto":
         registry.by_name(format)  # fail fast on an unknown name
@@ -160,6 +99,7 @@ def ingest(
     options = ParseOptions(
         policy_version=policy_version, group_field=group_field, finish_reason=finish_reason, agent_field=agent_field
     )
+    engine = get_engine(engine)
     with holding(store.uri, "ingest", enabled=lock and not dry_run):
         traces = store.open("traces")
         pending: list[SourceFile] = []
@@ -172,9 +112,19 @@ def ingest(
         points = earlier_points(store, traces, [src.uri for src in pending])
         version = None if traces is None else traces.version()
         for group in _groups(pending):
-            version = _ingest_group(
-                group, store, index, format, options, result, dry_run, batch_tokens, progress, grace, points, version
+            job = IngestJob(
+                store.uri,
+                group,
+                format,
+                options,
+                batch_tokens,
+                grace,
+                {src.uri: points[src.uri] for src in group if src.uri in points},
+                0,
+                dry_run,
+                index.view(),
             )
+            version = _ingest_group(job, store, index, engine, result, progress, version)
         result.versions = {"traces": store.version("traces"), "quarantine": store.version("quarantine")}
     result.seconds = time.perf_counter() - started
     return result
@@ -194,33 +144,33 @@ def _groups(files: list[SourceFile]) -> Iterator[list[SourceFile]]:
 
 
 def _ingest_group(
-    group: list[SourceFile],
+    job: IngestJob,
     store: Store,
     index: SampleIndex,
-    format: str,
-    options: ParseOptions,
+    engine: Engine,
     result: IngestResult,
-    dry_run: bool,
-    batch_tokens: int,
     progress: Callable[[int], None] | None,
-    partial_line_grace: float,
-    points: dict[str, ResumePoint],
     version: int | None,
 ) -> int | None:
-    """Read and commit one group; returns the traces table's version after it (``version``: before it)."""
-    state = _GroupState(partial_line_grace=partial_line_grace, points=points)
+    """Read and commit one group (``job``, its clock and index state not yet set); returns the traces table's
+    version after it (``version``: before it)."""
     index.refresh()
-    dedup = _Deduper(index)
-    now_ms = int(time.time() * 1000)
-    reports: list[FileReport] = []
+    job = replace(job, now_ms=int(time.time() * 1000), index=index.view())
+    if engine.name == "local":
+        read = read_unit(job, 0, len(job.files), index, progress=progress)
+    else:
+        if not job.dry_run:
+            store.ensure("traces")  # created here, not by each worker
+        read = merged(job, engine.read_units(job), index, progress)
+    return _commit_group(store, index, read, job.dry_run, result, version)
 
-    def batches() -> Iterator[pa.RecordBatch]:
-        for src in group:
-            report = FileReport(src.uri, bytes=src.size)
-            reports.append(report)
-            yield from _ingest_file(src, format, options, report, state, dedup, now_ms, batch_tokens, progress)
 
-    pending_traces = store.write_files("traces", batches(), dry_run=dry_run)
+def _commit_group(
+    store: Store, index: SampleIndex, read: UnitRead, dry_run: bool, result: IngestResult, version: int | None
+) -> int | None:
+    """Make a group's read visible: quarantine, then inline rewards, then the traces files with the ledger and
+    the transactions, in one commit each; returns the traces table's version after it."""
+    state = read.state
     if state.quarantine_rows:
         rows = new_quarantine_rows(store, state.quarantine_rows)
         store.commit("quarantine", quarantine_batches(rows), dry_run=dry_run)
@@ -233,243 +183,26 @@ def _ingest_group(
     }
     expected = 1 if version is None else version + 1  # a missing table is created (0), then committed to
     transactions.update({app_id(r["uri"]): expected for r in state.ledger if "resume" in r})
-    committed = pending_traces.commit(
-        metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions
-    )
+    pending = PendingCommit(store, "traces", dry_run, read.adds, read.rows, read.bytes)
+    committed = pending.commit(metadata={"sources": state.ledger, "command": "ingest"}, transactions=transactions)
     if not dry_run:
-        index.committed(committed.version, dedup.seen)
+        index.committed(committed.version, read.seen)
 
-    for report in reports:
+    for report in read.reports:
         result.files.append(report)
         result.records += report.records
         result.samples += report.samples
         result.already_present += report.already_present
         for reason, count in report.quarantined.items():
             result.quarantined[reason] = result.quarantined.get(reason, 0) + count
-    result.bytes_read += sum(r.bytes_read for r in reports)
-    result.prompt_tokens += sum(r.prompt_tokens for r in reports)
-    result.completion_tokens += sum(r.completion_tokens for r in reports)
+    result.bytes_read += sum(r.bytes_read for r in read.reports)
+    result.prompt_tokens += sum(r.prompt_tokens for r in read.reports)
+    result.completion_tokens += sum(r.completion_tokens for r in read.reports)
     return version if committed.version is None else committed.version
 
 
-def _ingest_file(
-    src: SourceFile,
-    format: str,
-    options: ParseOptions,
-    report: FileReport,
-    state: _GroupState,
-    dedup: _Deduper,
-    now_ms: int,
-    batch_tokens: int,
-    progress: Callable[[int], None] | None,
-) -> Iterator[pa.RecordBatch]:
-    opened = _open_source(src, format, report, state, now_ms)
-    if opened is None:
-        return
-    reader, fmt, records, first_record = opened.reader, opened.fmt, opened.records, opened.first_record
-    counts: Counter[str] = Counter()
-    report.format = fmt.name
-    formats: Counter[str] = Counter()
-    rows: list[Located] = []
-    raws: list[bytes] = []
-    tokens = 0
-    last_progress = 0
-    held_tail = held_line = 0  # a record still open where the file ends, left for a later run: bytes, line
-    cut_open = False  # a record open where the file ends was quarantined: no later run may start inside it
-
-    def quarantine(
-        line: int, raw: bytes, q: Quarantined, sample_id: str | None = None, name: str = fmt.name, table: str = "traces"
-    ) -> None:
-        counts[q.reason] += 1
-        state.quarantine_rows.append(quarantine_row(src.uri, line, name, raw, q, now_ms, sample_id, table))
-
-    def flush() -> Iterator[pa.RecordBatch]:
-        nonlocal rows, raws, tokens
-        if not rows:
-            return
-        batch = _dedup_and_assemble(rows, raws, dedup, report, quarantine, now_ms, state.reward_rows)
-        rows, raws, tokens = [], [], 0
-        if batch is not None:
-            yield batch
-
-    for record in records:
-        if record.unfinished is not None and reader.hold_partial and reader.compression == "none":
-            held_tail, held_line = record.unfinished, record.line  # an SSE stream still being written
-            continue
-        cut_open = cut_open or record.unfinished is not None
-        report.records += 1
-        if record.error is not None:
-            if reader.unterminated_line == record.line:
-                record.error = Quarantined("truncated_line", "the file's last line is incomplete")
-            quarantine(record.line, record.raw, record.error)
-            continue
-        first_record = source_key(record.raw) if first_record is None else first_record
-        position = source_position(first_record, record.line)  # identity of records without a request id
-        name, parsed = read_record(fmt, record.obj, options, position)  # never raises: poison is quarantined
-        formats[name] += 1
-        for item in parsed:
-            if isinstance(item, Quarantined):
-                quarantine(record.line, record.raw, item, name=name)
-                continue
-            try:
-                sample = _apply_options(item, options, record.obj)  # validated with its batch, see _dedup_and_assemble
-            except Exception as exc:  # whatever fails on one sample quarantines that sample
-                q = as_quarantined(exc)
-                q.choice_index = item.choice_index
-                quarantine(record.line, record.raw, q, sample_id_of(item), name=name)
-                continue
-            rows.append(Located(sample, src.uri, record.line, name))
-            raws.append(record.raw[:RAW_KEEP])
-            tokens += len(sample.prompt_token_ids) + len(sample.completion_token_ids)
-        if tokens >= batch_tokens:
-            yield from flush()
-        if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
-            progress(reader.bytes_read - last_progress)
-            last_progress = reader.bytes_read
-    yield from flush()
-    if progress is not None:
-        progress(reader.bytes_read - last_progress)
-    report.quarantined = dict(counts)
-    report.formats = dict(formats)
-    if len(formats) == 1:
-        report.format = next(iter(formats))
-    elif len(formats) > 1:
-        report.format = "mixed"
-    if reader.truncated:
-        _record_truncation(src, reader, report, state, now_ms, fmt.name)
-    resume = None if cut_open else point_after(reader, fmt.name, format, first_record, held_tail, held_line)
-    state.ledger.append(ledger_entry(src, reader, report.format, report, held_tail, resume))
-
-
-def _open_source(src: SourceFile, format: str, report: FileReport, state: _GroupState, now_ms: int) -> _Opened | None:
-    """The source's reader, format and records: on from where an earlier run stopped when the file still begins
-    with the bytes it consumed, else from the start (the format detected unless named). None for a source
-    with nothing to read (its ledger entry made) or whose format is unknown (``failed``)."""
-    hold = src.changed_within(state.partial_line_grace)
-    point = state.points.get(src.uri)
-    resumed = None if point is None else continuation(src, point, format)
-    if resumed is not None:
-        reader = resumed.reader(src, hold)
-        return _Opened(reader, resumed.fmt, resumed.fmt.frame_blocks(reader.blocks()), resumed.point.first_record)
-    reader = fresh_reader(src, hold)
-    try:
-        fmt, records = _framed(reader, format, src.uri)
-    except _EmptySource:  # consumed with no records; if it grows, its identity changes and it is read again
-        report.status = "empty"
-        state.ledger.append(ledger_entry(src, reader, None, report))
-        return None
-    except FormatDetectionError as exc:
-        if reader.truncated:  # nothing decodable before the damage: record the damage, not a format error
-            _record_truncation(src, reader, report, state, now_ms, None)
-            state.ledger.append(ledger_entry(src, reader, None, report))
-            return None
-        report.status, report.error, report.bytes_read = "failed", str(exc), reader.bytes_read
-        return None
-    return _Opened(reader, fmt, records)
-
-
-def _apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:
-    """What the run's options say about a parsed sample: ``--finish-reason`` fills a missing finish reason;
-    a named ``--group-field`` the record lacks is ``missing_group_field`` (its group is unknown, and falling
-    back to the prompt digest would silently put it in the wrong group). The agent comes from the record
-    (:func:`prl.formats.agents.agent_of`, ``--agent-field`` when named) where the reader set none."""
-    if sample.finish_reason is None:
-        sample.finish_reason = options.finish_reason
-    if sample.agent_id is None:
-        sample.agent_id = agent_of(obj, options.agent_field)
-    if options.group_field and sample.group_key is None:
-        raise Quarantined("missing_group_field", f"the record has no {options.group_field!r} field (--group-field)")
-    return sample
-
-
-def _record_truncation(
-    src: SourceFile, reader: LineReader, report: FileReport, state: _GroupState, now_ms: int, fmt: str | None
-) -> None:
-    """A compressed stream that ends early or is corrupt: one quarantine row saying so, after the last line."""
-    assert reader.truncated is not None
-    q = Quarantined("truncated_input", reader.truncated)
-    state.quarantine_rows.append(quarantine_row(src.uri, report.records + 1, fmt, b"", q, now_ms))
-    report.quarantined["truncated_input"] = report.quarantined.get("truncated_input", 0) + 1
-
-
-def _dedup_and_assemble(
-    rows: list[Located],
-    raws: list[bytes],
-    dedup: _Deduper,
-    report: FileReport,
-    quarantine: Callable[..., None],
-    now_ms: int,
-    reward_rows: list[dict[str, Any]],
-) -> pa.RecordBatch | None:
-    """Validate and assemble one batch (columnar), quarantine its bad rows, and keep the rows not yet in the
-    store: a known sample ID with the same digest is counted as already present, with another digest it is
-    quarantined as ``duplicate_sample_id``."""
-    checked = _checked(rows, now_ms)
-    for i, q in checked.rejected:
-        q.choice_index = rows[i].sample.choice_index
-        quarantine(rows[i].source_line, raws[i], q, sample_id_of(rows[i].sample), name=rows[i].source_format)
-    batch = checked.batch
-    ids = batch.column("sample_id").to_pylist()
-    digests = batch.column("record_digest").to_pylist()
-    known = dedup.existing(ids)
-    keep = np.zeros(len(ids), dtype=bool)
-    for j, (sid, digest) in enumerate(zip(ids, digests, strict=True)):
-        previous = known.get(sid)
-        if previous is None:
-            keep[j] = True
-            known[sid] = digest
-            dedup.seen[sid] = digest
-        elif previous == digest:
-            report.already_present += 1
-        else:
-            i = int(checked.rows[j])
-            message = f"sample {sid} already exists with different tokens or logprobs"
-            q = Quarantined("duplicate_sample_id", message, rows[i].sample.choice_index)
-            quarantine(rows[i].source_line, raws[i], q, sid, name=rows[i].source_format)
-    if not keep.any():
-        return None
-    for j in np.flatnonzero(keep).tolist():
-        i = int(checked.rows[j])
-        try:
-            reward_rows.extend(
-                inline_reward_rows(rows[i].sample, ids[j], rows[i].source_uri, rows[i].source_line, now_ms)
-            )
-        except Quarantined as q:  # the sample lands; its unreadable reward is quarantined in the rewards table
-            quarantine(rows[i].source_line, raws[i], q, ids[j], table="rewards")
-    kept = batch.filter(pa.array(keep))
-    report.samples += kept.num_rows
-    report.prompt_tokens += len(kept.column("prompt_token_ids").values)
-    report.completion_tokens += len(kept.column("completion_token_ids").values)
-    return kept
-
-
-def _checked(rows: list[Located], now_ms: int) -> Checked:
-    """:func:`check_and_assemble` of the batch; should a sample the readers produced break the batch (arrays
-    no check expected), each sample is tried alone and the ones that fail are quarantined with the error, so
-    one poison sample never costs its batch."""
-    try:
-        return check_and_assemble(rows, now_ms)
-    except Exception:
-        rejected: list[tuple[int, Quarantined]] = []
-        fine: list[int] = []
-        for i, row in enumerate(rows):
-            try:
-                alone = check_and_assemble([row], now_ms)
-            except Exception as exc:
-                rejected.append((i, as_quarantined(exc)))
-                continue
-            if alone.rejected:
-                rejected.append((i, alone.rejected[0][1]))
-            else:
-                fine.append(i)
-        if not fine:
-            return Checked(pa.RecordBatch.from_pylist([], schema=TRACES), np.array([], np.int64), rejected)
-        good = check_and_assemble([rows[i] for i in fine], now_ms)
-        rejected += [(fine[j], q) for j, q in good.rejected]
-        return Checked(good.batch, np.array(fine, dtype=np.int64)[good.rows], rejected)
-
-
 __all__ = [
+    "RAW_KEEP",
     "FileReport",
     "IngestResult",
     "Sample",

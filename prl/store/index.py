@@ -112,6 +112,15 @@ EVENT_INDEXES = {
 INDEX_TABLES = (INDEX_TABLE, *(spec.index_table for spec in EVENT_INDEXES.values()))
 
 
+@dataclass(frozen=True)
+class IndexView:
+    """The state of a :class:`SampleIndex` that its lookups depend on besides the index table: the traces version
+    it covers and the rows it holds in memory (a dry run's, sample_id → record_digest)."""
+
+    covered: int | None
+    pending: dict[str, str]
+
+
 class SampleIndex:
     """Exact lookups of ids in an indexed table (see the module docstring; by default sample IDs in ``traces``).
     ``write=False`` (a dry run) keeps the rows of unindexed commits in memory instead of committing them."""
@@ -176,6 +185,17 @@ class SampleIndex:
                 self.covered = version
             return
         self.refresh()
+
+    def view(self) -> IndexView:
+        """What another process needs to answer the same lookups as this index now (:meth:`adopt`)."""
+        return IndexView(self.covered, dict(self.pending))
+
+    def adopt(self, view: IndexView) -> None:
+        """Answer lookups as the index ``view`` was taken from does (read-only: ``write`` must be False); index
+        files loaded before are kept."""
+        assert not self.write, "an adopted index never commits"
+        self.covered, self.pending = view.covered, dict(view.pending)
+        self._open()
 
     def _commit(self, batches: Iterable[pa.RecordBatch], version: int, *, overwrite: bool) -> None:
         assert self.app_id is not None
@@ -298,6 +318,7 @@ __all__ = [
     "INDEX_TABLES",
     "KEYS",
     "IndexSpec",
+    "IndexView",
     "SampleIndex",
     "key_batch",
     "sample_keys",

@@ -3,26 +3,38 @@
 The driver (the process running the step) joins the cluster at :attr:`RayEngine.address`, or at ``RAY_ADDRESS``
 when that is None, exactly as ``ray.init`` does (with neither, ``ray.init`` starts a local Ray instance).
 Everything that decides a step's result stays in the driver: the plan, the lock, the validation and the one
-atomic commit or publication. Workers read the store and the spills, and write files, at the same paths the
-driver uses: with a local store or output folder, every node of the cluster must see it at that path (a shared
-filesystem); an ``s3://`` store is read with credentials from each worker's standard environment.
+atomic commit or publication. Workers read the store, the sources and the spills, and write files, at the same
+paths the driver uses: with a local store or output folder, every node of the cluster must see it at that path (a
+shared filesystem). Each step's tasks get the driver's standard credentials in their runtime environment
+(:meth:`RayEngine.remote_args`: the ``AWS_*`` variables for an ``s3://`` store or source, and the scoring
+endpoints' keys), so a worker reads and writes S3 as the driver does.
 
 Ray is imported when a step first needs it, never by ``import prl``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from prl.errors import UsageError
+from prl.errors import PrlError, UsageError
 
 if TYPE_CHECKING:
     from prl.checks.remote import CheckedBatch, CheckJob
+    from prl.ingestion.remote import IngestJob, UnitRead
+    from prl.score.remote import ScoreJob
+    from prl.score.scored import ScoredBatch
     from prl.shards.parts import PartJob, PartWritten
+
+FORWARDED_PREFIXES = ("AWS_",)
+FORWARDED_NAMES = ("PRL_REF_API_KEY", "OPENAI_API_KEY", "TINKER_API_KEY", "TINKER_CREDENTIAL_CMD")
+"""The driver's environment variables every task of a step gets: the standard AWS ones (credentials, profile,
+endpoint, region) and the scoring endpoints' keys (:mod:`prl.score.http`, :mod:`prl.score.tinker`)."""
 
 
 def import_ray() -> ModuleType:
@@ -61,6 +73,32 @@ class RayEngine:
         wanted = self.partitions or int(ray.cluster_resources().get("CPU", 1))
         return max(1, min(items, wanted))
 
+    def remote_args(self) -> dict[str, Any]:
+        """Ray remote arguments of every task of a step: a runtime environment carrying the driver's
+        :data:`FORWARDED_PREFIXES` / :data:`FORWARDED_NAMES` variables as they are now (none: no runtime
+        environment, so tasks run in the cluster's shared worker processes)."""
+        env = {
+            name: value
+            for name, value in os.environ.items()
+            if name.startswith(FORWARDED_PREFIXES) or name in FORWARDED_NAMES
+        }
+        return {"runtime_env": {"env_vars": env}} if env else {}
+
+    @staticmethod
+    @contextlib.contextmanager
+    def raising_prl_errors() -> Iterator[None]:
+        """Re-raise a prl error that ended a task (a :class:`~prl.errors.UsageError`, an I/O error worth a retry)
+        as itself, so that the step exits with its code; Ray wraps what a task raised in its own errors."""
+        try:
+            yield
+        except PrlError:
+            raise
+        except Exception as exc:
+            cause = _prl_cause(exc)
+            if cause is None:
+                raise
+            raise cause from exc
+
     def write_parts(self, job: PartJob) -> list[PartWritten]:
         from prl.engines.ray.shards import write_parts
 
@@ -70,6 +108,32 @@ class RayEngine:
         from prl.engines.ray.checks import check_batches
 
         return check_batches(self, job)
+
+    def read_units(self, job: IngestJob) -> Iterator[UnitRead]:
+        from prl.engines.ray.ingest import read_units
+
+        return read_units(self, job)
+
+    def score_files(self, job: ScoreJob) -> Iterator[ScoredBatch]:
+        from prl.engines.ray.score import score_files
+
+        return score_files(self, job)
+
+
+def _prl_cause(exc: BaseException) -> PrlError | None:
+    """The first :class:`PrlError` in the chain of causes of ``exc`` (Ray's task errors hold it as ``cause``)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, PrlError):
+            return current
+        held = getattr(current, "cause", None)
+        todo += [current.__cause__, current.__context__, held if isinstance(held, BaseException) else None]
+    return None
 
 
 __all__ = ["RayEngine", "import_ray"]

@@ -32,12 +32,16 @@ def check_batches(engine: RayEngine, job: CheckJob) -> Iterator[CheckedBatch]:
         filesystem=fs,
         override_num_blocks=engine.blocks(len(job.files) * 8),
         partitioning=None,
+        ray_remote_args=engine.remote_args(),
         **kwargs,
     ).select_columns(list(COLUMNS))
-    checked = rows.map_batches(check_block, fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=None)
-    for batch in checked.iter_batches(batch_format="pyarrow", batch_size=None):
-        for row in batch.to_pylist():
-            yield CheckedBatch.from_row(row)
+    checked = rows.map_batches(
+        check_block, fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=None, **engine.remote_args()
+    )
+    with engine.raising_prl_errors():
+        for batch in checked.iter_batches(batch_format="pyarrow", batch_size=None):
+            for row in batch.to_pylist():
+                yield CheckedBatch.from_row(row)
 
 
 __all__ = ["check_batches"]

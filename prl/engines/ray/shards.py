@@ -27,8 +27,11 @@ def write_parts(engine: RayEngine, job: PartJob) -> list[PartWritten]:
     """Write every part of ``job`` on the cluster; the parts written, in shard order."""
     ray = engine.connect()
     parts = ray.data.range(job.parts, override_num_blocks=engine.blocks(job.parts))
-    rows = parts.map_batches(_write_block, fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=None)
-    written = [PartWritten.from_row(row) for row in rows.take_all()]
+    rows = parts.map_batches(
+        _write_block, fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=None, **engine.remote_args()
+    )
+    with engine.raising_prl_errors():
+        written = [PartWritten.from_row(row) for row in rows.take_all()]
     return sorted(written, key=lambda w: w.shard)
 
 

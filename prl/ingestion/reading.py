@@ -1,0 +1,328 @@
+"""Reading trace source files into validated, deduplicated ``traces`` batches: the per-file half of ``prl ingest``.
+
+:func:`read_file` streams one source (from its start, or on from where an earlier run stopped) through its format's
+reader, validates and assembles its samples in batches (memory bounded by ``batch_tokens``), and yields the rows
+not yet in the store; what it quarantines, the inline rewards of the rows it keeps and the file's ledger entry go
+into a :class:`ReadState`. The same function runs on every engine: on the local engine's driver for each file of a
+commit group in turn, on a Ray worker for a run of consecutive files (:mod:`prl.ingestion.remote`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from prl.errors import FormatDetectionError
+from prl.formats import registry
+from prl.formats.agents import agent_of
+from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
+from prl.formats.guard import as_quarantined, read_record, source_key, source_position
+from prl.ingestion.assemble import Located, sample_id_of
+from prl.ingestion.batch import Checked, check_and_assemble
+from prl.ingestion.inline_rewards import inline_reward_rows
+from prl.ingestion.ledger import ledger_entry
+from prl.ingestion.quarantine import quarantine_row
+from prl.ingestion.result import FileReport
+from prl.ingestion.resume import ResumePoint, continuation, fresh_reader, point_after
+from prl.io.sources import LineReader, SourceFile, first_lines, lines_of
+from prl.schema import RAW_LIMIT, TRACES
+from prl.store.index import SampleIndex
+
+HEAD_LINES = 64
+RAW_KEEP = 4 * RAW_LIMIT + 4
+"""Bytes of a kept record's raw text held until its batch is written: enough for the ``RAW_LIMIT``
+characters (and the truncation flag) of a quarantine row, should the record turn out to be a duplicate;
+holding whole SSE streams would cost hundreds of MB per batch."""
+
+
+class Deduper:
+    """Knows which sample IDs exist (with their digests): in the traces table, from the sample index; kept by the
+    reads before this one that the same commit adds (``earlier``); and kept earlier in this read (``seen``,
+    sample_id → record_digest: exactly the rows this read adds)."""
+
+    def __init__(self, index: SampleIndex, earlier: Mapping[str, str] | None = None) -> None:
+        self.index = index
+        self.earlier: Mapping[str, str] = {} if earlier is None else earlier
+        self.seen: dict[str, str] = {}
+
+    def existing(self, sample_ids: list[str]) -> dict[str, str]:
+        found = self.index.lookup(sample_ids)
+        for sid in sample_ids:
+            digest = self.seen.get(sid) or self.earlier.get(sid)
+            if digest is not None:
+                found[sid] = digest
+        return found
+
+
+@dataclass
+class ReadState:
+    """What reading some files produced besides their kept rows, in file order: quarantine rows, ledger
+    entries, and the inline reward rows of the kept samples."""
+
+    quarantine_rows: list[dict[str, Any]] = field(default_factory=list)
+    ledger: list[dict[str, Any]] = field(default_factory=list)
+    reward_rows: list[dict[str, Any]] = field(default_factory=list)
+    partial_line_grace: float = 0.0
+    """Seconds since its last change during which a plain file ending mid-line is left to grow."""
+    points: dict[str, ResumePoint] = field(default_factory=dict)
+    """Where earlier runs stopped in plain files that may have grown since, by URI."""
+
+
+@dataclass
+class _Opened:
+    """A source opened for reading: from its start, or on from where an earlier run stopped."""
+
+    reader: LineReader
+    fmt: Format
+    records: Iterator[RawRecord]
+    first_record: str | None = None
+    """The :func:`source_key` of the file's first record read without error, once known."""
+
+
+class _EmptySource(Exception):
+    """A source with no record at all (empty, or blank lines only): nothing to detect, nothing lost."""
+
+
+def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterator[RawRecord]]:
+    """The source's format (detected from its first :data:`HEAD_LINES` lines unless named) and its records."""
+    blocks = reader.blocks()
+    read: list[tuple[int, bytes]] = []  # the blocks holding the head, framed again with the rest
+    head: list[tuple[int, bytes]] = []
+    for block in blocks:
+        read.append(block)
+        head.extend(lines_of([first_lines(block, HEAD_LINES - len(head))]))
+        if len(head) >= HEAD_LINES:
+            break
+    if len(head) < HEAD_LINES and not any(line.strip() for _, line in head) and not reader.truncated:
+        raise _EmptySource(uri)
+    fmt = registry.per_record(registry.detect_file(uri, head)) if fmt_name == "auto" else registry.by_name(fmt_name)
+    return fmt, fmt.frame_blocks(itertools.chain(read, blocks))
+
+
+def read_file(
+    src: SourceFile,
+    format: str,
+    options: ParseOptions,
+    report: FileReport,
+    state: ReadState,
+    dedup: Deduper,
+    now_ms: int,
+    batch_tokens: int,
+    progress: Callable[[int], None] | None,
+) -> Iterator[pa.RecordBatch]:
+    """The new ``traces`` rows of one source, batch by batch (about ``batch_tokens`` tokens each); what it
+    quarantines and its ledger entry go into ``state``, its counts into ``report``; ``progress`` is called with
+    the source bytes read since its last call."""
+    opened = _open_source(src, format, report, state, now_ms)
+    if opened is None:
+        return
+    reader, fmt, records, first_record = opened.reader, opened.fmt, opened.records, opened.first_record
+    counts: Counter[str] = Counter()
+    report.format = fmt.name
+    formats: Counter[str] = Counter()
+    rows: list[Located] = []
+    raws: list[bytes] = []
+    tokens = 0
+    last_progress = 0
+    held_tail = held_line = 0  # a record still open where the file ends, left for a later run: bytes, line
+    cut_open = False  # a record open where the file ends was quarantined: no later run may start inside it
+
+    def quarantine(
+        line: int, raw: bytes, q: Quarantined, sample_id: str | None = None, name: str = fmt.name, table: str = "traces"
+    ) -> None:
+        counts[q.reason] += 1
+        state.quarantine_rows.append(quarantine_row(src.uri, line, name, raw, q, now_ms, sample_id, table))
+
+    def flush() -> Iterator[pa.RecordBatch]:
+        nonlocal rows, raws, tokens
+        if not rows:
+            return
+        batch = _dedup_and_assemble(rows, raws, dedup, report, quarantine, now_ms, state.reward_rows)
+        rows, raws, tokens = [], [], 0
+        if batch is not None:
+            yield batch
+
+    for record in records:
+        if record.unfinished is not None and reader.hold_partial and reader.compression == "none":
+            held_tail, held_line = record.unfinished, record.line  # an SSE stream still being written
+            continue
+        cut_open = cut_open or record.unfinished is not None
+        report.records += 1
+        if record.error is not None:
+            if reader.unterminated_line == record.line:
+                record.error = Quarantined("truncated_line", "the file's last line is incomplete")
+            quarantine(record.line, record.raw, record.error)
+            continue
+        first_record = source_key(record.raw) if first_record is None else first_record
+        position = source_position(first_record, record.line)  # identity of records without a request id
+        name, parsed = read_record(fmt, record.obj, options, position)  # never raises: poison is quarantined
+        formats[name] += 1
+        for item in parsed:
+            if isinstance(item, Quarantined):
+                quarantine(record.line, record.raw, item, name=name)
+                continue
+            try:
+                sample = _apply_options(item, options, record.obj)  # validated with its batch, see _dedup_and_assemble
+            except Exception as exc:  # whatever fails on one sample quarantines that sample
+                q = as_quarantined(exc)
+                q.choice_index = item.choice_index
+                quarantine(record.line, record.raw, q, sample_id_of(item), name=name)
+                continue
+            rows.append(Located(sample, src.uri, record.line, name))
+            raws.append(record.raw[:RAW_KEEP])
+            tokens += len(sample.prompt_token_ids) + len(sample.completion_token_ids)
+        if tokens >= batch_tokens:
+            yield from flush()
+        if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
+            progress(reader.bytes_read - last_progress)
+            last_progress = reader.bytes_read
+    yield from flush()
+    if progress is not None:
+        progress(reader.bytes_read - last_progress)
+    report.quarantined = dict(counts)
+    report.formats = dict(formats)
+    if len(formats) == 1:
+        report.format = next(iter(formats))
+    elif len(formats) > 1:
+        report.format = "mixed"
+    if reader.truncated:
+        _record_truncation(src, reader, report, state, now_ms, fmt.name)
+    resume = None if cut_open else point_after(reader, fmt.name, format, first_record, held_tail, held_line)
+    state.ledger.append(ledger_entry(src, reader, report.format, report, held_tail, resume))
+
+
+def _open_source(src: SourceFile, format: str, report: FileReport, state: ReadState, now_ms: int) -> _Opened | None:
+    """The source's reader, format and records: on from where an earlier run stopped when the file still begins
+    with the bytes it consumed, else from the start (the format detected unless named). None for a source
+    with nothing to read (its ledger entry made) or whose format is unknown (``failed``)."""
+    hold = src.changed_within(state.partial_line_grace)
+    point = state.points.get(src.uri)
+    resumed = None if point is None else continuation(src, point, format)
+    if resumed is not None:
+        reader = resumed.reader(src, hold)
+        return _Opened(reader, resumed.fmt, resumed.fmt.frame_blocks(reader.blocks()), resumed.point.first_record)
+    reader = fresh_reader(src, hold)
+    try:
+        fmt, records = _framed(reader, format, src.uri)
+    except _EmptySource:  # consumed with no records; if it grows, its identity changes and it is read again
+        report.status = "empty"
+        state.ledger.append(ledger_entry(src, reader, None, report))
+        return None
+    except FormatDetectionError as exc:
+        if reader.truncated:  # nothing decodable before the damage: record the damage, not a format error
+            _record_truncation(src, reader, report, state, now_ms, None)
+            state.ledger.append(ledger_entry(src, reader, None, report))
+            return None
+        report.status, report.error, report.bytes_read = "failed", str(exc), reader.bytes_read
+        return None
+    return _Opened(reader, fmt, records)
+
+
+def _apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:
+    """What the run's options say about a parsed sample: ``--finish-reason`` fills a missing finish reason;
+    a named ``--group-field`` the record lacks is ``missing_group_field`` (its group is unknown, and falling
+    back to the prompt digest would silently put it in the wrong group). The agent comes from the record
+    (:func:`prl.formats.agents.agent_of`, ``--agent-field`` when named) where the reader set none."""
+    if sample.finish_reason is None:
+        sample.finish_reason = options.finish_reason
+    if sample.agent_id is None:
+        sample.agent_id = agent_of(obj, options.agent_field)
+    if options.group_field and sample.group_key is None:
+        raise Quarantined("missing_group_field", f"the record has no {options.group_field!r} field (--group-field)")
+    return sample
+
+
+def _record_truncation(
+    src: SourceFile, reader: LineReader, report: FileReport, state: ReadState, now_ms: int, fmt: str | None
+) -> None:
+    """A compressed stream that ends early or is corrupt: one quarantine row saying so, after the last line."""
+    assert reader.truncated is not None
+    q = Quarantined("truncated_input", reader.truncated)
+    state.quarantine_rows.append(quarantine_row(src.uri, report.records + 1, fmt, b"", q, now_ms))
+    report.quarantined["truncated_input"] = report.quarantined.get("truncated_input", 0) + 1
+
+
+def _dedup_and_assemble(
+    rows: list[Located],
+    raws: list[bytes],
+    dedup: Deduper,
+    report: FileReport,
+    quarantine: Callable[..., None],
+    now_ms: int,
+    reward_rows: list[dict[str, Any]],
+) -> pa.RecordBatch | None:
+    """Validate and assemble one batch (columnar), quarantine its bad rows, and keep the rows not yet in the
+    store: a known sample ID with the same digest is counted as already present, with another digest it is
+    quarantined as ``duplicate_sample_id``."""
+    checked = _checked(rows, now_ms)
+    for i, q in checked.rejected:
+        q.choice_index = rows[i].sample.choice_index
+        quarantine(rows[i].source_line, raws[i], q, sample_id_of(rows[i].sample), name=rows[i].source_format)
+    batch = checked.batch
+    ids = batch.column("sample_id").to_pylist()
+    digests = batch.column("record_digest").to_pylist()
+    known = dedup.existing(ids)
+    keep = np.zeros(len(ids), dtype=bool)
+    for j, (sid, digest) in enumerate(zip(ids, digests, strict=True)):
+        previous = known.get(sid)
+        if previous is None:
+            keep[j] = True
+            known[sid] = digest
+            dedup.seen[sid] = digest
+        elif previous == digest:
+            report.already_present += 1
+        else:
+            i = int(checked.rows[j])
+            message = f"sample {sid} already exists with different tokens or logprobs"
+            q = Quarantined("duplicate_sample_id", message, rows[i].sample.choice_index)
+            quarantine(rows[i].source_line, raws[i], q, sid, name=rows[i].source_format)
+    if not keep.any():
+        return None
+    for j in np.flatnonzero(keep).tolist():
+        i = int(checked.rows[j])
+        try:
+            reward_rows.extend(
+                inline_reward_rows(rows[i].sample, ids[j], rows[i].source_uri, rows[i].source_line, now_ms)
+            )
+        except Quarantined as q:  # the sample lands; its unreadable reward is quarantined in the rewards table
+            quarantine(rows[i].source_line, raws[i], q, ids[j], table="rewards")
+    kept = batch.filter(pa.array(keep))
+    report.samples += kept.num_rows
+    report.prompt_tokens += len(kept.column("prompt_token_ids").values)
+    report.completion_tokens += len(kept.column("completion_token_ids").values)
+    return kept
+
+
+def _checked(rows: list[Located], now_ms: int) -> Checked:
+    """:func:`check_and_assemble` of the batch; should a sample the readers produced break the batch (arrays
+    no check expected), each sample is tried alone and the ones that fail are quarantined with the error, so
+    one poison sample never costs its batch."""
+    try:
+        return check_and_assemble(rows, now_ms)
+    except Exception:
+        rejected: list[tuple[int, Quarantined]] = []
+        fine: list[int] = []
+        for i, row in enumerate(rows):
+            try:
+                alone = check_and_assemble([row], now_ms)
+            except Exception as exc:
+                rejected.append((i, as_quarantined(exc)))
+                continue
+            if alone.rejected:
+                rejected.append((i, alone.rejected[0][1]))
+            else:
+                fine.append(i)
+        if not fine:
+            return Checked(pa.RecordBatch.from_pylist([], schema=TRACES), np.array([], np.int64), rejected)
+        good = check_and_assemble([rows[i] for i in fine], now_ms)
+        rejected += [(fine[j], q) for j, q in good.rejected]
+        return Checked(good.batch, np.array(fine, dtype=np.int64)[good.rows], rejected)
+
+
+__all__ = ["HEAD_LINES", "RAW_KEEP", "Deduper", "ReadState", "read_file"]

@@ -1,0 +1,223 @@
+"""Reading a commit group of an ingest run in units of consecutive files, here or on another engine's workers.
+
+The driver describes one commit group in an :class:`IngestJob` (the store, the group's files, the options, the
+resume points, the run's clock and the state of its sample index). :func:`read_unit` reads files ``lo:hi`` of the
+group exactly as the local engine reads a whole group (:func:`prl.ingestion.reading.read_file` file after file,
+one :class:`~prl.ingestion.reading.Deduper`), writes their new rows as ``traces`` data files (invisible until
+committed) and returns a :class:`UnitRead`: the files written, the reports, ledger entries, quarantine and reward
+rows, and the sample IDs kept. Nothing here commits.
+
+:func:`merged` folds the units into the group's one read, in file order. A unit read alone answers exactly what
+the local engine's read of the group answers for those files unless one of the samples it kept was kept by an
+earlier unit (the same sample in two files of the group): only then is that unit read again on the driver, after
+the units before it, and the files its first read wrote are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+import pyarrow as pa
+from deltalake.transaction import AddAction
+
+from prl.formats.base import ParseOptions
+from prl.ingestion.reading import Deduper, ReadState, read_file
+from prl.ingestion.result import FileReport
+from prl.ingestion.resume import ResumePoint
+from prl.io.sources import SourceFile
+from prl.store.index import IndexView, SampleIndex
+from prl.store.tables import Store
+
+SEEN = pa.schema([pa.field("sample_id", pa.string()), pa.field("record_digest", pa.string())])
+
+
+@dataclass(frozen=True)
+class IngestJob:
+    """One commit group of an ingest run as its readers need it. ``files``: the group's pending sources, in
+    order; ``points``: where earlier runs stopped in them (by URI); ``now_ms``: the group's clock (quarantine and
+    ingest times); ``index``: the driver's sample index as the group began."""
+
+    store_uri: str
+    files: list[SourceFile]
+    format: str
+    options: ParseOptions
+    batch_tokens: int
+    partial_line_grace: float
+    points: dict[str, ResumePoint]
+    now_ms: int
+    dry_run: bool
+    index: IndexView
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def units(self, count: int) -> list[tuple[int, int]]:
+        """At most ``count`` runs ``(lo, hi)`` of consecutive files covering the group, of about equal bytes: a run
+        ends before the file whose middle lies past its share of the bytes."""
+        n = len(self.files)
+        count = max(1, min(count, n))
+        sizes = [max(src.size, 1) for src in self.files]
+        total = sum(sizes)
+        cuts, before = [0], 0
+        for i in range(1, n):
+            before += sizes[i - 1]
+            left = count - len(cuts)  # runs still to begin
+            if left > 0 and ((2 * before + sizes[i]) * count >= 2 * total * len(cuts) or n - i <= left):
+                cuts.append(i)
+        return list(zip(cuts, [*cuts[1:], n], strict=True))
+
+
+@dataclass
+class UnitRead:
+    """Files ``lo:hi`` of a group, read: their reports, what :class:`ReadState` collected, the ``traces`` data
+    files written for them (``adds``, ``rows``, ``bytes``) and the samples kept (``seen``, sample_id →
+    record_digest)."""
+
+    lo: int
+    hi: int
+    reports: list[FileReport] = field(default_factory=list)
+    state: ReadState = field(default_factory=ReadState)
+    adds: list[AddAction] = field(default_factory=list)
+    rows: int = 0
+    bytes: int = 0
+    seen: dict[str, str] = field(default_factory=dict)
+
+    def extend(self, other: UnitRead) -> None:
+        """Append the read of the files after these."""
+        self.hi = other.hi
+        self.reports += other.reports
+        self.state.quarantine_rows += other.state.quarantine_rows
+        self.state.ledger += other.state.ledger
+        self.state.reward_rows += other.state.reward_rows
+        self.adds += other.adds
+        self.rows += other.rows
+        self.bytes += other.bytes
+        self.seen.update(other.seen)
+
+    def to_row(self) -> dict[str, Any]:
+        """Plain values for a Ray Data row: JSON for the small parts, the kept IDs as one Arrow IPC stream."""
+        sink = pa.BufferOutputStream()
+        seen = pa.record_batch([pa.array(list(self.seen), pa.string()), pa.array(list(self.seen.values()))], SEEN)
+        with pa.ipc.new_stream(sink, SEEN) as writer:
+            writer.write_batch(seen)
+        parts = {
+            "reports": [asdict(r) for r in self.reports],
+            "quarantine": self.state.quarantine_rows,
+            "ledger": self.state.ledger,
+            "rewards": self.state.reward_rows,
+            "adds": [asdict(a) for a in self.adds],
+        }
+        return {
+            "lo": self.lo,
+            "hi": self.hi,
+            "parts": orjson.dumps(parts),
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "seen": sink.getvalue().to_pybytes(),
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> UnitRead:
+        parts = orjson.loads(row["parts"])
+        seen = pa.ipc.open_stream(pa.py_buffer(row["seen"])).read_all()
+        ids, digests = seen.column("sample_id").to_pylist(), seen.column("record_digest").to_pylist()
+        return cls(
+            int(row["lo"]),
+            int(row["hi"]),
+            [FileReport(**r) for r in parts["reports"]],
+            ReadState(parts["quarantine"], parts["ledger"], parts["rewards"]),
+            [AddAction(**a) for a in parts["adds"]],
+            int(row["rows"]),
+            int(row["bytes"]),
+            dict(zip(ids, digests, strict=True)),
+        )
+
+
+def read_unit(
+    job: IngestJob,
+    lo: int,
+    hi: int,
+    index: SampleIndex,
+    earlier: dict[str, str] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> UnitRead:
+    """Read files ``lo:hi`` of ``job`` and write their new rows into ``index``'s store (nothing in a dry run);
+    ``earlier``: the samples the units before these keep (None: these files come first)."""
+    store = index.store
+    state = ReadState(partial_line_grace=job.partial_line_grace, points=job.points)
+    dedup = Deduper(index, earlier)
+    read = UnitRead(lo, hi, state=state, seen=dedup.seen)
+
+    def batches() -> Iterable[pa.RecordBatch]:
+        for src in job.files[lo:hi]:
+            report = FileReport(src.uri, bytes=src.size)
+            read.reports.append(report)
+            yield from read_file(
+                src, job.format, job.options, report, state, dedup, job.now_ms, job.batch_tokens, progress
+            )
+
+    pending = store.write_files("traces", batches(), dry_run=job.dry_run)
+    read.adds, read.rows, read.bytes = pending.adds, pending.rows, pending.bytes
+    return read
+
+
+_INDEX: dict[str, SampleIndex] = {}
+"""The sample index this worker process keeps open (store URI → index): a worker serves many units of a run,
+and loads each index file once."""
+
+
+def _index(job: IngestJob) -> SampleIndex:
+    index = _INDEX.get(job.store_uri)
+    if index is None:
+        _INDEX.clear()
+        index = _INDEX[job.store_uri] = SampleIndex(Store(job.store_uri), write=False)
+    index.adopt(job.index)
+    return index
+
+
+def read_block(block: pa.Table, job: IngestJob) -> pa.Table:
+    """A worker's part: each ``(lo, hi)`` row of ``block`` read with :func:`read_unit`; one
+    :meth:`UnitRead.to_row` row each."""
+    rows = []
+    for lo, hi in zip(block.column("lo").to_pylist(), block.column("hi").to_pylist(), strict=True):
+        rows.append(read_unit(job, int(lo), int(hi), _index(job)).to_row())
+    return pa.Table.from_pylist(rows)
+
+
+def merged(
+    job: IngestJob,
+    reads: Iterable[UnitRead],
+    index: SampleIndex,
+    progress: Callable[[int], None] | None = None,
+) -> UnitRead:
+    """The group's one read from its units' reads (any order; together they must cover the group once): a unit
+    that kept a sample an earlier unit kept is read again here, after the units before it (see the module
+    docstring). ``progress`` gets each unit's bytes read as it is folded in."""
+    ordered = sorted(reads, key=lambda r: r.lo)
+    spans = [(r.lo, r.hi) for r in ordered]
+    expected = list(zip([0, *(hi for _, hi in spans[:-1])], [hi for _, hi in spans], strict=True))
+    if spans != expected or (spans and spans[-1][1] != len(job.files)) or (not spans and job.files):
+        raise RuntimeError(f"the units read {spans} do not cover the group's {len(job.files)} files once")
+    out = UnitRead(0, 0)
+    for read in ordered:
+        if not out.seen.keys().isdisjoint(read.seen):
+            _discard(index.store, read)
+            read = read_unit(job, read.lo, read.hi, index, earlier=out.seen)
+        out.extend(read)
+        if progress is not None:
+            progress(sum(r.bytes_read for r in read.reports))
+    return out
+
+
+def _discard(store: Store, read: UnitRead) -> None:
+    """Remove the data files a unit's superseded read wrote (best effort: never committed, so never visible, and
+    ``vacuum`` removes what is left)."""
+    for add in read.adds:
+        with contextlib.suppress(Exception):
+            store.fs.delete_file(f"{store.table_path('traces')}/{add.path}")
+
+
+__all__ = ["IngestJob", "UnitRead", "merged", "read_block", "read_unit"]

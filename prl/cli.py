@@ -98,6 +98,14 @@ def ingest(
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
     ] = 0.05,
+    engine: Annotated[
+        EngineName,
+        typer.Option(
+            "--engine",
+            help="local: this machine; ray: the Ray cluster at RAY_ADDRESS reads the trace files (needs prl[ray]). "
+            "Same rows. Rewards and ref files are read here either way.",
+        ),
+    ] = EngineName.local,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -129,6 +137,7 @@ def ingest(
                 dry_run=dry_run,
                 max_quarantine_rate=max_quarantine_rate,
                 progress=progress,
+                engine=engine.value,
             )
 
     run_command(call, report.render_ingest, as_json)
@@ -226,6 +235,7 @@ def score_ref_cmd(
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
     ] = 0.05,
+    engine: EngineOpt = EngineName.local,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -247,6 +257,7 @@ def score_ref_cmd(
             timeout=timeout,
             max_quarantine_rate=max_quarantine_rate,
             dry_run=dry_run,
+            engine=engine.value,
         ),
         lambda r: render_score(r, report.stdout),
         as_json,

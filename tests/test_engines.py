@@ -31,7 +31,7 @@ def test_recipe_engine_key(tmp_path):
 
 def test_local_engine_imports_no_ray(tmp_path):
     code = (
-        "import sys, prl, prl.cli, prl.engines, prl.shards.build, prl.checks.run\n"
+        "import sys, prl, prl.cli, prl.engines, prl.shards.build, prl.checks.run, prl.ingestion.traces, prl.score.run\n"
         "from prl.engines import get_engine; get_engine('ray')\n"  # naming the engine does not import Ray either
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))"
     )

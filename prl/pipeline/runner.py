@@ -131,6 +131,7 @@ def _ingest(recipe: Recipe, store: Store, dry_run: bool) -> Any:
         agent_field=section.agent_field,
         dry_run=dry_run,
         max_quarantine_rate=section.max_quarantine_rate,
+        engine=recipe.store.engine,
     )
 
 
@@ -186,6 +187,7 @@ def score_ref_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
         timeout=section.timeout,
         max_quarantine_rate=section.max_quarantine_rate,
         dry_run=dry_run,
+        engine=recipe.store.engine,
     )
 
 

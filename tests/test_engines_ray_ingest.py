@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from prl.errors import LockedError
+from prl.formats.base import ParseOptions
 from prl.ingestion.remote import IngestJob
 from prl.ingestion.traces import ingest
 from prl.io.sources import SourceFile
@@ -111,7 +112,7 @@ def test_ingest_on_ray_commits_the_rows_local_does(tmp_path, ray_cluster):
 
 def test_units_are_consecutive_runs_of_about_equal_bytes():
     files = [SourceFile(f"f{i}", size, 0) for i, size in enumerate([10, 10, 10, 70, 1, 1])]
-    job = IngestJob("s", files, "auto", None, 1, 0.0, {}, 0, True, None)  # type: ignore[arg-type]
+    job = IngestJob("s", files, "auto", ParseOptions(), 1, 0.0, {}, dry_run=True)
     assert job.units(1) == [(0, 6)]
     assert job.units(2) == [(0, 3), (3, 6)]
     assert job.units(3) == [(0, 3), (3, 4), (4, 6)]

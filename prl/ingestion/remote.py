@@ -40,7 +40,7 @@ SEEN = pa.schema([pa.field("sample_id", pa.string()), pa.field("record_digest", 
 class IngestJob:
     """One commit group of an ingest run as its readers need it. ``files``: the group's pending sources, in
     order; ``points``: where earlier runs stopped in them (by URI); ``now_ms``: the group's clock (quarantine and
-    ingest times); ``index``: the driver's sample index as the group began."""
+    ingest times); ``index``: the driver's sample index as the group began (for readers in other processes)."""
 
     store_uri: str
     files: list[SourceFile]
@@ -49,9 +49,9 @@ class IngestJob:
     batch_tokens: int
     partial_line_grace: float
     points: dict[str, ResumePoint]
-    now_ms: int
     dry_run: bool
-    index: IndexView
+    now_ms: int = 0
+    index: IndexView = field(default_factory=lambda: IndexView(None, {}))
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def units(self, count: int) -> list[tuple[int, int]]:

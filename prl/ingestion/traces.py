@@ -120,9 +120,7 @@ def ingest(
                 batch_tokens,
                 grace,
                 {src.uri: points[src.uri] for src in group if src.uri in points},
-                0,
                 dry_run,
-                index.view(),
             )
             version = _ingest_group(job, store, index, engine, result, progress, version)
         result.versions = {"traces": store.version("traces"), "quarantine": store.version("quarantine")}
@@ -155,12 +153,13 @@ def _ingest_group(
     """Read and commit one group (``job``, its clock and index state not yet set); returns the traces table's
     version after it (``version``: before it)."""
     index.refresh()
-    job = replace(job, now_ms=int(time.time() * 1000), index=index.view())
+    job = replace(job, now_ms=int(time.time() * 1000))
     if engine.name == "local":
         read = read_unit(job, 0, len(job.files), index, progress=progress)
     else:
         if not job.dry_run:
             store.ensure("traces")  # created here, not by each worker
+        job = replace(job, index=index.view())
         read = merged(job, engine.read_units(job), index, progress)
     return _commit_group(store, index, read, job.dry_run, result, version)
 

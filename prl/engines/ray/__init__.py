@@ -14,13 +14,16 @@ Ray is imported when a step first needs it, never by ``import prl``.
 
 from __future__ import annotations
 
-import contextlib
+import functools
+import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from prl.errors import PrlError, UsageError
 
@@ -84,20 +87,14 @@ class RayEngine:
         }
         return {"runtime_env": {"env_vars": env}} if env else {}
 
-    @staticmethod
-    @contextlib.contextmanager
-    def raising_prl_errors() -> Iterator[None]:
-        """Re-raise a prl error that ended a task (a :class:`~prl.errors.UsageError`, an I/O error worth a retry)
-        as itself, so that the step exits with its code; Ray wraps what a task raised in its own errors."""
-        try:
-            yield
-        except PrlError:
-            raise
-        except Exception as exc:
-            cause = _prl_cause(exc)
-            if cause is None:
-                raise
-            raise cause from exc
+    def rows(self, dataset: Any) -> Iterator[dict[str, Any]]:
+        """The rows a step's tasks (each wrapped in :func:`reporting`) return, block by block as they finish. A
+        prl error a task met is raised here as itself, so that the step exits with its code (Ray would wrap it
+        in errors of its own and drop its type)."""
+        for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+            if ERROR_COLUMN in batch.schema.names:
+                raise _rebuilt(batch.column(ERROR_COLUMN)[0].as_py())
+            yield from batch.to_pylist()
 
     def write_parts(self, job: PartJob) -> list[PartWritten]:
         from prl.engines.ray.shards import write_parts
@@ -120,20 +117,34 @@ class RayEngine:
         return score_files(self, job)
 
 
-def _prl_cause(exc: BaseException) -> PrlError | None:
-    """The first :class:`PrlError` in the chain of causes of ``exc`` (Ray's task errors hold it as ``cause``)."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        current = todo.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, PrlError):
-            return current
-        held = getattr(current, "cause", None)
-        todo += [current.__cause__, current.__context__, held if isinstance(held, BaseException) else None]
-    return None
+ERROR_COLUMN = "prl_error"
+"""The one column of the block a task returns in place of its rows when it met a prl error (JSON: kind,
+message)."""
+
+
+def reporting(fn: Callable[..., pa.Table]) -> Callable[..., pa.Table]:
+    """A task function that returns, in place of raising, the prl error ``fn`` met: a one-row block of
+    :data:`ERROR_COLUMN` that :meth:`RayEngine.rows` raises again in the driver."""
+
+    @functools.wraps(fn)
+    def task(block: pa.Table, **kwargs: Any) -> pa.Table:
+        try:
+            return fn(block, **kwargs)
+        except PrlError as exc:
+            report = {"kind": type(exc).__name__, "message": str(exc)}
+            return pa.table({ERROR_COLUMN: [json.dumps(report)]})
+
+    return task
+
+
+def _rebuilt(report: str) -> PrlError:
+    """The prl error a task reported (its class from :mod:`prl.errors`, its message)."""
+    from prl import errors
+
+    fields = json.loads(report)
+    kind = getattr(errors, str(fields.get("kind")), None)
+    cls = kind if isinstance(kind, type) and issubclass(kind, PrlError) else PrlError
+    return cls(fields.get("message", "a Ray task failed"))
 
 
 __all__ = ["RayEngine", "import_ray"]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from prl.checks.batch import COLUMNS
 from prl.checks.remote import CheckedBatch, CheckJob, check_block
+from prl.engines.ray import reporting
 from prl.store.tables import Store
 
 if TYPE_CHECKING:
@@ -36,12 +37,10 @@ def check_batches(engine: RayEngine, job: CheckJob) -> Iterator[CheckedBatch]:
         **kwargs,
     ).select_columns(list(COLUMNS))
     checked = rows.map_batches(
-        check_block, fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=None, **engine.remote_args()
+        reporting(check_block), fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=None, **engine.remote_args()
     )
-    with engine.raising_prl_errors():
-        for batch in checked.iter_batches(batch_format="pyarrow", batch_size=None):
-            for row in batch.to_pylist():
-                yield CheckedBatch.from_row(row)
+    for row in engine.rows(checked):
+        yield CheckedBatch.from_row(row)
 
 
 __all__ = ["check_batches"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from prl.engines.ray import reporting
 from prl.ingestion.remote import IngestJob, UnitRead, read_block
 
 if TYPE_CHECKING:
@@ -26,12 +27,10 @@ def read_units(engine: RayEngine, job: IngestJob) -> Iterator[UnitRead]:
     units = job.units(engine.blocks(len(job.files)))
     items = ray.data.from_items([{"lo": lo, "hi": hi} for lo, hi in units], override_num_blocks=len(units))
     reads = items.map_batches(
-        read_block, fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=1, **engine.remote_args()
+        reporting(read_block), fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=1, **engine.remote_args()
     )
-    with engine.raising_prl_errors():
-        for batch in reads.iter_batches(batch_format="pyarrow", batch_size=None):
-            for row in batch.to_pylist():
-                yield UnitRead.from_row(row)
+    for row in engine.rows(reads):
+        yield UnitRead.from_row(row)
 
 
 __all__ = ["read_units"]

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from prl.engines.ray import reporting
 from prl.shards.parts import PartJob, PartWritten
 
 if TYPE_CHECKING:
@@ -28,10 +29,9 @@ def write_parts(engine: RayEngine, job: PartJob) -> list[PartWritten]:
     ray = engine.connect()
     parts = ray.data.range(job.parts, override_num_blocks=engine.blocks(job.parts))
     rows = parts.map_batches(
-        _write_block, fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=None, **engine.remote_args()
+        reporting(_write_block), fn_kwargs={"job": job}, batch_format="pyarrow", batch_size=None, **engine.remote_args()
     )
-    with engine.raising_prl_errors():
-        written = [PartWritten.from_row(row) for row in rows.take_all()]
+    written = [PartWritten.from_row(row) for row in engine.rows(rows)]
     return sorted(written, key=lambda w: w.shard)
 
 

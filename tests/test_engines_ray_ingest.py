@@ -14,10 +14,7 @@ from typing import Any
 import pytest
 
 from prl.errors import LockedError
-from prl.formats.base import ParseOptions
-from prl.ingestion.remote import IngestJob
 from prl.ingestion.traces import ingest
-from prl.io.sources import SourceFile
 from prl.pipeline import runner
 from prl.pipeline.recipe import from_mapping
 from prl.store.locks import holding
@@ -108,16 +105,6 @@ def test_ingest_on_ray_commits_the_rows_local_does(tmp_path, ray_cluster):
     _same_stores(local, remote)
     again = ingest([str(sources)], remote, engine="ray")
     assert (again.samples, [f.status for f in again.files]) == (0, ["unchanged"] * 4)
-
-
-def test_units_are_consecutive_runs_of_about_equal_bytes():
-    files = [SourceFile(f"f{i}", size, 0) for i, size in enumerate([10, 10, 10, 70, 1, 1])]
-    job = IngestJob("s", files, "auto", ParseOptions(), 1, 0.0, {}, dry_run=True)
-    assert job.units(1) == [(0, 6)]
-    assert job.units(2) == [(0, 3), (3, 6)]
-    assert job.units(3) == [(0, 3), (3, 4), (4, 6)]
-    assert job.units(6) == [(i, i + 1) for i in range(6)]
-    assert job.units(9) == [(i, i + 1) for i in range(6)]
 
 
 def test_a_recipe_on_ray_ingests_and_a_second_run_exits_3(tmp_path, ray_cluster):

@@ -240,11 +240,17 @@ def latest_rewards(store: Store, version: int | None, names: list[str], only: pa
     if version is None:
         return out.with_columns([pl.lit(None, dtype=pl.Float64).alias(f"r::{n}") for n in names])
     table = store.read("rewards", columns=cols, filter=_only(pc.field("name").isin(names), only), version=version)
-    latest = (
-        frame(table)
-        .sort(["sample_id", "name", "created_at", "ingested_at", "source_uri", "source_line"])
-        .unique(subset=["sample_id", "name"], keep="last", maintain_order=True)
+    events = frame(table)
+    del table
+    # the order is worked out on the keys, and only the three columns kept are gathered in it; the latest event of
+    # a (sample, name) is the last of its run
+    order = events.select(
+        pl.arg_sort_by(["sample_id", "name", "created_at", "ingested_at", "source_uri", "source_line"])
     )
+    ordered = events.select("sample_id", "name", "value")[order.to_series()]
+    del events
+    same_next = (pl.col("sample_id") == pl.col("sample_id").shift(-1)) & (pl.col("name") == pl.col("name").shift(-1))
+    latest = ordered.filter(~same_next.fill_null(False))
     wide = latest.select("sample_id").unique()
     for name in names:
         part = latest.filter(pl.col("name") == name).select("sample_id", pl.col("value").alias(f"r::{name}"))

@@ -146,7 +146,7 @@ class _RawColumn:
             )
             self._valid.write(valid.view(np.uint8).tobytes())
         assert self._values is not None, "write after close"
-        self._values.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+        self._values.write(np.ascontiguousarray(data).view(np.uint8).data)
         self.count += len(values)
         self._lengths.append(
             pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)

@@ -2,8 +2,10 @@
 keeps a lock fresh, the message that names a live holder, and the register of the locks this process holds,
 which every commit consults (:func:`ensure_held`) so that a run whose lock was taken over commits nothing.
 
-A holder record is JSON ``{holder, host, pid, run_id, step, started_at, heartbeat_at}``: ``holder`` is
-``host:pid``, ``started_at`` an ISO-8601 UTC second, ``heartbeat_at`` Unix seconds with three decimals.
+A holder record is JSON ``{holder, host, host_id, pid, pid_start, run_id, step, started_at, heartbeat_at}``:
+``holder`` is ``host:pid``, ``host_id`` and ``pid_start`` name the process beyond pid reuse
+(:mod:`prl.store.liveness`; null where ``/proc`` cannot tell), ``started_at`` an ISO-8601 UTC second,
+``heartbeat_at`` Unix seconds with three decimals.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from prl.errors import LockLostError
+from prl.store import liveness
 
 STALE_ENV = "PRL_LOCK_STALE_AFTER"
 
@@ -37,8 +40,9 @@ def stale_after_from_env(default: float = 300.0) -> float:
 
 
 STALE_AFTER_SECONDS = stale_after_from_env()
-"""An S3 lock is stale after this long without a heartbeat (a local lock needs no such judgement: the kernel
-drops it with its process). Default 300 s; ``PRL_LOCK_STALE_AFTER`` sets it (e.g. lower it where killed runs on
+"""An S3 lock is stale after this long without a heartbeat, unless its holder ran on this host and is provably
+gone, when it may be taken over at once (a local lock needs no such judgement: the kernel drops it with its
+process). Default 300 s; ``PRL_LOCK_STALE_AFTER`` sets it (e.g. lower it where killed runs on
 S3 must not block the next cron run for five minutes)."""
 HEARTBEAT_SECONDS = min(15.0, STALE_AFTER_SECONDS / 4)
 """Holders refresh their lock this often: well inside ``STALE_AFTER_SECONDS``."""
@@ -55,7 +59,7 @@ def holder_record(run_id: str, step: str, started_at: str) -> dict[str, Any]:
     return {
         "holder": f"{host}:{os.getpid()}",
         "host": host,
-        "pid": os.getpid(),
+        **liveness.identity(),
         "run_id": run_id,
         "step": step,
         "started_at": started_at,

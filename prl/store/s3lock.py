@@ -9,10 +9,14 @@ The lock is the object ``STORE/_locks/<step>.lock`` holding the holder record (:
   :meth:`S3Lock.still_held` beats once more, now: every commit asks it first, so a run whose lock was taken
   over commits nothing after that (:class:`prl.errors.LockLostError`, exit 3).
 - **stale**: the heartbeat is older than ``stale_after`` seconds, measured on the server's clock
-  (response ``Date`` − ``LastModified``), so clock skew between hosts does not matter. Process liveness is
-  not consulted: a host name is not unique across containers sharing a bucket.
-- **takeover**: a stale lock is replaced with ``If-Match: <the ETag judged stale>``; after the first breaker's
-  put the ETag differs, so two breakers cannot both win, and a holder whose heartbeat lands first keeps it.
+  (response ``Date`` − ``LastModified``), so clock skew between hosts does not matter.
+- **dead on this host**: a lock whose record names a process of this host (same boot and pid namespace, not
+  merely the same host name, which containers sharing a bucket may share) that is provably gone, pid reuse
+  included (:func:`prl.store.liveness.holder_gone`), may be taken over at once: cron on the host where a run
+  was killed does not wait out the stale time. Locks of other hosts keep the stale rule.
+- **takeover**: a stale or dead holder's lock is replaced with ``If-Match: <the ETag judged>``; after the first
+  breaker's put the ETag differs, so two breakers cannot both win, and a holder whose heartbeat lands first
+  keeps it.
 - **release**: ``DeleteObject`` with ``If-Match: <its ETag>``: a run never deletes a lock it no longer holds.
 
 Credentials come from the standard AWS chain (environment, profile, instance role); they are never logged.
@@ -31,7 +35,7 @@ from typing import Any
 
 from prl.errors import LockedError, RetryableIOError, UsageError
 from prl.io.locations import aws_endpoint, aws_region, split_s3
-from prl.store import holder
+from prl.store import holder, liveness
 
 try:
     import boto3
@@ -153,7 +157,7 @@ class S3Lock:
                 info, stale_etag, age = current
                 if info.get("run_id") == self.run_id:
                     etag = stale_etag  # our own put landed and its answer was lost: the lock is ours
-                elif age <= self.stale_after:
+                elif age <= self.stale_after and not liveness.holder_gone(info):
                     raise LockedError(holder.held_message(self.step, info, self.path))
                 else:
                     etag = self._take_over(info, stale_etag, age)
@@ -166,14 +170,10 @@ class S3Lock:
         raise LockedError(f"could not take the {self.step} lock at {self.path} (contended)")
 
     def _take_over(self, info: dict[str, Any], stale_etag: str, age: float) -> str | None:
-        """Replace the stale lock judged by its ETag; our new ETag, or None when another breaker (or its
-        holder's heartbeat) came first."""
-        log.warning(
-            "taking over the stale %s lock of %s (no heartbeat for %.0f s)",
-            self.step,
-            info.get("holder", "unknown holder"),
-            age,
-        )
+        """Replace the stale (or dead holder's) lock judged by its ETag; our new ETag, or None when another
+        breaker (or its holder's heartbeat) came first."""
+        why = f"no heartbeat for {age:.0f} s" if age > self.stale_after else "its process on this host is gone"
+        log.warning("taking over the %s lock of %s (%s)", self.step, info.get("holder", "unknown holder"), why)
         return self._put("taking over", IfMatch=stale_etag)  # only the first breaker's condition holds
 
     def heartbeat(self) -> bool:

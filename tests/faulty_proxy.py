@@ -34,18 +34,26 @@ Kind = Literal["drop_answer", "reset", "stall"]
 @dataclass
 class Fault:
     """Apply ``kind`` to the next ``times`` requests whose method is ``method`` and whose path (without the
-    query) matches ``path`` (``re.search``)."""
+    query) matches ``path`` (``re.search``), after letting the first ``skip`` of them through untouched."""
 
     method: str
     path: str
     kind: Kind
     times: int = 1
     stall_seconds: float = 60.0
+    skip: int = 0
     hits: list[str] = field(default_factory=list)
     """The request lines this fault was applied to."""
+    passed: list[str] = field(default_factory=list)
+    """The matching request lines let through before the fault began (``skip``)."""
 
-    def matches(self, method: str, path: str) -> bool:
-        return self.times > len(self.hits) and method == self.method and re.search(self.path, path) is not None
+    def matches(self, method: str, path: str, line: str = "") -> bool:
+        if self.times <= len(self.hits) or method != self.method or re.search(self.path, path) is None:
+            return False
+        if len(self.passed) < self.skip:
+            self.passed.append(line)
+            return False
+        return True
 
 
 class FaultyProxy:
@@ -100,7 +108,7 @@ class FaultyProxy:
         with self._mutex:
             self.requests.append(line)
             for fault in self.faults:
-                if fault.matches(method, path):
+                if fault.matches(method, path, line):
                     fault.hits.append(line)
                     return fault
         return None

@@ -5,8 +5,6 @@ completes, and a run whose lock was taken over after a stall commits nothing (ex
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import time
 
 import pytest
@@ -15,38 +13,19 @@ from prl.errors import ExitCode
 from prl.store.s3lock import S3Lock
 from prl.store.tables import Store
 from tests.checks_helpers import tokenizer_dir
-from tests.faulty_proxy import Fault, FaultyProxy
-from tests.pipeline_helpers import REPO, GrowingInput, prl_argv, read_table
+from tests.fault_helpers import COMMIT, proxy, run_prl_json, stalled_past_stale_time  # noqa: F401
+from tests.faulty_proxy import Fault
+from tests.pipeline_helpers import GrowingInput, read_table
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 
 pytestmark = pytest.mark.s3
 
-COMMIT = r"/_delta_log/\d{20}\.json$"
 DATA_FILE = r"/traces/part-[0-9a-f]+\.zstd\.parquet$"
-
-
-@pytest.fixture
-def proxy(moto_endpoint):  # noqa: F811
-    with FaultyProxy(moto_endpoint) as running:
-        yield running
 
 
 def ingest(data: GrowingInput, store_uri: str, env: dict[str, str]) -> tuple[int, dict]:
     """``prl ingest --json`` in its own process; its exit code and its one JSON object."""
-    proc = subprocess.run(
-        prl_argv("ingest", str(data.root / "traces"), "--store", store_uri, "--json"),
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1, (proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    summary = json.loads(lines[0])
-    assert summary["exit_code"] == proc.returncode
-    return proc.returncode, summary
+    return run_prl_json(["ingest", str(data.root / "traces"), "--store", store_uri], env)
 
 
 def assert_ingested_once(store: Store, data: GrowingInput) -> None:
@@ -98,34 +77,10 @@ def test_a_run_whose_lock_was_taken_over_after_a_stall_commits_nothing(s3, proxy
     store_uri = s3.url("store")
     env = {**environ_for(proxy.url), "PRL_LOCK_STALE_AFTER": "1"}
     stall = proxy.add(Fault("PUT", DATA_FILE, "stall"))
-    run = subprocess.Popen(
-        prl_argv("ingest", str(data.root / "traces"), "--store", store_uri, "--json"),
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not stall.hits:  # the run is writing its data file, lock held, nothing committed yet
-            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
-            time.sleep(0.05)
-        run.send_signal(signal.SIGSTOP)  # the whole process stalls: no more heartbeats
-        time.sleep(2.5)
-        thief = S3Lock(Store(store_uri).uri, "ingest", stale_after=1.0)
-        thief._client = None
-        thief.acquire()  # (straight to S3: the test's own environment points at the server)
-        run.send_signal(signal.SIGCONT)
-        proxy.release()
-        out, err = run.communicate(timeout=120)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    assert run.returncode == ExitCode.LOCKED, err
-    (line,) = out.strip().splitlines()
-    assert json.loads(line)["exit_code"] == 3 and "taken over by another run" in json.loads(line)["error"]
+    thief = S3Lock(Store(store_uri).uri, "ingest", stale_after=1.0)
+    args = ["ingest", str(data.root / "traces"), "--store", store_uri]
+    code, summary = stalled_past_stale_time(proxy, args, env, stall, thief)
+    assert code == ExitCode.LOCKED and "taken over by another run" in summary["error"], summary
     store = Store(store_uri)
     assert store.read("traces").num_rows == 0 and store.read("quarantine").num_rows == 0
     assert json.loads(s3.client.get_object(Bucket=s3.bucket, Key="store/_locks/ingest.lock")["Body"].read())[
@@ -144,15 +99,6 @@ def test_lock_writes_whose_answers_are_lost_keep_the_lock(s3, proxy, tmp_path): 
     assert (code, summary["samples"]) == (0, len(data.good)), summary
     assert_ingested_once(Store(store_uri), data)
     assert s3.keys("store/_locks/") == []  # released: the delete went to the lock's last ETag
-
-
-def run_prl_json(args: list[str], env: dict[str, str]) -> tuple[int, dict]:
-    """Any prl command with ``--json`` in its own process: its exit code and its one JSON object."""
-    proc = subprocess.run(prl_argv(*args, "--json"), env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, (proc.stdout, proc.stderr)
-    assert json.loads(lines[0])["exit_code"] == proc.returncode
-    return proc.returncode, json.loads(lines[0])
 
 
 @pytest.mark.parametrize("table", ["rewards", "checks"])

@@ -80,7 +80,8 @@ def test_a_grown_file_adds_only_its_new_lines_columnar(store, write_trace):
     rows_ = [{"sample_id": f"s{i}#0", "reward": 1.0} for i in range(4)]
     path = write_trace("g.jsonl", rows_[:2])
     ingest_side_table([str(path)], store, kind="rewards")
-    path = write_trace("g.jsonl", rows_)  # rewritten with two more lines: a new identity
+    size = path.stat().st_size
+    path = write_trace("g.jsonl", rows_)  # rewritten with two more lines: a new identity, the same first bytes
     grown = ingest_side_table([str(path)], store, kind="rewards")
-    assert (grown.rows, grown.already_present) == (2, 2)
+    assert (grown.rows, grown.already_present, grown.resumed_from) == (2, 0, {str(path): size})
     assert sorted(store.read("rewards").column("sample_id").to_pylist()) == [f"s{i}#0" for i in range(4)]

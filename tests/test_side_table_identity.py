@@ -83,10 +83,12 @@ def test_a_renamed_copy_adds_nothing_and_a_grown_one_only_its_tail(store, tmp_pa
     write(live, [line("c#0", 0.5)])
     result = ingest_side_table([str(tmp_path / "rewards.jsonl*")], store, kind="rewards")
     assert (result.files, result.rows, result.already_present) == (2, 1, 2)
+    size = old.stat().st_size
     with open(old, "a") as fh:
         fh.write(line("d#0", 0.25) + "\n")
     grown = ingest_side_table([str(tmp_path / "rewards.jsonl*")], store, kind="rewards")
-    assert (grown.files, grown.unchanged_files, grown.rows, grown.already_present) == (1, 1, 1, 2)
+    assert (grown.files, grown.unchanged_files, grown.rows, grown.already_present) == (1, 1, 1, 0)
+    assert grown.resumed_from == {str(old): size}  # the renamed file's own read left a point
     assert [r[0] for r in rewards(store)] == ["a#0", "b#0", "c#0", "d#0"]
 
 
@@ -95,9 +97,10 @@ def test_identical_events_without_a_time_are_separate_occurrences(store, tmp_pat
     path = tmp_path / "r.jsonl"
     write(path, [line("a#0", 1.0, at=None), line("a#0", 0.0, at=None), line("a#0", 1.0, at=None)])
     assert ingest_side_table([str(path)], store, kind="rewards").rows == 3
-    os.utime(path, (time.time() - 10, time.time() - 10))  # new identity: read again
+    os.utime(path, (time.time() - 10, time.time() - 10))  # new identity, same bytes: nothing past the point
     again = ingest_side_table([str(path)], store, kind="rewards")
-    assert (again.rows, again.already_present) == (0, 3)
+    assert (again.rows, again.already_present, again.bytes_read) == (0, 0, 0)
+    assert again.resumed_from == {str(path): path.stat().st_size}
     with open(path, "a") as fh:
         fh.write(line("a#0", 1.0, at=None) + "\n")  # a third A: a new occurrence
     assert ingest_side_table([str(path)], store, kind="rewards").rows == 1
@@ -177,7 +180,8 @@ def test_a_rewards_line_still_being_written_is_left_for_the_next_run(store, tmp_
     with open(path, "a") as fh:
         fh.write(full[12:] + "\n")
     done = ingest_side_table([str(path)], store, kind="rewards")
-    assert (done.rows, done.already_present, done.held_back_bytes, done.quarantined) == (1, 1, 0, {})
+    assert (done.rows, done.already_present, done.held_back_bytes, done.quarantined) == (1, 0, 0, {})
+    assert done.resumed_from == {str(path): len(line("a#0", 1.0)) + 1}  # the finished line alone is read
     assert ingest_side_table([str(path)], store, kind="rewards").unchanged_files == 1
     stopped = tmp_path / "stopped.jsonl"
     write(stopped, [line("c#0", 0.0)])

@@ -87,10 +87,12 @@ def test_rerun_and_grown_file(store, write_trace):
     assert ingest_side_table([str(path)], store, kind="rewards").rows == 1
     again = ingest_side_table([str(path)], store, kind="rewards")
     assert (again.rows, again.unchanged_files) == (0, 1)
+    before = path.stat().st_size
     with open(path, "a") as fh:
         fh.write('{"sample_id": "a#0", "reward": 0.0, "created_at": 1800000000}\n')
-    grown = ingest_side_table([str(path)], store, kind="rewards")
-    assert (grown.rows, grown.already_present) == (1, 1)
+    grown = ingest_side_table([str(path)], store, kind="rewards")  # read on from where the first run stopped
+    assert (grown.rows, grown.already_present) == (1, 0)
+    assert (grown.resumed_from, grown.bytes_read) == ({str(path): before}, path.stat().st_size - before)
     assert sorted(pl.read_delta(store.table_uri("rewards"))["value"].to_list()) == [0.0, 1.0]
 
 

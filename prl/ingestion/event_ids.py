@@ -14,6 +14,8 @@ n-th identical one in another file are one event. Events meant as separate facts
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import struct
 from collections import Counter
@@ -23,6 +25,8 @@ import numpy as np
 import pyarrow as pa
 
 SEP = b"\x1f"
+_COUNT = struct.Struct(">I")
+_RECORD = 16 + _COUNT.size
 
 
 def _digest(content: bytes) -> str:
@@ -57,6 +61,33 @@ class Occurrences:
 
     def __init__(self) -> None:
         self._seen: Counter[bytes] = Counter()
+
+    def __len__(self) -> int:
+        """Distinct contents seen."""
+        return len(self._seen)
+
+    def to_json(self) -> str:
+        """The counts so far as base64 of sorted 20-byte records (16-byte content digest, big-endian uint32
+        count): what a resume point of the file carries, so a read continued there numbers on."""
+        packed = b"".join(key + _COUNT.pack(n) for key, n in sorted(self._seen.items()))
+        return base64.b64encode(packed).decode("ascii")
+
+    @classmethod
+    def from_json(cls, text: object) -> Occurrences | None:
+        """The counts :meth:`to_json` wrote; None for anything else (a damaged entry)."""
+        if not isinstance(text, str):
+            return None
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (ValueError, binascii.Error):
+            return None
+        if len(raw) % _RECORD:
+            return None
+        occurrences = cls()
+        view = memoryview(raw)
+        for at in range(0, len(raw), _RECORD):
+            occurrences._seen[bytes(view[at : at + 16])] = _COUNT.unpack_from(view, at + 16)[0]
+        return occurrences
 
     def ids(self, contents: Iterable[bytes]) -> list[str]:
         out = []

@@ -150,35 +150,42 @@ def _framing(point: ResumePoint, format_option: str) -> Format | None:
 
 def earlier_points(store: Store, traces: DeltaTable | None, uris: list[str]) -> dict[str, ResumePoint]:
     """The newest resume point recorded for each of ``uris`` that has one."""
-    if traces is None:
+    entries = earlier_entries(store, "traces", traces, uris)
+    return {uri: point for uri, entry in entries.items() if (point := ResumePoint.from_entry(entry)) is not None}
+
+
+def earlier_entries(store: Store, table: str, opened: DeltaTable | None, uris: list[str]) -> dict[str, dict[str, Any]]:
+    """The newest ledger entry carrying a resume point for each of ``uris`` that has one, in the commits of
+    ``table`` (``opened``: that table at its latest version, or None when it does not exist)."""
+    if opened is None:
         return {}
-    latest = traces.version()
+    latest = opened.version()
     ledgers: dict[int, dict[str, Any]] = {}
-    found: dict[str, ResumePoint] = {}
+    found: dict[str, dict[str, Any]] = {}
     for uri in uris:
-        expected = traces.transaction_version(app_id(uri))
+        expected = opened.transaction_version(app_id(uri))
         if expected is None:
             continue
         for version in range(expected, min(latest, expected + SEARCH) + 1):
             if version not in ledgers:
-                ledgers[version] = _ledger(store, version)
-            point = ResumePoint.from_entry(ledgers[version].get(uri))
-            if point is not None:
-                found[uri] = point
+                ledgers[version] = _ledger(store, table, version)
+            entry = ledgers[version].get(uri)
+            if entry is not None and ResumePoint.from_entry(entry) is not None:
+                found[uri] = entry
                 break
     return found
 
 
-def _ledger(store: Store, version: int) -> dict[str, Any]:
-    """The source ledger of the traces commit of ``version``, by URI (empty when its log file is gone)."""
-    path = f"{store.table_path('traces')}/_delta_log/{version:020d}.json"
+def _ledger(store: Store, table: str, version: int) -> dict[str, Any]:
+    """The source ledger of ``table``'s commit of ``version``, by URI (empty when its log file is gone)."""
+    path = f"{store.table_path(table)}/_delta_log/{version:020d}.json"
     try:
         with store.fs.open_input_stream(path) as stream:
             body = stream.read()
     except FileNotFoundError:
         return {}
     except OSError as exc:
-        raise RetryableIOError(f"reading {store.table_uri('traces')} log version {version} failed: {exc}") from exc
+        raise RetryableIOError(f"reading {store.table_uri(table)} log version {version} failed: {exc}") from exc
     for line in body.splitlines():
         if b'"commitInfo"' not in line:
             continue
@@ -191,4 +198,13 @@ def _ledger(store: Store, version: int) -> dict[str, Any]:
     return {}
 
 
-__all__ = ["Continuation", "ResumePoint", "app_id", "continuation", "earlier_points", "fresh_reader", "point_after"]
+__all__ = [
+    "Continuation",
+    "ResumePoint",
+    "app_id",
+    "continuation",
+    "earlier_entries",
+    "earlier_points",
+    "fresh_reader",
+    "point_after",
+]

@@ -16,7 +16,9 @@ Bad rows are quarantined (table ``rewards`` or ``ref_logprobs``) with a reason: 
 ``positive_logprob``, ``bad_timestamp``, ``malformed_json``, ``truncated_line`` (a last line left unfinished by a
 file that stopped changing). Files already consumed (same uri, size, mtime) are skipped. Every row has an
 ``event_id``, a digest of its content (:mod:`prl.ingestion.event_ids`); a file read again, grown, rotated (same
-name, new content) or copied under another name adds exactly the events not in the table yet.
+name, new content) or copied under another name adds exactly the events not in the table yet. A plain JSONL file
+that grew is read on from where the last run stopped (:mod:`prl.ingestion.side_resume`), its event ids numbered
+on from the counts that run recorded, so each run costs the file's new bytes.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ from prl.formats.fields import timestamp_ms
 from prl.ingestion.assemble import list_column
 from prl.ingestion.event_ids import Occurrences, legacy_id, ref_id, reward_content
 from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
+from prl.ingestion.resume import app_id as resume_app_id
+from prl.ingestion.resume import earlier_entries
 from prl.ingestion.rewards_columnar import reward_block
+from prl.ingestion.side_resume import SideStart, open_file, resume_entry
 from prl.io import sources as io_sources
 from prl.io.sources import LineReader, SourceFile, lines_of, scan
 from prl.schema import REF_LOGPROBS, REWARDS
@@ -68,6 +73,10 @@ class SideIngestResult:
     dry_run: bool = False
     held_back_bytes: int = 0
     """Bytes of unfinished last lines left for a later run (files still being written)."""
+    bytes_read: int = 0
+    """Bytes read this run (of a file read on from an earlier run, those after its resume point)."""
+    resumed_from: dict[str, int] = field(default_factory=dict)
+    """Files read on from where an earlier run stopped: URI → the byte this run began at."""
     problems: list[dict[str, str]] = field(default_factory=list)
     """Entries not read (``uri``, ``status`` skipped | failed, ``reason``): see :class:`prl.io.sources.SourceProblem`."""
 
@@ -238,13 +247,17 @@ def ingest_side_table(
     with holding(store.uri, f"ingest-{table}", enabled=lock and not dry_run):
         existing = store.open(table)
         index = SampleIndex(store, write=not dry_run, spec=EVENT_INDEXES[table])
+        pending = []
         for src in files:
-            app_id = f"prl.source:{src.identity}"
-            if existing is not None and existing.transaction_version(app_id) is not None:
+            if existing is not None and existing.transaction_version(f"prl.source:{src.identity}") is not None:
                 result.unchanged_files += 1
                 continue
+            pending.append(src)
+        entries = earlier_entries(store, table, existing, [src.uri for src in pending if _is_jsonl(src.uri)])
+        version = None if existing is None else existing.version()
+        for src in pending:
             result.files += 1
-            _ingest_one(src, store, table, result, dry_run, app_id, index, grace)
+            version = _ingest_one(src, store, table, result, dry_run, index, grace, entries.get(src.uri), version)
         result.version = store.version(table)
     result.seconds = time.perf_counter() - started
     return result
@@ -296,17 +309,26 @@ def _ingest_one(
     table: str,
     result: SideIngestResult,
     dry_run: bool,
-    app_id: str,
     index: SampleIndex,
     grace: float,
-) -> None:
+    earlier: dict[str, Any] | None,
+    version: int | None,
+) -> int | None:
+    """Read and commit one file (on from the resume point of ``earlier``, its newest ledger entry with one,
+    when the file still begins with what that run consumed); returns the table's version after it
+    (``version``: before it)."""
     now_ms = int(time.time() * 1000)
     index.refresh()
-    run = _FileRun(src, table, index, result, now_ms)
+    hold = src.changed_within(grace)
+    if _is_jsonl(src.uri):
+        start = open_file(src, table, earlier, hold)
+    else:  # CSV and Parquet are read whole
+        start = SideStart(LineReader(src, hold_partial=hold), Occurrences())
+    reader = start.reader
+    run = _FileRun(src, table, index, result, now_ms, occurrences=start.occurrences)
     counts: Counter[str] = Counter()
     quarantined: list[dict[str, Any]] = []
     schema = REWARDS if table == "rewards" else REF_LOGPROBS
-    reader = LineReader(src, hold_partial=src.changed_within(grace))
 
     def events(
         rows: Iterable[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]],
@@ -342,19 +364,26 @@ def _ingest_one(
     if quarantined:
         store.commit("quarantine", quarantine_batches(new_quarantine_rows(store, quarantined)), dry_run=dry_run)
     complete = not reader.held_back
-    entry = {"uri": src.uri, "size": src.size, "mtime_ns": src.mtime_ns}
+    entry: dict[str, Any] = {"uri": src.uri, "size": src.size, "mtime_ns": src.mtime_ns}
+    # a file still being written is not marked consumed: the next run reads it again (on from its point)
+    transactions = {f"prl.source:{src.identity}": 1} if complete else {}
     if _is_jsonl(src.uri):
-        entry.update(bytes_consumed=reader.bytes_read - reader.held_back, complete=complete)
-    committed = pending.commit(  # a file still being written is not marked consumed: the next run reads it again
-        metadata={"sources": [entry], "command": f"ingest-{table}"},
-        transactions={app_id: 1} if complete else {},
-    )
+        consumed = reader.start + reader.bytes_read - reader.held_back
+        entry.update(read_from=reader.start, bytes_consumed=consumed, complete=complete)
+        entry.update(resume_entry(reader, table, run.occurrences))
+        if "resume" in entry:  # names the commit holding this entry (prl.ingestion.resume)
+            transactions[resume_app_id(src.uri)] = 1 if version is None else version + 1
+    committed = pending.commit(metadata={"sources": [entry], "command": f"ingest-{table}"}, transactions=transactions)
     if not dry_run:
         index.committed(committed.version, run.added)
     result.rows += pending.rows
     result.held_back_bytes += reader.held_back
+    result.bytes_read += reader.bytes_read
+    if start.resumed:
+        result.resumed_from[src.uri] = reader.start
     for reason, count in counts.items():
         result.quarantined[reason] = result.quarantined.get(reason, 0) + count
+    return version if committed.version is None else committed.version
 
 
 def _row_batches(items: Iterable[dict[str, Any]], schema: pa.Schema) -> Iterator[pa.RecordBatch]:

@@ -253,9 +253,13 @@ class Cycles:
             return {"error": error, **self.counts}
         self.window = self.first = self.last["seconds"]
         while self.counts["killed"] < kills:
+            before = self.counts["killed"]
             error = self.cycle()
             if error is not None:
                 return {"error": error, **self.counts}
+            if self.counts["killed"] != before and self.counts["killed"] % 10 == 0:  # progress, on stderr
+                elapsed = round(time.perf_counter() - started, 1)
+                print(json.dumps({**self.counts, "seconds": elapsed}), file=sys.stderr, flush=True)
         self._finish()
         if _child(_final(self.command, self.p, (self.traces, self.rewards)), self.report, self.cpu, "final") != 0:
             return {"error": self._fail("final accounting failed"), **self.counts}

@@ -74,7 +74,7 @@ class SideIngestResult:
     held_back_bytes: int = 0
     """Bytes of unfinished last lines left for a later run (files still being written)."""
     bytes_read: int = 0
-    """Bytes read this run (of a file read on from an earlier run, those after its resume point)."""
+    """Bytes of JSONL files read this run (of a file read on from an earlier run, those after its resume point)."""
     resumed_from: dict[str, int] = field(default_factory=dict)
     """Files read on from where an earlier run stopped: URI → the byte this run began at."""
     problems: list[dict[str, str]] = field(default_factory=list)
@@ -363,16 +363,7 @@ def _ingest_one(
     pending = store.write_files(table, batches(), dry_run=dry_run)
     if quarantined:
         store.commit("quarantine", quarantine_batches(new_quarantine_rows(store, quarantined)), dry_run=dry_run)
-    complete = not reader.held_back
-    entry: dict[str, Any] = {"uri": src.uri, "size": src.size, "mtime_ns": src.mtime_ns}
-    # a file still being written is not marked consumed: the next run reads it again (on from its point)
-    transactions = {f"prl.source:{src.identity}": 1} if complete else {}
-    if _is_jsonl(src.uri):
-        consumed = reader.start + reader.bytes_read - reader.held_back
-        entry.update(read_from=reader.start, bytes_consumed=consumed, complete=complete)
-        entry.update(resume_entry(reader, table, run.occurrences))
-        if "resume" in entry:  # names the commit holding this entry (prl.ingestion.resume)
-            transactions[resume_app_id(src.uri)] = 1 if version is None else version + 1
+    entry, transactions = _ledger(src, reader, table, run.occurrences, version)
     committed = pending.commit(metadata={"sources": [entry], "command": f"ingest-{table}"}, transactions=transactions)
     if not dry_run:
         index.committed(committed.version, run.added)
@@ -384,6 +375,24 @@ def _ingest_one(
     for reason, count in counts.items():
         result.quarantined[reason] = result.quarantined.get(reason, 0) + count
     return version if committed.version is None else committed.version
+
+
+def _ledger(
+    src: SourceFile, reader: LineReader, table: str, occurrences: Occurrences, version: int | None
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The file's ledger entry and the commit's Delta txns: the file's identity once it is consumed whole (a
+    file still being written is read again, on from its point), and the resume app id naming the commit that
+    holds a resume point (:mod:`prl.ingestion.resume`; ``version``: the table's version before the commit)."""
+    complete = not reader.held_back
+    entry: dict[str, Any] = {"uri": src.uri, "size": src.size, "mtime_ns": src.mtime_ns}
+    transactions = {f"prl.source:{src.identity}": 1} if complete else {}
+    if _is_jsonl(src.uri):
+        consumed = reader.start + reader.bytes_read - reader.held_back
+        entry.update(read_from=reader.start, bytes_consumed=consumed, complete=complete)
+        entry.update(resume_entry(reader, table, occurrences))
+        if "resume" in entry:
+            transactions[resume_app_id(src.uri)] = 1 if version is None else version + 1
+    return entry, transactions
 
 
 def _row_batches(items: Iterable[dict[str, Any]], schema: pa.Schema) -> Iterator[pa.RecordBatch]:

@@ -270,14 +270,18 @@ class Store:
         :meth:`PendingCommit.commit`)."""
         return self.write_files(name, batches, dry_run=dry_run).commit(metadata, transactions)
 
-    def committed_version(self, name: str, commit_id: str, window: int = 256, exact: bool = False) -> int | None:
+    def committed_version(
+        self, name: str, commit_id: str, window: int = 256, exact: bool = False, latest: int | None = None
+    ) -> int | None:
         """The version of table ``name`` whose commit carries ``prl.commit_id``: the newest ``window`` commit
         files are read from the newest down (other writers may have committed after it; ``history()`` numbers
-        entries unreliably while the log grows). Not found: the latest version, or None when ``exact``."""
-        table = self.open(name)
-        if table is None:
-            return None
-        latest = table.version()
+        entries unreliably while the log grows), from ``latest`` when the caller knows the table's latest
+        version (else the table is opened to learn it). Not found: the latest version, or None when ``exact``."""
+        if latest is None:
+            table = self.open(name)
+            if table is None:
+                return None
+            latest = table.version()
         needle = commit_id.encode()
         for version in range(latest, max(-1, latest - window), -1):
             try:

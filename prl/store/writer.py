@@ -116,7 +116,8 @@ class PendingCommit:
             version = self._own_commit_after(exc, commit_id)
         else:
             try:
-                version = self.store.committed_version(self.table, commit_id)
+                table.update_incremental()  # reads only the log entries after the version it was opened at
+                version = self.store.committed_version(self.table, commit_id, latest=table.version())
             except OSError as exc:  # committed; a rerun finds it (ledger, txn) and adds nothing
                 raise RetryableIOError(
                     f"committed to {self.table} in {self.store.uri}, then reading its version failed: "

@@ -24,6 +24,11 @@ from typing import Any
 
 AGENT_KEYS = ("agent_id", "agent_name", "agent")
 AGENT_HEADERS = ("x-litellm-agent-id", "x-agent-id", "x-agent-name")
+_PLACES = frozenset(
+    {*AGENT_KEYS, "agent_ref", "metadata", "standard_logging_object", "request", "headers", "request_headers"}
+)
+"""Top-level keys under which a record may name its agent: a record with none of them (and without the
+user's field) names none."""
 
 
 def _text(value: Any) -> str | None:
@@ -78,6 +83,8 @@ def agent_of(obj: Any, field: str | None = None) -> str | None:
     """The agent named by a decoded record (see the module docstring for where it is looked up); None when
     the record names none. ``field``: the user's ``--agent-field``, which replaces the built-in lookup."""
     if not isinstance(obj, dict):
+        return None
+    if obj.keys().isdisjoint(_PLACES) and (not field or field not in obj):
         return None
     blocks = _blocks(obj)
     if field:

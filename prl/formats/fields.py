@@ -162,9 +162,8 @@ def group_key_of(obj: dict[str, Any], options: ParseOptions) -> str | None:
 def policy_version_of(*candidates: Any, options: ParseOptions) -> str | None:
     """The first version the record carries; ``--policy-version`` fills in records that carry none."""
     for value in candidates:
-        version = as_version(value)
-        if version is not None:
-            return version
+        if value is not None and not isinstance(value, bool):  # as_version, inline: it runs per sample
+            return str(value)
     return options.policy_version
 
 

@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
 from prl.formats.fields import DERIVED_ID_PREFIX
+from prl.formats.plain import Plain, holds_booleans, may_hold_booleans
 from prl.schema import VERSION_SPAN
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -83,6 +84,25 @@ def read_record(
     return reader.name, out
 
 
+def read_plain(fmt: Format, obj: Any, options: ParseOptions, raw: bytes) -> tuple[str, list[Plain]] | None:
+    """(name of the format that read it, its choices) for a record the reader's plain walk takes
+    (:mod:`prl.formats.plain`), or None for a record :func:`read_record` must read: one the walk declines,
+    whose scalars :func:`check_sample` refuses, whose logprobs hold booleans (``raw``: its JSON text), or on
+    which anything raises. Never raises either."""
+    try:
+        reader = fmt.reader(obj)
+        plains = reader.plain(obj, options)
+        if not plains:
+            return None
+        may_be_bool = may_hold_booleans(raw)
+        for plain in plains:
+            if check_sample(plain.sample) is not plain.sample or (may_be_bool and holds_booleans(plain)):
+                return None
+    except Exception:
+        return None
+    return reader.name, plains
+
+
 def source_key(first_record: bytes) -> str:
     """What names a source in :func:`source_position`: a digest of its first record (16 hex digits)."""
     return hashlib.sha256(first_record).hexdigest()[:16]
@@ -108,6 +128,8 @@ def _no_ids(q: Quarantined) -> Quarantined:
 
 def check_sample(sample: Sample) -> Sample | Quarantined:
     """``sample`` if every scalar prl stores fits its column (see the module table), else its reason."""
+    if _plainly_fits(sample):
+        return sample
     try:
         for name in ("choice_index", "turn", "top_k"):
             value = getattr(sample, name)
@@ -119,7 +141,7 @@ def check_sample(sample: Sample) -> Sample | Quarantined:
                 raise Quarantined("out_of_range", f"{name} {value} does not fit in float32")
         for name in _STRING_FIELDS:
             value = getattr(sample, name)
-            if value is not None and not _is_unicode(value):
+            if value is not None and not (type(value) is str and value.isascii()) and not _is_unicode(value):
                 raise Quarantined("bad_string", f"{name} holds a lone UTF-16 surrogate: not valid Unicode")
         if sample.policy_version_spans is not None:
             pa.array([sample.policy_version_spans], pa.list_(VERSION_SPAN))
@@ -128,6 +150,28 @@ def check_sample(sample: Sample) -> Sample | Quarantined:
         signal.choice_index = sample.choice_index if isinstance(sample.choice_index, int) else None
         return signal
     return sample
+
+
+def _plainly_fits(sample: Sample) -> bool:
+    """The common sample, checked in a few operations: an int32 choice index and turn, no sampling settings,
+    ASCII strings (which hold no surrogate). False means :func:`check_sample` looks field by field."""
+    s = sample
+    if s.top_k is not None or s.temperature is not None or s.top_p is not None or s.policy_version_spans is not None:
+        return False
+    if type(s.choice_index) is not int or not INT32_MIN <= s.choice_index <= INT32_MAX:
+        return False
+    if s.turn is not None and (type(s.turn) is not int or not INT32_MIN <= s.turn <= INT32_MAX):
+        return False
+    strings = (s.request_id, s.session_id, s.group_key, s.policy_version, s.model, s.finish_reason, s.logprobs_mode)
+    try:
+        text = "".join([v for v in strings if v is not None])
+    except TypeError:
+        return False
+    return text.isascii() and _ascii(s.messages) and _ascii(s.completion_text)
+
+
+def _ascii(value: Any) -> bool:
+    return value is None or (type(value) is str and value.isascii())
 
 
 def _is_unicode(text: str) -> bool:

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.formats.base import (
+    TOKEN_ID_PREFIX,
     Format,
     ParseOptions,
     Quarantined,
@@ -34,6 +35,7 @@ from prl.formats.base import (
     typed_array,
 )
 from prl.formats.fields import (
+    DERIVED_ID_PREFIX,
     as_dict,
     as_list,
     finish_reason,
@@ -45,6 +47,7 @@ from prl.formats.fields import (
     session_of,
     timestamp_ms,
 )
+from prl.formats.plain import NO_IDS, NO_LOGPROBS, Plain
 
 HEAD_ENTRY = pa.struct([("token", pa.string()), ("logprob", pa.float64())])
 CHAT_CONTENT_ENTRY = pa.struct(
@@ -54,13 +57,14 @@ HEAD_MAP = pa.map_(pa.string(), pa.float64())
 
 
 def _version_candidates(obj: dict[str, Any], choice: dict[str, Any]) -> list[Any]:
-    sglext = obj.get("sglext") if isinstance(obj.get("sglext"), dict) else {}
+    sglext = obj.get("sglext")
+    meta = metadata_of(obj)
     return [
         choice.get("weight_version"),
-        metadata_of(obj).get("weight_version"),
-        sglext.get("weight_version"),  # type: ignore[union-attr]
+        meta.get("weight_version"),
+        sglext.get("weight_version") if isinstance(sglext, dict) else None,
         obj.get("weight_version"),
-        metadata_of(obj).get("policy_version"),
+        meta.get("policy_version"),
         obj.get("policy_version"),
     ]
 
@@ -122,18 +126,50 @@ class _OpenAIReader(Format):
         raise NotImplementedError
 
 
-def _record_fields(obj: dict[str, Any], choice: dict[str, Any], options: ParseOptions) -> dict[str, Any]:
-    """Sample fields that come from the record rather than the tokens: session, group, version, model, time."""
-    session_id, turn = session_of(obj)
-    return {
-        "session_id": session_id,
-        "turn": turn,
-        "group_key": group_key_of(obj, options),
-        "policy_version": policy_version_of(*_version_candidates(obj, choice), options=options),
-        "model": obj.get("model") if isinstance(obj.get("model"), str) else None,
-        "created_at_ms": timestamp_ms(obj.get("created")),
-        "messages": messages_of(obj),
-    }
+def _record_fields(sample: Sample, obj: dict[str, Any], choice: dict[str, Any], options: ParseOptions) -> Sample:
+    """Set the sample fields that come from the record rather than the tokens: session, group, version, model,
+    time, messages."""
+    bare = obj.keys().isdisjoint(_OPTIONAL_KEYS)  # then the lookups skipped below give None (and the choice's version)
+    if not bare:
+        sample.session_id, sample.turn = session_of(obj)
+    sample.group_key = group_key_of(obj, options)
+    candidates = [choice.get("weight_version")] if bare else _version_candidates(obj, choice)
+    sample.policy_version = policy_version_of(*candidates, options=options)
+    model = obj.get("model")
+    sample.model = model if isinstance(model, str) else None
+    sample.created_at_ms = timestamp_ms(obj.get("created"))
+    if not bare:
+        sample.messages = messages_of(obj)
+    return sample
+
+
+_OPTIONAL_KEYS = frozenset({"session_id", "turn", "metadata", "sglext", "weight_version", "policy_version", "messages"})
+"""Record keys :func:`session_of`, :func:`_version_candidates` and :func:`messages_of` read: servers'
+responses carry none of them, and then session, turn and messages are None and the version is the choice's."""
+
+
+def _plain_header(obj: Any) -> tuple[str | None, list[Any]]:
+    """The request ID and choices of a record the plain walks read (None, [] for one ``parse`` must read: no
+    ID, an ID that looks derived, which read_record salts by position, or no choices)."""
+    request_id = obj.get("id") if type(obj) is dict else None
+    choices = obj.get("choices") if type(obj) is dict else None
+    if type(request_id) is not str or not request_id or request_id.startswith(DERIVED_ID_PREFIX):
+        return None, []
+    if type(choices) is not list or not choices:
+        return None, []
+    return request_id, choices
+
+
+def _plain_sample(
+    obj: dict[str, Any], request_id: str, index: int, choice: dict[str, Any], text: Any, options: ParseOptions
+) -> Sample | None:
+    """A plain choice's sample (token arrays left as placeholders), or None where ``parse`` would raise."""
+    try:
+        sample = Sample(request_id, index, NO_IDS, NO_IDS, NO_LOGPROBS, finish_reason(choice.get("finish_reason")))
+        sample.completion_text = text if type(text) is str else None
+        return _record_fields(sample, obj, choice, options)
+    except Exception:  # whatever parse would quarantine the record for, parse says
+        return None
 
 
 class VllmChat(_OpenAIReader):
@@ -177,7 +213,7 @@ class VllmChat(_OpenAIReader):
             completion = parse_token_id_strings(tokens, "logprobs.content[].token")
         topk_ids, topk_logprobs = _heads_from_entries(pc.struct_field(entries, "top_logprobs"))
 
-        return Sample(
+        sample = Sample(
             request_id=request_id,
             choice_index=index,
             prompt_token_ids=prompt,
@@ -187,14 +223,69 @@ class VllmChat(_OpenAIReader):
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
             completion_text=message.get("content") if isinstance(message.get("content"), str) else None,  # type: ignore[union-attr]
-            **_record_fields(obj, choice, options),
         )
+        return _record_fields(sample, obj, choice, options)
+
+    def plain(self, obj: Any, options: ParseOptions) -> list[Any] | None:
+        """:meth:`parse`'s walk for a record whose every choice carries prompt IDs, a ``token_ids`` list and
+        ``logprobs.content`` objects (see :mod:`prl.formats.plain`); None for any other shape."""
+        request_id, choices = _plain_header(obj)
+        if request_id is None:
+            return None
+        top_prompt = obj.get("prompt_token_ids")
+        out: list[Any] = []
+        for position, choice in enumerate(choices):
+            if type(choice) is not dict:
+                return None
+            index = opt_int(choice.get("index"))
+            prompt = top_prompt if top_prompt is not None else choice.get("prompt_token_ids")
+            ids = choice.get("token_ids")
+            logprobs_obj = choice.get("logprobs")
+            entries = logprobs_obj.get("content") if type(logprobs_obj) is dict else None
+            if type(prompt) is not list or type(ids) is not list or type(entries) is not list:
+                return None
+            message = choice.get("message")
+            text = message.get("content") if type(message) is dict else None
+            sample = _plain_sample(obj, request_id, position if index is None else index, choice, text, options)
+            if sample is None:
+                return None
+            out.append(Plain(sample, prompt, ids, entries, 0 < len(ids) == len(entries)))
+        return out
 
 
 class VllmCompletions(_OpenAIReader):
     name = "openai_completions"
     description = "OpenAI-style text_completion with token IDs (vLLM /v1/completions)"
     object_type = "text_completion"
+
+    def plain(self, obj: Any, options: ParseOptions) -> list[Any] | None:
+        """:meth:`parse`'s walk for a record whose every choice carries prompt IDs, a ``token_ids`` list and
+        ``logprobs.token_logprobs`` with no top-k heads (see :mod:`prl.formats.plain`); None otherwise."""
+        request_id, choices = _plain_header(obj)
+        if request_id is None:
+            return None
+        out: list[Any] = []
+        for position, choice in enumerate(choices):
+            if type(choice) is not dict:
+                return None
+            index = opt_int(choice.get("index"))
+            prompt = choice.get("prompt_token_ids", obj.get("prompt_token_ids"))
+            ids = choice.get("token_ids")
+            lp = choice.get("logprobs")
+            if type(prompt) is not list or type(ids) is not list or type(lp) is not dict:
+                return None
+            logprobs, tokens, heads = lp.get("token_logprobs"), lp.get("tokens"), lp.get("top_logprobs")
+            if type(logprobs) is not list or (isinstance(heads, list) and heads and heads[0]):
+                return None  # heads (parse reads them when the first position has one)
+            check = type(tokens) is list and 0 < len(tokens) == len(ids) and type(tokens[0]) is str
+            check = check and tokens[0].startswith(TOKEN_ID_PREFIX)  # type: ignore[index]
+            sample = _plain_sample(
+                obj, request_id, position if index is None else index, choice, choice.get("text"), options
+            )
+            if sample is None:
+                return None
+            out.append(Plain(sample, prompt, ids, None, check, logprobs, tokens if check else None))
+        return out
 
     def _choice(
         self, obj: dict[str, Any], request_id: str, index: int, choice: dict[str, Any], options: ParseOptions
@@ -240,7 +331,7 @@ class VllmCompletions(_OpenAIReader):
                 ids, lps = drop_extra_sampled(ids, lps, completion)
                 topk_ids, topk_logprobs = sort_heads_descending(ids, lps)
 
-        return Sample(
+        sample = Sample(
             request_id=request_id,
             choice_index=index,
             prompt_token_ids=prompt,
@@ -250,5 +341,5 @@ class VllmCompletions(_OpenAIReader):
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
             completion_text=choice.get("text") if isinstance(choice.get("text"), str) else None,
-            **_record_fields(obj, choice, options),
         )
+        return _record_fields(sample, obj, choice, options)

@@ -20,8 +20,11 @@ the same environment variables.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 SETTINGS = (
     ("OPENBLAS_NUM_THREADS", "1", "numpy"),
@@ -47,3 +50,28 @@ def set_process_defaults() -> dict[str, str]:
         if name not in os.environ and library not in sys.modules:
             os.environ[name] = made[name] = value
     return made
+
+
+@contextmanager
+def young_collections() -> Iterator[None]:
+    """The cyclic garbage collector's automatic runs off for the block; :func:`collect_young` runs it on the
+    objects made since its last run. Restored on exit.
+
+    Ingest holds a batch of rows (two Python objects per sample, tens of thousands per batch) while it decodes
+    more records, each a few dozen short-lived containers: every full collection the allocations trigger walks
+    all the rows again (about 45% of the CPU time of short records, measured by ``gc.callbacks``). Collecting
+    only the young objects, once per batch, still frees every cycle made in between (an exception's
+    traceback, the usual one) and walks each row once."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def collect_young() -> None:
+    """Collect the objects made since the last collection (generations 0 and 1), then promote what lives on
+    out of the young generations. Under :func:`young_collections` this is the only collection."""
+    gc.collect(1)

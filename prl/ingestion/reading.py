@@ -20,25 +20,27 @@ import pyarrow as pa
 
 from prl.errors import FormatDetectionError
 from prl.formats import registry
-from prl.formats.agents import agent_of
-from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
-from prl.formats.guard import as_quarantined, read_record, source_key, source_position
+from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord
+from prl.formats.guard import as_quarantined, source_key, source_position
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.batch import Checked, check_and_assemble
+from prl.ingestion.collect import RAW_KEEP, Collector
 from prl.ingestion.inline_rewards import inline_reward_rows
 from prl.ingestion.ledger import ledger_entry
 from prl.ingestion.quarantine import quarantine_row
 from prl.ingestion.result import FileReport
 from prl.ingestion.resume import ResumePoint, continuation, fresh_reader, point_after
 from prl.io.sources import LineReader, SourceFile, first_lines, lines_of
-from prl.schema import RAW_LIMIT, TRACES
+from prl.runtime import collect_young
+from prl.schema import TRACES
 from prl.store.index import SampleIndex
 
 HEAD_LINES = 64
-RAW_KEEP = 4 * RAW_LIMIT + 4
-"""Bytes of a kept record's raw text held until its batch is written: enough for the ``RAW_LIMIT``
-characters (and the truncation flag) of a quarantine row, should the record turn out to be a duplicate;
-holding whole SSE streams would cost hundreds of MB per batch."""
+COLLECT_EVERY = 65536
+COLLECT_QUARANTINED = 64
+"""Records read, or records quarantined, between two collections of young objects
+(:func:`prl.runtime.young_collections`): a quarantined record's caught exception holds its frames (and so
+the decoded record) in a cycle until then."""
 
 
 class Deduper:
@@ -126,29 +128,33 @@ def read_file(
     counts: Counter[str] = Counter()
     report.format = fmt.name
     formats: Counter[str] = Counter()
-    rows: list[Located] = []
-    raws: list[bytes] = []
-    tokens = 0
     last_progress = 0
     held_tail = held_line = 0  # a record still open where the file ends, left for a later run: bytes, line
     cut_open = False  # a record open where the file ends was quarantined: no later run may start inside it
+    garbage = 0  # records quarantined since the last collection
 
     def quarantine(
         line: int, raw: bytes, q: Quarantined, sample_id: str | None = None, name: str = fmt.name, table: str = "traces"
     ) -> None:
+        nonlocal garbage
         counts[q.reason] += 1
+        garbage += 1
         state.quarantine_rows.append(quarantine_row(src.uri, line, name, raw, q, now_ms, sample_id, table))
 
+    collector = Collector(fmt, options, src.uri, quarantine)
+
     def flush() -> Iterator[pa.RecordBatch]:
-        nonlocal rows, raws, tokens
+        rows, raws = collector.take()
         if not rows:
             return
         batch = _dedup_and_assemble(rows, raws, dedup, report, quarantine, now_ms, state.reward_rows)
-        rows, raws, tokens = [], [], 0
         if batch is not None:
             yield batch
 
     for record in records:
+        if garbage >= COLLECT_QUARANTINED or report.records % COLLECT_EVERY == 0:
+            collect_young()
+            garbage = 0
         if record.unfinished is not None and reader.hold_partial and reader.compression == "none":
             held_tail, held_line = record.unfinished, record.line  # an SSE stream still being written
             continue
@@ -157,27 +163,15 @@ def read_file(
         if record.error is not None:
             if reader.unterminated_line == record.line:
                 record.error = Quarantined("truncated_line", "the file's last line is incomplete")
+            collector.drain()  # quarantine rows in source order
             quarantine(record.line, record.raw, record.error)
             continue
         first_record = source_key(record.raw) if first_record is None else first_record
         position = source_position(first_record, record.line)  # identity of records without a request id
-        name, parsed = read_record(fmt, record.obj, options, position)  # never raises: poison is quarantined
-        formats[name] += 1
-        for item in parsed:
-            if isinstance(item, Quarantined):
-                quarantine(record.line, record.raw, item, name=name)
-                continue
-            try:
-                sample = _apply_options(item, options, record.obj)  # validated with its batch, see _dedup_and_assemble
-            except Exception as exc:  # whatever fails on one sample quarantines that sample
-                q = as_quarantined(exc)
-                q.choice_index = item.choice_index
-                quarantine(record.line, record.raw, q, sample_id_of(item), name=name)
-                continue
-            rows.append(Located(sample, src.uri, record.line, name))
-            raws.append(record.raw[:RAW_KEEP])
-            tokens += len(sample.prompt_token_ids) + len(sample.completion_token_ids)
-        if tokens >= batch_tokens:
+        formats[collector.add(record, position)] += 1  # never raises: poison is quarantined
+        if collector.due(batch_tokens):
+            collector.drain()
+        if collector.tokens >= batch_tokens:
             yield from flush()
         if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
             progress(reader.bytes_read - last_progress)
@@ -222,20 +216,6 @@ def _open_source(src: SourceFile, format: str, report: FileReport, state: ReadSt
         report.status, report.error, report.bytes_read = "failed", str(exc), reader.bytes_read
         return None
     return _Opened(reader, fmt, records)
-
-
-def _apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:
-    """What the run's options say about a parsed sample: ``--finish-reason`` fills a missing finish reason;
-    a named ``--group-field`` the record lacks is ``missing_group_field`` (its group is unknown, and falling
-    back to the prompt digest would silently put it in the wrong group). The agent comes from the record
-    (:func:`prl.formats.agents.agent_of`, ``--agent-field`` when named) where the reader set none."""
-    if sample.finish_reason is None:
-        sample.finish_reason = options.finish_reason
-    if sample.agent_id is None:
-        sample.agent_id = agent_of(obj, options.agent_field)
-    if options.group_field and sample.group_key is None:
-        raise Quarantined("missing_group_field", f"the record has no {options.group_field!r} field (--group-field)")
-    return sample
 
 
 def _record_truncation(
@@ -284,15 +264,17 @@ def _dedup_and_assemble(
             quarantine(rows[i].source_line, raws[i], q, sid, name=rows[i].source_format)
     if not keep.any():
         return None
-    for j in np.flatnonzero(keep).tolist():
-        i = int(checked.rows[j])
+    kept_at = np.flatnonzero(keep)
+    for j, i in zip(kept_at.tolist(), checked.rows[kept_at].tolist(), strict=True):
+        if not rows[i].sample.rewards:
+            continue  # no reward inline (inline_reward_rows gives none)
         try:
             reward_rows.extend(
                 inline_reward_rows(rows[i].sample, ids[j], rows[i].source_uri, rows[i].source_line, now_ms)
             )
         except Quarantined as q:  # the sample lands; its unreadable reward is quarantined in the rewards table
             quarantine(rows[i].source_line, raws[i], q, ids[j], table="rewards")
-    kept = batch.filter(pa.array(keep))
+    kept = batch if keep.all() else batch.filter(pa.array(keep))
     report.samples += kept.num_rows
     report.prompt_tokens += len(kept.column("prompt_token_ids").values)
     report.completion_tokens += len(kept.column("completion_token_ids").values)

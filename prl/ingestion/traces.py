@@ -37,6 +37,7 @@ from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, Ingest
 from prl.ingestion.resume import app_id, earlier_points
 from prl.io import sources as io_sources
 from prl.io.sources import SourceFile, scan
+from prl.runtime import young_collections
 from prl.schema import FINISH_REASONS
 from prl.store.index import SampleIndex
 from prl.store.locks import holding
@@ -100,7 +101,7 @@ def ingest(
         policy_version=policy_version, group_field=group_field, finish_reason=finish_reason, agent_field=agent_field
     )
     engine = get_engine(engine)
-    with holding(store.uri, "ingest", enabled=lock and not dry_run):
+    with holding(store.uri, "ingest", enabled=lock and not dry_run), young_collections():
         traces = store.open("traces")
         pending: list[SourceFile] = []
         for src in files:

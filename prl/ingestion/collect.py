@@ -1,0 +1,140 @@
+"""The rows of one source, record by record: a plain record (:mod:`prl.formats.plain`) waits for its token
+block, any other goes through its format's ``parse`` at once; either way rows and quarantine signals come out
+in source order.
+
+Converting a block before every record ``parse`` reads, and before each batch is taken, keeps the order (and
+so the batches) what reading every record by ``parse`` gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prl.formats.agents import agent_of
+from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
+from prl.formats.guard import as_quarantined, read_plain, read_record
+from prl.ingestion.assemble import Located, sample_id_of
+from prl.ingestion.token_block import BLOCK_VALUES, PendingRecord, convert
+from prl.schema import RAW_LIMIT
+
+RAW_KEEP = 4 * RAW_LIMIT + 4
+"""Bytes of a kept record's raw text held until its batch is written: enough for the ``RAW_LIMIT``
+characters (and the truncation flag) of a quarantine row, should the record turn out to be a duplicate;
+holding whole SSE streams would cost hundreds of MB per batch."""
+
+Quarantine = Callable[..., None]
+"""``quarantine(line, raw, signal, sample_id=None, name=...)``: one quarantine row for the source."""
+
+
+def apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:
+    """What the run's options say about a parsed sample: ``--finish-reason`` fills a missing finish reason;
+    a named ``--group-field`` the record lacks is ``missing_group_field`` (its group is unknown, and falling
+    back to the prompt digest would silently put it in the wrong group). The agent comes from the record
+    (:func:`prl.formats.agents.agent_of`, ``--agent-field`` when named) where the reader set none."""
+    if sample.finish_reason is None:
+        sample.finish_reason = options.finish_reason
+    if sample.agent_id is None:
+        sample.agent_id = agent_of(obj, options.agent_field)
+    if options.group_field and sample.group_key is None:
+        raise Quarantined("missing_group_field", f"the record has no {options.group_field!r} field (--group-field)")
+    return sample
+
+
+@dataclass
+class Collector:
+    """Rows of the source ``uri`` read by ``fmt``, in source order. ``rows`` / ``raws`` / ``tokens``: the
+    batch so far (samples, their raw text up to :data:`RAW_KEEP` bytes, prompt + completion tokens);
+    ``pending``: plain records waiting for their block (``pending_tokens`` tokens)."""
+
+    fmt: Format
+    options: ParseOptions
+    uri: str
+    quarantine: Quarantine
+    rows: list[Located] = field(default_factory=list)
+    raws: list[bytes] = field(default_factory=list)
+    tokens: int = 0
+    pending: list[PendingRecord] = field(default_factory=list)
+    pending_tokens: int = 0
+    pending_values: int = 0
+
+    def add(self, record: RawRecord, position: str | None) -> str:
+        """Read one decoded record (``position``: see :func:`prl.formats.guard.source_position`); returns the
+        name of the format that read it."""
+        pending = self._plain(record, position)
+        if pending is not None:
+            if self.pending and (self.pending[0].plains[0].entries is None) != (pending.plains[0].entries is None):
+                self.drain()  # a block holds one shape of logprobs
+            self.pending.append(pending)
+            for plain in pending.plains:
+                self.pending_tokens += plain.tokens
+                self.pending_values += plain.values
+            return pending.name
+        self.drain()
+        name, parsed = read_record(self.fmt, record.obj, self.options, position)
+        self._take(record.line, record.raw, record.obj, name, parsed)
+        return name
+
+    def due(self, batch_tokens: int) -> bool:
+        """Whether the pending records should be converted now: a full block, or a full batch with them."""
+        return self.pending_values >= BLOCK_VALUES or self.tokens + self.pending_tokens >= batch_tokens
+
+    def drain(self) -> None:
+        """Convert the pending records' block and take their rows (a record the block refuses: ``parse``)."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        self.pending_tokens = self.pending_values = 0
+        for done in convert(pending):
+            record = done.record
+            if done.block is None:
+                obj = decode_json(record.raw)
+                name, parsed = read_record(self.fmt, obj, self.options, record.position)
+                self._take(record.line, record.raw, obj, name, parsed)
+                continue
+            raw = record.raw[:RAW_KEEP]
+            for k, plain in enumerate(record.plains):
+                self.rows.append(
+                    Located(plain.sample, self.uri, record.line, record.name, done.block, done.first_row + k)
+                )
+                self.raws.append(raw)
+                self.tokens += plain.tokens
+
+    def take(self) -> tuple[list[Located], list[bytes]]:
+        """The batch so far (pending records converted first); the collector starts a new one."""
+        self.drain()
+        rows, raws = self.rows, self.raws
+        self.rows, self.raws, self.tokens = [], [], 0
+        return rows, raws
+
+    def _plain(self, record: RawRecord, position: str | None) -> PendingRecord | None:
+        read = read_plain(self.fmt, record.obj, self.options, record.raw)
+        if read is None:
+            return None
+        name, plains = read
+        try:
+            for plain in plains:
+                apply_options(plain.sample, self.options, record.obj)
+        except Exception:  # parse's road quarantines it with its reason
+            return None
+        return PendingRecord(record.line, record.raw, name, position, plains)
+
+    def _take(self, line: int, raw: bytes, obj: Any, name: str, parsed: list[Sample | Quarantined]) -> None:
+        for item in parsed:
+            if isinstance(item, Quarantined):
+                self.quarantine(line, raw, item, name=name)
+                continue
+            try:
+                sample = apply_options(item, self.options, obj)  # validated with its batch
+            except Exception as exc:  # whatever fails on one sample quarantines that sample
+                q = as_quarantined(exc)
+                q.choice_index = item.choice_index
+                self.quarantine(line, raw, q, sample_id_of(item), name=name)
+                continue
+            self.rows.append(Located(sample, self.uri, line, name))
+            self.raws.append(raw[:RAW_KEEP])
+            self.tokens += len(sample.prompt_token_ids) + len(sample.completion_token_ids)
+
+
+__all__ = ["RAW_KEEP", "Collector", "apply_options"]

@@ -4,6 +4,7 @@ reasons and messages, record by record, on chat completions mutated at random.""
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import math
 from typing import Any
@@ -211,3 +212,17 @@ def test_strings_that_are_not_unicode_and_out_of_range_scalars():
         (2, "out_of_range", 0),
         (2, "out_of_range", 1),
     ]
+
+
+def test_ingest_of_plain_and_refused_records_restores_the_collector(tmp_path):
+    from prl.ingestion.traces import ingest
+
+    records = [_base(i) for i in range(200)]
+    for record in records[3:]:
+        record["choices"][0]["logprobs"]["content"][0]["token"] = "token_id:9"  # token_mismatch, read by parse
+    source = tmp_path / "chat.jsonl"
+    source.write_bytes(b"\n".join(_lines(records)) + b"\n")
+    result = ingest([str(source)], str(tmp_path / "store"))
+    assert gc.isenabled()
+    # the first three records' 4 choices, and the clean second choice of the 99 odd-numbered others
+    assert (result.samples, result.quarantined) == (4 + 99, {"token_mismatch": 197})

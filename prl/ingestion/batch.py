@@ -198,7 +198,7 @@ def _digests(flats: dict[str, _Flat], lp32: np.ndarray, keep: np.ndarray) -> tup
     for i in keep.tolist():
         prompt_bytes = p32[po[i] : po[i + 1]]
         h = hashlib.sha256(prompt_bytes)
-        prompts.append(hashlib.sha256(prompt_bytes).hexdigest()[:32])
+        prompts.append(h.hexdigest()[:32])  # the digest so far: h goes on with the completion
         h.update(b"|")
         h.update(c32[co[i] : co[i + 1]])
         h.update(b"|")
@@ -235,8 +235,7 @@ def check_and_assemble(rows: Sequence[Located], ingested_at_ms: int) -> Checked:
         prompts[j] if samples[i].group_key is None else samples[i].group_key for j, i in enumerate(good.tolist())
     ]
     full = _assemble(rows, flats, logprobs, ingested_at_ms)
-    take = pa.array(good)
-    batch = full.take(take)
+    batch = full if len(good) == len(rows) else full.take(pa.array(good))  # all good: no copy
     columns = {name: batch.column(name) for name in TRACES.names}
     columns["group_id"] = pa.array(group_ids, pa.string())
     columns["record_digest"] = pa.array(records, pa.string())

@@ -86,64 +86,104 @@ class RoundTripper:
         ids32 = seq.values.astype(np.int32)
         self.stats.tokens += int(seq.lengths[use_R].sum())
         self.stats.segments += len(starts)
-        keys = [
-            hashlib.blake2b(ids32[s:e].tobytes(), digest_size=16).digest()
-            for s, e in zip(starts.tolist(), ends.tolist(), strict=False)
-        ]
-        todo: dict[bytes, tuple[int, int]] = {}
-        for key, s, e in zip(keys, starts.tolist(), ends.tolist(), strict=False):
-            if key not in self.cache and key not in todo:
-                todo[key] = (s, e)
-        if todo:
-            self._run(todo, ids32)
-        out: dict[int, tuple[int, int, SegmentFailure]] = {}
-        row_of_start = np.searchsorted(seq.offsets, starts, side="right") - 1
+        raw = ids32.tobytes()
+        bounds = list(zip((4 * starts).tolist(), (4 * ends).tolist(), strict=True))
+        keys = [hashlib.blake2b(raw[s:e], digest_size=16).digest() for s, e in bounds]
+        cache = self.cache
+        todo: dict[bytes, int] = {}
         for i, key in enumerate(keys):
-            failure = self.cache.get(key)
-            if failure is None:
-                continue
-            row = int(row_of_start[i])
+            if key not in cache and key not in todo:
+                todo[key] = i
+        if todo:
+            self._run(todo, ids32, starts, ends)
+        out: dict[int, tuple[int, int, SegmentFailure]] = {}
+        failing = [i for i, key in enumerate(keys) if cache.get(key) is not None]
+        if not failing:
+            return out
+        row_of_start = (np.searchsorted(seq.offsets, starts[failing], side="right") - 1).tolist()
+        for i, row in zip(failing, row_of_start, strict=True):
             if row not in out:
+                failure = cache[keys[i]]
+                assert failure is not None
                 s = int(starts[i])
                 out[row] = (s - int(seq.offsets[row]) + failure.at, s, failure)
         return out
 
-    def _run(self, todo: dict[bytes, tuple[int, int]], ids32: np.ndarray) -> None:
-        spans = list(todo.values())
-        originals = [ids32[s:e].tolist() for s, e in spans]
-        self.stats.segments_encoded += len(spans)
-        self.stats.tokens_encoded += sum(e - s for s, e in spans)
+    def _run(self, todo: dict[bytes, int], ids32: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Decode + encode the segments ``todo`` names (key → segment index) and cache each one's outcome."""
+        picked = np.fromiter(todo.values(), dtype=np.int64, count=len(todo))
+        s_N, e_N = starts[picked], ends[picked]
+        flat = ids32.tolist()
+        originals = [flat[s:e] for s, e in zip(s_N.tolist(), e_N.tolist(), strict=True)]
+        self.stats.segments_encoded += len(originals)
+        self.stats.tokens_encoded += int((e_N - s_N).sum())
         texts = self.tok.decode_batch(originals)
         encoded = self.tok.encode_batch(texts)
         if len(self.cache) + len(todo) > self.max_entries:
             for old in list(itertools.islice(iter(self.cache), len(self.cache) // 2 + len(todo))):
                 del self.cache[old]
-        for key, orig, text, got in zip(todo, originals, texts, encoded, strict=False):
-            if got == orig:
-                self.cache[key] = None
-                continue
-            a = np.asarray(orig, dtype=np.int64)
-            b = np.asarray(got, dtype=np.int64)
-            m = min(len(a), len(b))
-            diff = np.flatnonzero(a[:m] != b[:m])
-            at = int(diff[0]) if len(diff) else m
-            partial = False
-            if text.endswith("\ufffd"):
-                cut = self._complete_prefix(orig)
-                if cut is not None:
-                    at, partial = cut, True
+        bad = [i for i, (got, orig) in enumerate(zip(encoded, originals, strict=True)) if got != orig]
+        self.cache.update(dict.fromkeys(todo))
+        if not bad:
+            return
+        at_F = _first_difference([originals[i] for i in bad], [encoded[i] for i in bad])
+        partial = [i for i in bad if texts[i].endswith("\ufffd")]
+        cuts = dict(zip(partial, self._complete_prefixes([originals[i] for i in partial]), strict=True))
+        keys = list(todo)
+        for i, at in zip(bad, at_F.tolist(), strict=True):
+            cut = cuts.get(i)
+            if cut is not None:
+                at = cut
             start = max(0, at - WINDOW_BEFORE)
-            self.cache[key] = SegmentFailure(at, start, tuple(got[start : at + WINDOW_AFTER]), partial)
+            self.cache[keys[i]] = SegmentFailure(
+                at, start, tuple(encoded[i][start : at + WINDOW_AFTER]), cut is not None
+            )
 
-    def _complete_prefix(self, orig: list[int]) -> int | None:
-        """When only a UTF-8 character cut at the end keeps ``orig`` from round-tripping: the length of the
-        clean part before it (the cut character spans at most 4 byte tokens), else None."""
-        for cut in range(len(orig) - 1, max(len(orig) - 5, -1), -1):
-            head = orig[:cut]
-            text = self.tok.decode_batch([head])[0] if head else ""
-            if not text.endswith("\ufffd"):
-                return cut if (not head or self.tok.encode_batch([text])[0] == head) else None
-        return None
+    def _complete_prefixes(self, originals: list[list[int]]) -> list[int | None]:
+        """For each segment whose text ends in a cut character: when only a UTF-8 character cut at the end keeps
+        it from round-tripping, the length of the clean part before it (the cut character spans at most 4 byte
+        tokens), else None. The longest head whose text does not end in U+FFFD is the clean part; it must
+        round-trip itself. One decode and one encode call for all segments."""
+        heads = [
+            (n, orig[:cut])
+            for n, orig in enumerate(originals)
+            for cut in range(len(orig) - 1, max(len(orig) - 5, -1), -1)
+        ]
+        texts = self.tok.decode_batch([h for _, h in heads if h]) if heads else []
+        decoded = iter(texts)
+        clean: dict[int, tuple[list[int], str]] = {}
+        for n, head in heads:
+            text = next(decoded) if head else ""
+            if n not in clean and not text.endswith("\ufffd"):
+                clean[n] = (head, text)
+        found = [(n, head, text) for n, (head, text) in clean.items() if head]
+        encoded = self.tok.encode_batch([text for _, _, text in found]) if found else []
+        ok = {n for (n, head, _), got in zip(found, encoded, strict=True) if got == head}
+        return [
+            (len(clean[n][0]) if (not clean[n][0] or n in ok) else None) if n in clean else None
+            for n in range(len(originals))
+        ]
+
+
+def _first_difference(a: list[list[int]], b: list[list[int]]) -> np.ndarray:
+    """int64[F]: the first position where ``a[f]`` and ``b[f]`` differ (the shorter length when one is a prefix
+    of the other)."""
+    la = np.fromiter(map(len, a), dtype=np.int64, count=len(a))
+    lb = np.fromiter(map(len, b), dtype=np.int64, count=len(b))
+    m = np.minimum(la, lb)
+    va = np.fromiter(itertools.chain.from_iterable(a), dtype=np.int64, count=int(la.sum()))
+    vb = np.fromiter(itertools.chain.from_iterable(b), dtype=np.int64, count=int(lb.sum()))
+    off_a = np.concatenate(([0], np.cumsum(la)[:-1])) if len(a) else np.zeros(0, np.int64)
+    off_b = np.concatenate(([0], np.cumsum(lb)[:-1])) if len(b) else np.zeros(0, np.int64)
+    row = np.repeat(np.arange(len(a), dtype=np.int64), m)
+    pos = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
+    differs = va[off_a[row] + pos] != vb[off_b[row] + pos]
+    out = m.copy()
+    hits = np.flatnonzero(differs)
+    if len(hits):
+        uniq, first = np.unique(row[hits], return_index=True)
+        out[uniq] = pos[hits[first]]
+    return out
 
 
 def check_roundtrip(batch: TokenBatch, seq: Ragged, use_R: np.ndarray, rt: RoundTripper) -> Findings:

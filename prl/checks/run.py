@@ -10,6 +10,7 @@ multi-turn rows.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import itertools
@@ -391,29 +392,56 @@ def _tally(
             counts = slot.setdefault(str(value) if value is not None else "(none)", {"checked": 0})
             counts["checked"] += count
             counts[verdict] = counts.get(verdict, 0) + count
-    sample_ids = out.column("sample_id")
+    if not flagged:
+        return
+    codes = Counter(itertools.chain.from_iterable(fv.reasons for fv in flagged))
+    for code, count in codes.items():
+        result.reasons[code] = result.reasons.get(code, 0) + count
+    for fam, count in Counter(itertools.chain.from_iterable(_families(tuple(fv.reasons)) for fv in flagged)).items():
+        result.checks[fam] += count
+    if worst <= 0:
+        return
+    sample_ids: list[str] | None = None
     for fv in flagged:
-        families = set()
-        for code in fv.reasons:
-            result.reasons[code] = result.reasons.get(code, 0) + 1
-            families.add(REASONS[code][0])
-        for fam in families:
-            result.checks[fam] += 1
+        rank = (SEVERITY[fv.verdict], len(fv.reasons))
+        if len(heap) >= worst and rank < heap[0][:2]:
+            continue  # cannot displace the least bad of the worst kept so far
+        if sample_ids is None:
+            sample_ids = out.column("sample_id").to_pylist()
+        key = (*rank, _neg_key(sample_ids[fv.row]), -result.checked - fv.row)
+        if len(heap) >= worst and key <= heap[0][:4]:
+            continue
         ex = Example(
-            sample_id=sample_ids[fv.row].as_py(),
+            sample_id=sample_ids[fv.row],
             verdict=fv.verdict,
             reasons=fv.reasons,
             first_divergence=fv.position,
             detail=fv.detail,
             **{name: out.column(name)[fv.row].as_py() for name in GROUP_COLUMNS},
         )
-        item = (SEVERITY[fv.verdict], len(fv.reasons), _neg_key(ex.sample_id), -result.checked - fv.row, ex)
         if len(heap) < worst:
-            heapq.heappush(heap, item)
-        elif worst > 0 and item[:4] > heap[0][:4]:
-            heapq.heapreplace(heap, item)
+            heapq.heappush(heap, (*key, ex))
+        else:
+            heapq.heapreplace(heap, (*key, ex))
+
+
+@functools.lru_cache(maxsize=4096)
+def _families(codes: tuple[str, ...]) -> tuple[str, ...]:
+    """The check families of a row's reason codes, each once."""
+    return tuple(dict.fromkeys(REASONS[code][0] for code in codes))
+
+
+class _Negated(dict[int, str]):
+    """Code point → its mirror ``chr(0x10FFFF - c)``, filled as code points are met (a ``str.translate`` table)."""
+
+    def __missing__(self, c: int) -> str:
+        self[c] = mirror = chr(0x10FFFF - c)
+        return mirror
+
+
+_NEGATED = _Negated()
 
 
 def _neg_key(sample_id: str) -> str:
     """Ties between equally bad samples go to the smaller sample_id (stable output)."""
-    return "".join(chr(0x10FFFF - ord(c)) for c in sample_id[:64])
+    return sample_id[:64].translate(_NEGATED)

@@ -202,7 +202,22 @@ class CheckTokenizer:
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """Each token decoded alone (partial UTF-8 shows as U+FFFD), for showing a divergence."""
-        return self.tokenizer.decode_batch([[int(i)] for i in ids], skip_special_tokens=False)
+        return [pair[1] for pair in self.piece_pairs(ids)]
+
+    @cached_property
+    def _pieces(self) -> dict[int, list[Any]]:
+        return {}
+
+    def piece_pairs(self, ids: Sequence[int]) -> list[list[Any]]:
+        """``[id, piece]`` per ID (see :meth:`pieces`). Each ID is decoded once per tokenizer (at most its vocabulary
+        in memory); the pairs are shared, not copied."""
+        known = self._pieces
+        wanted = [int(i) for i in ids]
+        missing = list(dict.fromkeys(i for i in wanted if i not in known))
+        if missing:
+            decoded = self.tokenizer.decode_batch([[i] for i in missing], skip_special_tokens=False)
+            known.update((i, [i, piece]) for i, piece in zip(missing, decoded, strict=True))
+        return [known[i] for i in wanted]
 
     # --- chat templates -----------------------------------------------------------------------------------
     def template_variables(self) -> dict[str, str]:

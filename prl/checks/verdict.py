@@ -85,6 +85,8 @@ REASONS: dict[str, tuple[str, str]] = {
 
 CHECK_FAMILIES = ("vocab", "logprobs", "roundtrip", "template", "prefix", "special", "heads")
 _ORDER = {code: i for i, code in enumerate(REASONS)}
+_RANK = {code: (-SEVERITY[verdict], _ORDER[code]) for code, (_, verdict) in REASONS.items()}
+"""reason code → its place among a row's reasons: the worst verdict first, then the table's order."""
 
 
 @dataclass
@@ -120,8 +122,11 @@ def assemble(
     flagged: list[RowVerdict] = []
     primaries: list[tuple[int, str, dict[str, Any]]] = []
     for r, items in per_row.items():
-        items.sort(key=lambda it: (-SEVERITY[REASONS[it[0]][1]], _ORDER[it[0]]))
-        codes = sorted({c for c, _ in items}, key=_ORDER.__getitem__)
+        if len(items) > 1:
+            items.sort(key=lambda it: _RANK[it[0]])
+            codes = sorted({c for c, _ in items}, key=_ORDER.__getitem__)
+        else:
+            codes = [items[0][0]]
         verdicts[r] = REASONS[items[0][0]][1]
         reasons[r] = codes
         primary = next(((c, p) for c, p in items if p >= 0), None)
@@ -170,18 +175,14 @@ _ID_LISTS = ("ids", "reencoded", "rendered", "previous")
 def _attach_pieces(
     primaries: list[tuple[int, str, dict[str, Any]]], details: dict[int, dict[str, Any]], tok: CheckTokenizer
 ) -> None:
-    """Put each primary reason's evidence into its row's detail, token windows as [id, piece] pairs (one
-    decode call for the whole batch)."""
+    """Put each primary reason's evidence into its row's detail, token windows as [id, piece] pairs (each ID
+    decoded once per tokenizer, :meth:`CheckTokenizer.piece_pairs`)."""
     ids: list[int] = []
     for _, _, ev in primaries:
         for key in _ID_LISTS:
             ids.extend(ev.get(key, ()))
-    pieces = dict(zip(ids, tok.pieces(ids), strict=False)) if ids else {}
+    pairs = dict(zip(map(int, ids), tok.piece_pairs(ids), strict=True)) if ids else {}
     for r, _code, ev in primaries:
-        shown: dict[str, Any] = {}
-        for key, value in ev.items():
-            if key in _ID_LISTS:
-                shown[key] = [[int(i), pieces.get(int(i), "")] for i in value]
-            else:
-                shown[key] = value
-        details[r]["evidence"] = shown
+        details[r]["evidence"] = {
+            key: [pairs[int(i)] for i in value] if key in _ID_LISTS else value for key, value in ev.items()
+        }

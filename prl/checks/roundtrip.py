@@ -189,25 +189,28 @@ def _first_difference(a: list[list[int]], b: list[list[int]]) -> np.ndarray:
 def check_roundtrip(batch: TokenBatch, seq: Ragged, use_R: np.ndarray, rt: RoundTripper) -> Findings:
     """Findings for rows ``use_R`` (rows with out-of-vocabulary IDs must be excluded by the caller)."""
     out = Findings()
-    plen = batch.prompt.lengths
-    for row, (pos, seg_start, failure) in sorted(rt.check_sequences(seq, use_R).items()):
-        row_start = int(seq.offsets[row])
-        row_end = int(seq.offsets[row + 1])
+    failures = rt.check_sequences(seq, use_R)
+    if not failures:
+        return out
+    plen = batch.prompt.lengths.tolist()
+    offsets = seq.offsets.tolist()
+    values = seq.values
+    for row, (pos, seg_start, failure) in sorted(failures.items()):
+        row_start, row_end = offsets[row], offsets[row + 1]
         at_end = failure.partial_tail and _segment_reaches(seq, seg_start, row_end, rt)
-        where = "prompt" if pos < plen[row] else "completion"
-        part_pos = pos if where == "prompt" else pos - int(plen[row])
+        in_prompt = pos < plen[row]
+        where = "prompt" if in_prompt else "completion"
+        shift = 0 if in_prompt else plen[row]
         reason = "roundtrip_partial_char" if at_end else f"roundtrip_{where}"
         w0 = seg_start + failure.window_start
-        original = seq.values[w0 : min(w0 + WINDOW_BEFORE + WINDOW_AFTER, row_end)].tolist()
-        window_pos = w0 - row_start - (0 if where == "prompt" else int(plen[row]))
         out.add_one(
             row,
             reason,
-            part_pos,
+            pos - shift,
             {
                 "where": where,
-                "window_start": window_pos,
-                "ids": original,
+                "window_start": w0 - row_start - shift,
+                "ids": values[w0 : min(w0 + WINDOW_BEFORE + WINDOW_AFTER, row_end)].tolist(),
                 "reencoded": list(failure.reencoded),
             },
         )

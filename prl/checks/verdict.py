@@ -89,7 +89,7 @@ _RANK = {code: (-SEVERITY[verdict], _ORDER[code]) for code, (_, verdict) in REAS
 """reason code → its place among a row's reasons: the worst verdict first, then the table's order."""
 
 
-@dataclass
+@dataclass(slots=True)
 class RowVerdict:
     """What the run summary keeps of one non-ok row."""
 
@@ -117,56 +117,69 @@ def assemble(
     verdicts = ["ok"] * n
     reasons: list[list[str]] = [[] for _ in range(n)]
     first: list[int | None] = [None] * n
-    details: list[str | None] = [None] * n
-    heads_ok: list[bool | None] = [bool(p) if p else None for p in heads_present_R.tolist()]
+    heads_bad = np.zeros(n, dtype=bool)
     flagged: list[RowVerdict] = []
     primaries: list[tuple[int, str, dict[str, Any]]] = []
+    evidence = findings.evidence
     for r, items in per_row.items():
-        if len(items) > 1:
-            items.sort(key=lambda it: _RANK[it[0]])
-            codes = sorted({c for c, _ in items}, key=_ORDER.__getitem__)
-        else:
-            codes = [items[0][0]]
-        verdicts[r] = REASONS[items[0][0]][1]
-        reasons[r] = codes
-        primary = next(((c, p) for c, p in items if p >= 0), None)
-        first[r] = primary[1] if primary else None
-        if heads_ok[r] is not None and any(c.startswith("heads_") for c in codes):
-            heads_ok[r] = False
-        detail: dict[str, Any] = {"positions": {c: p for c, p in items if p >= 0}}
-        main_code = primary[0] if primary else items[0][0]
-        detail["primary"] = main_code
-        evidence = findings.evidence.get((r, main_code))
-        if evidence:
-            primaries.append((r, main_code, evidence))
-        for code in ("template_error", "template_budget"):
-            if (r, code) in findings.evidence:
-                detail[code] = findings.evidence[(r, code)].get("error")
-        flagged.append(RowVerdict(r, verdicts[r], codes, first[r], detail))
+        fv = _row_verdict(r, items, evidence)
+        verdicts[r], reasons[r], first[r] = fv.verdict, fv.reasons, fv.position
+        if not _HEADS.isdisjoint(fv.reasons):
+            heads_bad[r] = True
+        main_code = fv.detail["primary"]
+        if shown := evidence.get((r, main_code)):
+            primaries.append((r, main_code, shown))
+        flagged.append(fv)
     _attach_pieces(primaries, {fv.row: fv.detail for fv in flagged}, tok)
+    details: list[str | None] = [None] * n
     for fv in flagged:
         details[fv.row] = orjson.dumps(fv.detail).decode()
 
     rec = batch.record
     stamp = checked_at or datetime.now(UTC)
+    present = np.asarray(heads_present_R, dtype=bool)
     out = pa.RecordBatch.from_arrays(
         [
             rec.column("sample_id"),
-            pa.array([fingerprint] * n, pa.string()),
+            pa.repeat(pa.scalar(fingerprint, pa.string()), n),
             pa.array(verdicts, pa.string()),
             pa.array(reasons, pa.list_(pa.string())),
             pa.array(first, pa.int32()),
             pa.array(list(prefix_status), pa.string()),
-            pa.array(heads_ok, pa.bool_()),
+            pa.array(~heads_bad, pa.bool_(), mask=~present),
             pa.array(details, pa.string()),
             rec.column("source_format"),
             rec.column("model"),
             rec.column("policy_version"),
-            pa.array([stamp] * n, CHECKS.field("checked_at").type),
+            pa.repeat(pa.scalar(stamp, CHECKS.field("checked_at").type), n),
         ],
         schema=CHECKS,
     )
     return out, flagged
+
+
+_HEADS = frozenset(code for code, (family, _) in REASONS.items() if family == "heads")
+_NOTED = ("template_error", "template_budget")
+"""Reasons whose error message goes into the detail whether or not they are the primary one."""
+
+
+def _row_verdict(r: int, items: list[tuple[str, int]], evidence: dict[tuple[int, str], dict[str, Any]]) -> RowVerdict:
+    """One flagged row's verdict from its ``(reason, position)`` findings (sorted in place, worst first)."""
+    if len(items) > 1:
+        items.sort(key=lambda it: _RANK[it[0]])
+        codes = sorted({c for c, _ in items}, key=_ORDER.__getitem__)
+        primary = next(((c, p) for c, p in items if p >= 0), None)
+        positions = {c: p for c, p in items if p >= 0}
+    else:
+        code, pos = items[0]
+        codes = [code]
+        primary = items[0] if pos >= 0 else None
+        positions = {code: pos} if pos >= 0 else {}
+    detail: dict[str, Any] = {"positions": positions, "primary": primary[0] if primary else items[0][0]}
+    for code in _NOTED:
+        if (r, code) in evidence:
+            detail[code] = evidence[(r, code)].get("error")
+    return RowVerdict(r, REASONS[items[0][0]][1], codes, primary[1] if primary else None, detail)
 
 
 _ID_LISTS = ("ids", "reencoded", "rendered", "previous")

@@ -18,11 +18,11 @@ import base64
 import binascii
 import hashlib
 import struct
-from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 SEP = b"\x1f"
 _COUNT = struct.Struct(">I")
@@ -60,7 +60,7 @@ class Occurrences:
     Memory: one counter entry per distinct event of the file (its 16-byte digest)."""
 
     def __init__(self) -> None:
-        self._seen: Counter[bytes] = Counter()
+        self._seen: dict[bytes, int] = {}
 
     def __len__(self) -> int:
         """Distinct contents seen."""
@@ -90,31 +90,44 @@ class Occurrences:
         return occurrences
 
     def ids(self, contents: Iterable[bytes]) -> list[str]:
-        out = []
-        for content in contents:
-            key = hashlib.blake2b(content, digest_size=16).digest()
-            n = self._seen[key]
-            self._seen[key] = n + 1
-            out.append(_digest(key + SEP + str(n).encode()))
-        return out
+        keys = [hashlib.blake2b(content, digest_size=16).digest() for content in contents]
+        seen = self._seen
+        nth = []
+        for key in keys:
+            n = seen.get(key, 0)
+            seen[key] = n + 1
+            nth.append(n)
+        if not any(nth):  # the usual case: every event new to the file
+            return [hashlib.blake2b(key + _FIRST, digest_size=16).hexdigest() for key in keys]
+        return [_digest(key + SEP + str(n).encode()) for key, n in zip(keys, nth, strict=True)]
 
 
-def reward_ids(batch: pa.RecordBatch, stamped: list[bool], occurrences: Occurrences) -> pa.Array:
+_FIRST = SEP + b"0"
+
+
+def reward_contents(batch: pa.RecordBatch, stamped: np.ndarray) -> list[bytes]:
+    """:func:`reward_content` of each row of a ``rewards`` batch without nulls, computed over the columns;
+    ``stamped`` (bool[N]): row i's time came from the source."""
+    n = batch.num_rows
+    value = np.ascontiguousarray(batch.column("value").to_numpy(zero_copy_only=False), dtype=">f8")
+    bits = pa.Array.from_buffers(pa.binary(8), n, [None, pa.py_buffer(value.tobytes())]).cast(pa.binary())
+    created = batch.column("created_at").cast(pa.int64()).cast(pa.string()).cast(pa.binary())
+    stamp = pc.if_else(pa.array(np.asarray(stamped, dtype=bool)), created, pa.scalar(b"-", pa.binary()))
+    joined = pc.binary_join_element_wise(
+        pa.scalar(b"reward", pa.binary()),
+        batch.column("sample_id").cast(pa.binary()),
+        batch.column("name").cast(pa.binary()),
+        bits,
+        stamp,
+        pa.scalar(SEP, pa.binary()),
+    )
+    return joined.to_pylist()
+
+
+def reward_ids(batch: pa.RecordBatch, stamped: np.ndarray | list[bool], occurrences: Occurrences) -> pa.Array:
     """``event_id`` of each row of a ``rewards`` batch (string[N]); ``stamped[i]``: row i's time came from the
     source (else it is the ingest time and not part of the event)."""
-    created = batch.column("created_at").cast(pa.int64()).to_pylist()
-    contents = (
-        reward_content(sid, name, value, ms if given else None)
-        for sid, name, value, ms, given in zip(
-            batch.column("sample_id").to_pylist(),
-            batch.column("name").to_pylist(),
-            batch.column("value").to_pylist(),
-            created,
-            stamped,
-            strict=True,
-        )
-    )
-    return pa.array(occurrences.ids(contents), pa.string())
+    return pa.array(occurrences.ids(reward_contents(batch, np.asarray(stamped, dtype=bool))), pa.string())
 
 
 def ref_id(sample_id: str, ref_model: str, ref_logprobs_T: np.ndarray) -> str:
@@ -138,4 +151,20 @@ def legacy_id(uri: str, line: int) -> str:
     return f"line:{uri}#{line}"
 
 
-__all__ = ["Occurrences", "legacy_id", "ref_content", "ref_id", "ref_ids", "reward_content", "reward_id", "reward_ids"]
+def legacy_ids(uri: str, lines: pa.Array) -> pa.Array:
+    """:func:`legacy_id` of each line number (int64[N]) of one source: string[N]."""
+    return pc.binary_join_element_wise(legacy_id(uri, 0)[:-1], lines.cast(pa.string()), "")
+
+
+__all__ = [
+    "Occurrences",
+    "legacy_id",
+    "legacy_ids",
+    "ref_content",
+    "ref_id",
+    "ref_ids",
+    "reward_content",
+    "reward_contents",
+    "reward_id",
+    "reward_ids",
+]

@@ -98,14 +98,14 @@ def reward_block(
         event_names.combine_chunks() if isinstance(event_names, pa.ChunkedArray) else event_names,
         pa.array(values),
         pa.array(created).cast(ts),
-        pa.array([uri] * n, pa.string()),
+        pa.repeat(pa.scalar(uri, pa.string()), n),
         pa.array(lines),
         pa.array(np.full(n, now_ms, dtype=np.int64)).cast(ts),
         pa.nulls(n, pa.string()),
     ]
     batch = pa.RecordBatch.from_arrays(columns, schema=REWARDS)
     if occurrences is not None:
-        ids = reward_ids(batch, ["created_at" in names] * n, occurrences)
+        ids = reward_ids(batch, np.full(n, "created_at" in names), occurrences)
         batch = batch.set_column(batch.schema.get_field_index("event_id"), "event_id", ids)
     return batch, lines
 

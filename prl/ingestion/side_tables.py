@@ -39,7 +39,7 @@ from prl.errors import ExitCode
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
 from prl.ingestion.assemble import list_column
-from prl.ingestion.event_ids import Occurrences, legacy_id, ref_id, reward_content
+from prl.ingestion.event_ids import Occurrences, legacy_ids, ref_id, reward_content
 from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.ingestion.resume import app_id as resume_app_id
 from prl.ingestion.resume import earlier_entries
@@ -291,16 +291,20 @@ class _FileRun:
         position) nor earlier in this file; the others are counted as already present."""
         ids = batch.column("event_id").to_pylist()
         sample_ids = batch.column("sample_id").to_pylist()
-        legacy = [legacy_id(self.src.uri, line) for line in batch.column("source_line").to_pylist()]
+        legacy = legacy_ids(self.src.uri, batch.column("source_line")).to_pylist()
         known = self.index.lookup(ids + legacy)
-        keep = np.zeros(len(ids), dtype=bool)
+        added = self.added
+        if not known and added.keys().isdisjoint(ids) and len(set(ids)) == len(ids):  # all new: no row loop
+            added.update(zip(ids, sample_ids, strict=True))
+            return batch
+        keep = []
         for i, (event, old) in enumerate(zip(ids, legacy, strict=True)):
-            if event in known or old in known or event in self.added:
+            if event in added or event in known or old in known:
                 continue
-            keep[i] = True
-            self.added[event] = sample_ids[i]
-        self.result.already_present += int(len(ids) - keep.sum())
-        return batch if keep.all() else batch.filter(pa.array(keep))
+            keep.append(i)
+            added[event] = sample_ids[i]
+        self.result.already_present += len(ids) - len(keep)
+        return batch if len(keep) == len(ids) else batch.take(pa.array(keep, pa.int64()))
 
 
 def _ingest_one(

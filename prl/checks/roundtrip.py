@@ -194,7 +194,7 @@ def check_roundtrip(batch: TokenBatch, seq: Ragged, use_R: np.ndarray, rt: Round
         return out
     plen = batch.prompt.lengths.tolist()
     offsets = seq.offsets.tolist()
-    values = seq.values
+    values = seq.values.tolist()
     for row, (pos, seg_start, failure) in sorted(failures.items()):
         row_start, row_end = offsets[row], offsets[row + 1]
         at_end = failure.partial_tail and _segment_reaches(seq, seg_start, row_end, rt)
@@ -210,7 +210,7 @@ def check_roundtrip(batch: TokenBatch, seq: Ragged, use_R: np.ndarray, rt: Round
             {
                 "where": where,
                 "window_start": w0 - row_start - shift,
-                "ids": values[w0 : min(w0 + WINDOW_BEFORE + WINDOW_AFTER, row_end)].tolist(),
+                "ids": values[w0 : min(w0 + WINDOW_BEFORE + WINDOW_AFTER, row_end)],
                 "reencoded": list(failure.reencoded),
             },
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -202,22 +202,22 @@ class CheckTokenizer:
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """Each token decoded alone (partial UTF-8 shows as U+FFFD), for showing a divergence."""
-        return [pair[1] for pair in self.piece_pairs(ids)]
+        known = self.piece_pairs(ids)
+        return [known[int(i)][1] for i in ids]
 
     @cached_property
     def _pieces(self) -> dict[int, list[Any]]:
         return {}
 
-    def piece_pairs(self, ids: Sequence[int]) -> list[list[Any]]:
-        """``[id, piece]`` per ID (see :meth:`pieces`). Each ID is decoded once per tokenizer (at most its vocabulary
-        in memory); the pairs are shared, not copied."""
+    def piece_pairs(self, ids: Iterable[int]) -> dict[int, list[Any]]:
+        """``id → [id, piece]`` (see :meth:`pieces`) holding at least ``ids``. Each ID is decoded once per
+        tokenizer (at most its vocabulary in memory); the pairs are shared, not copied."""
         known = self._pieces
-        wanted = [int(i) for i in ids]
-        missing = list(dict.fromkeys(i for i in wanted if i not in known))
+        missing = list({int(i) for i in ids if i not in known})
         if missing:
             decoded = self.tokenizer.decode_batch([[i] for i in missing], skip_special_tokens=False)
             known.update((i, [i, piece]) for i, piece in zip(missing, decoded, strict=True))
-        return [known[i] for i in wanted]
+        return known
 
     # --- chat templates -----------------------------------------------------------------------------------
     def template_variables(self) -> dict[str, str]:

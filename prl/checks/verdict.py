@@ -115,7 +115,6 @@ def assemble(
     for r, code, pos in zip(findings.rows, findings.reasons, findings.positions, strict=False):
         per_row.setdefault(r, []).append((code, pos))
     verdicts = ["ok"] * n
-    reasons: list[list[str]] = [[] for _ in range(n)]
     first: list[int | None] = [None] * n
     heads_bad = np.zeros(n, dtype=bool)
     flagged: list[RowVerdict] = []
@@ -123,7 +122,7 @@ def assemble(
     evidence = findings.evidence
     for r, items in per_row.items():
         fv = _row_verdict(r, items, evidence)
-        verdicts[r], reasons[r], first[r] = fv.verdict, fv.reasons, fv.position
+        verdicts[r], first[r] = fv.verdict, fv.position
         if not _HEADS.isdisjoint(fv.reasons):
             heads_bad[r] = True
         main_code = fv.detail["primary"]
@@ -131,9 +130,9 @@ def assemble(
             primaries.append((r, main_code, shown))
         flagged.append(fv)
     _attach_pieces(primaries, {fv.row: fv.detail for fv in flagged}, tok)
-    details: list[str | None] = [None] * n
+    details: list[bytes | None] = [None] * n
     for fv in flagged:
-        details[fv.row] = orjson.dumps(fv.detail).decode()
+        details[fv.row] = orjson.dumps(fv.detail)
 
     rec = batch.record
     stamp = checked_at or datetime.now(UTC)
@@ -143,7 +142,7 @@ def assemble(
             rec.column("sample_id"),
             pa.repeat(pa.scalar(fingerprint, pa.string()), n),
             pa.array(verdicts, pa.string()),
-            pa.array(reasons, pa.list_(pa.string())),
+            _reasons_column(n, flagged),
             pa.array(first, pa.int32()),
             pa.array(list(prefix_status), pa.string()),
             pa.array(~heads_bad, pa.bool_(), mask=~present),
@@ -156,6 +155,17 @@ def assemble(
         schema=CHECKS,
     )
     return out, flagged
+
+
+def _reasons_column(n: int, flagged: list[RowVerdict]) -> pa.Array:
+    """list<string>[n]: each flagged row's reason codes, empty lists elsewhere."""
+    lengths = np.zeros(n, dtype=np.int32)
+    lengths[[fv.row for fv in flagged]] = [len(fv.reasons) for fv in flagged]
+    order = sorted(range(len(flagged)), key=lambda i: flagged[i].row)
+    codes = pa.array([code for i in order for code in flagged[i].reasons], pa.string())
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), codes)
 
 
 _HEADS = frozenset(code for code, (family, _) in REASONS.items() if family == "heads")
@@ -190,12 +200,8 @@ def _attach_pieces(
 ) -> None:
     """Put each primary reason's evidence into its row's detail, token windows as [id, piece] pairs (each ID
     decoded once per tokenizer, :meth:`CheckTokenizer.piece_pairs`)."""
-    ids: list[int] = []
-    for _, _, ev in primaries:
-        for key in _ID_LISTS:
-            ids.extend(ev.get(key, ()))
-    pairs = dict(zip(map(int, ids), tok.piece_pairs(ids), strict=True)) if ids else {}
+    pairs = tok.piece_pairs(i for _, _, ev in primaries for key in _ID_LISTS for i in ev.get(key, ()))
     for r, _code, ev in primaries:
         details[r]["evidence"] = {
-            key: [pairs[int(i)] for i in value] if key in _ID_LISTS else value for key, value in ev.items()
+            key: [pairs[i] for i in value] if key in _ID_LISTS else value for key, value in ev.items()
         }

@@ -212,3 +212,22 @@ def raw_piece(token_id):
     from tests.checks_helpers import raw_tokenizer
 
     return raw_tokenizer().decode([token_id])
+
+
+def test_common_prefix_lengths_match_pair_by_pair_in_any_step_size():
+    import numpy as np
+
+    from prl.checks.arrays import Ragged
+    from prl.checks.prefix import common_prefix, common_prefix_lengths
+
+    prompts = [[5, 6, 7, 8], [5, 6], [], [1, 2, 3, 4, 5, 6]]
+    values = np.array([t for p in prompts for t in p], dtype=np.int64)
+    offsets = np.cumsum([0, *map(len, prompts)]).astype(np.int64)
+    rag = Ragged(values, offsets, np.ones(len(prompts), bool))
+    seqs = [np.array(s, dtype=np.int32) for s in ([5, 6, 9], [5, 6, 7, 8, 9], [5, 6, 7], [3], [1, 2, 3, 4, 5, 6])]
+    rows = np.array([0, 0, 1, 2, 3])
+    lens = np.array([len(s) for s in seqs])
+    expected = [2, 4, 2, 0, 6]
+    assert [common_prefix(s, rag.row(r)) for s, r in zip(seqs, rows, strict=True)] == expected
+    for budget in (1, 3, 1 << 22):
+        assert common_prefix_lengths(seqs, lens, rag, rows, budget).tolist() == expected

@@ -121,3 +121,31 @@ def test_canonical_tokens_of_any_text_round_trip(text):
     ids = enc(text)
     seq = Ragged(np.array(ids, dtype=np.int64), np.array([0, len(ids)]), np.ones(1, bool))
     assert RoundTripper(tok).check_sequences(seq, np.ones(1, bool)) == {}
+
+
+def test_failures_of_one_batch_are_located_each_in_its_own_segment(tok):
+    """Several failing segments checked in one call: each row's first failure, at its own position, a cut
+    character at a segment's end told apart from a split, the same failure answered from the cache."""
+    user = enc("<｜User｜>")
+    split = enc("Sure:\n") + enc("Hel") + enc("lo") + enc(" world!")
+    cut = enc("Here: ") + enc("😀")[:1]
+    rows = [
+        np.array([*user, *split, EOS], dtype=np.int64),
+        np.array([*enc("Hello world!"), EOS], dtype=np.int64),
+        np.array([*user, *cut], dtype=np.int64),
+        np.array([*cut, EOS, *split], dtype=np.int64),
+    ]
+    offsets = np.concatenate(([0], np.cumsum([len(r) for r in rows])))
+    seq = Ragged(np.concatenate(rows), offsets, np.ones(len(rows), bool))
+    rt = RoundTripper(tok)
+    got = rt.check_sequences(seq, np.ones(len(rows), bool))
+    assert sorted(got) == [0, 2, 3]
+    at_split = len(enc("Sure:\n"))
+    assert got[0][:2] == (len(user) + at_split, int(offsets[0]) + len(user))
+    assert (got[0][2].at, got[0][2].partial_tail) == (at_split, False)
+    assert got[0][2].reencoded[at_split - got[0][2].window_start] == enc("Hello")[0]
+    assert got[2][:2] == (len(user) + len(cut) - 1, int(offsets[2]) + len(user))
+    assert (got[2][2].at, got[2][2].partial_tail) == (len(cut) - 1, True)
+    assert got[3][:2] == (len(cut) - 1, int(offsets[3]))
+    assert got[3][2] is got[2][2]
+    assert rt.stats.segments_encoded == 3

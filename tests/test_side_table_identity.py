@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from prl.ingestion.event_ids import Occurrences, ref_id, reward_content, reward_id
+from prl.ingestion.event_ids import Occurrences, ref_id, reward_content, reward_contents, reward_id, reward_ids
 from prl.ingestion.side_tables import ingest_side_table
 from prl.ingestion.traces import ingest
 from prl.schema import REWARDS
@@ -225,3 +225,33 @@ def test_a_rewritten_traces_file_is_read_for_what_it_holds_now(store, tmp_path):
     assert (again.samples, again.already_present, again.quarantined) == (1, 2, {})
     ids = sorted(pl.read_delta(store.table_uri("traces"))["sample_id"].to_list())
     assert ids == [f"r{i}#0" for i in range(5)]
+
+
+def test_columnar_reward_ids_are_the_row_by_row_ids():
+    """A columnar block's ids (:func:`reward_ids`) are the ids the row path gives the same events, duplicates
+    counted in file order across batches, the time in the content only where the source gave it."""
+    rows = [
+        ("a#0", "reward", 1.0, 1_790_000_000_000),
+        ("b#0", "format", -0.0, 5),
+        ("a#0", "reward", 1.0, 1_790_000_000_000),
+    ]
+    stamped = [True, False, True]
+    n = len(rows)
+    cols = {
+        "sample_id": pa.array([r[0] for r in rows]),
+        "name": pa.array([r[1] for r in rows]),
+        "value": pa.array([r[2] for r in rows], pa.float64()),
+        "created_at": pa.array([r[3] * 1000 for r in rows]).cast(REWARDS.field("created_at").type),
+    }
+    batch = pa.RecordBatch.from_pydict({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in REWARDS}, schema=REWARDS)
+    contents = [
+        reward_content(sid, name, value, ms * 1000 if given else None)
+        for (sid, name, value, ms), given in zip(rows, stamped, strict=True)
+    ]
+    assert reward_contents(batch, stamped) == contents
+    by_row = Occurrences()
+    expected = by_row.ids(contents) + by_row.ids(contents)
+    columnar = Occurrences()
+    got = reward_ids(batch, stamped, columnar).to_pylist() + reward_ids(batch, stamped, columnar).to_pylist()
+    assert got == expected
+    assert len(set(got)) == 6 and got[0] == reward_id("a#0", "reward", 1.0, 1_790_000_000_000_000)

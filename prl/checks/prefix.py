@@ -119,16 +119,16 @@ PAIR_TOKENS = 1 << 22
 
 
 def common_prefix_lengths(
-    seqs: list[np.ndarray], lens_P: np.ndarray, prompts: Ragged, rows_P: np.ndarray
+    seqs: list[np.ndarray], lens_P: np.ndarray, prompts: Ragged, rows_P: np.ndarray, budget: int = PAIR_TOKENS
 ) -> np.ndarray:
     """int64[P]: the longest common prefix of ``seqs[p]`` (of length ``lens_P[p]``) and prompt row ``rows_P[p]``,
-    computed over the flattened pairs, at most :data:`PAIR_TOKENS` compared tokens per step."""
+    computed over the flattened pairs, at most ``budget`` compared tokens per step (one pair when it needs more)."""
     m_P = np.minimum(lens_P, prompts.lengths[rows_P])
     out = m_P.copy()
     ends = np.cumsum(m_P)
     start = 0
     while start < len(seqs):
-        stop = max(start + 1, int(np.searchsorted(ends, (ends[start - 1] if start else 0) + PAIR_TOKENS, "right")))
+        stop = max(start + 1, int(np.searchsorted(ends, (ends[start - 1] if start else 0) + budget, "right")))
         m = m_P[start:stop]
         total = int(m.sum())
         if total:

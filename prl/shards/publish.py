@@ -24,7 +24,7 @@ from typing import Any
 from prl.schema import SCHEMA_VERSION
 from prl.shards.layout import index_path, meta_dir, meta_root, retired_root, set_ref, staging_root
 from prl.shards.manifest import Manifest, existing_sets
-from prl.store.locks import pid_alive
+from prl.store.liveness import pid_alive
 
 
 def sha256_file(path: str) -> str:

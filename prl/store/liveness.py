@@ -71,8 +71,8 @@ def identity() -> dict[str, Any]:
     return {"host_id": host, "pid": pid, "pid_start": start_ticks(pid) if host else None}
 
 
-def _exists(pid: int) -> bool:
-    """Whether ``kill(pid, 0)`` finds a process (one of another user too)."""
+def pid_alive(pid: int) -> bool:
+    """Whether ``kill(pid, 0)`` finds a process with this id on this host (one of another user too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -99,7 +99,7 @@ def holder_gone(info: dict[str, Any]) -> bool:
         return False
     stat = _stat(pid)
     if stat is None:
-        return not _exists(pid)  # an entry hidden from us (hidepid) is not proof
+        return not pid_alive(pid)  # an entry hidden from us (hidepid) is not proof
     state, ticks = stat
     if ticks != start:
         return True  # the pid now names a later process

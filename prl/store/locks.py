@@ -35,18 +35,7 @@ from prl.store.s3lock import S3Lock
 if TYPE_CHECKING:
     from prl.store.tables import Store
 
-__all__ = ["STALE_ENV", "LocalLock", "S3Lock", "holding", "lock_for", "pid_alive", "step_name"]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+__all__ = ["STALE_ENV", "LocalLock", "S3Lock", "holding", "lock_for", "step_name"]
 
 
 @dataclass(eq=False)

@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         samples = max(64, args.tokens // (args.prompt + args.completion))
         big, tiny = os.path.join(tmp, "big"), os.path.join(tmp, "tiny")
-        tokens = make_store(big, samples, args.prompt, args.completion, 4)
+        tokens = make_store(big, samples, args.prompt, args.completion, 4, chunk=4096)
         make_store(tiny, 64, args.prompt, args.completion, 4)
         report: dict = {"tokens": tokens, "samples": samples, "cpus": os.cpu_count(), "shared_machine": True}
         report["local"] = _cases("local", "local", big, tiny, tmp, {})

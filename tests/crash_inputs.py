@@ -32,6 +32,20 @@ class Unfinished:
             fh.write(self.rest)
 
 
+class HoldsUnfinished:
+    """An input whose last line may be cut (``pending``): :meth:`finish_line` writes the rest of it."""
+
+    pending: Unfinished | None
+
+    def finish_line(self) -> bool:
+        """Finish the unfinished line (True when there was one)."""
+        if self.pending is None:
+            return False
+        self.pending.finish()
+        self.pending = None
+        return True
+
+
 def cut_last_line(path: Path, rng: random.Random) -> tuple[str, str, int]:
     """Cut ``path``'s last line at a random byte past its first (the newline or more goes): ``(last line, rest cut
     off, its line number)``."""
@@ -48,7 +62,7 @@ ROTATE = 4
 again whole, so ever-growing files would make each run cost the whole history."""
 
 
-class TraceInput(GrowingInput):
+class TraceInput(GrowingInput, HoldsUnfinished):
     """:class:`GrowingInput` whose files rotate every :data:`ROTATE` growths (``traces/part-G-I.jsonl`` and
     ``rewards/rewards-G.jsonl``), and whose ``expected_*`` leave out the record of an unfinished last line."""
 
@@ -76,14 +90,6 @@ class TraceInput(GrowingInput):
         """``(sample_id, source_uri, source_line)`` of every sample expected in traces, sorted."""
         return sorted((sid, *self.origin[sid]) for sid in self.expected_good)
 
-    def finish_line(self) -> bool:
-        """Finish the unfinished line (True when there was one)."""
-        if self.pending is None:
-            return False
-        self.pending.finish()
-        self.pending = None
-        return True
-
     def grow_some(self, rng: random.Random) -> None:
         """Finish an unfinished line, append 2-6 records and a malformed line, and (3 times in 10) cut the last
         line of one of the files written to short."""
@@ -100,7 +106,7 @@ class TraceInput(GrowingInput):
 
 
 @dataclass
-class RewardInput:
+class RewardInput(HoldsUnfinished):
     """Reward JSONL files in ``folder`` (``rewards-G.jsonl``, rotating every :data:`ROTATE` growths) that grow by
     lines of every accepted shape, with the events and quarantined lines they must give: ``events`` are
     ``(source_uri, source_line, sample_id, name, value)``, ``bad`` ``(source_uri, source_line)``."""
@@ -130,13 +136,6 @@ class RewardInput:
     def expected_bad(self) -> list[tuple[str, int]]:
         held = self.pending.bad if self.pending else set()
         return sorted(b for b in self.bad if b not in held)
-
-    def finish_line(self) -> bool:
-        if self.pending is None:
-            return False
-        self.pending.finish()
-        self.pending = None
-        return True
 
     def _line(self, rng: random.Random, plain: bool) -> tuple[str, list[tuple[str, float]] | None]:
         """One line and its events ``(name, value)`` (None: quarantined)."""

@@ -253,19 +253,23 @@ def _refuse_missing_refs(plan: pl.DataFrame, options: ShardOptions) -> None:
         )
 
 
-def _drop_constant_groups(plan: pl.DataFrame, keep: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, int]:
-    """Mark the kept samples of constant-score groups ``constant_group``: ``(plan, keep, groups dropped)``."""
-    gidx, num_g = adv.dense_index(keep["group_id"].to_arrow())
-    const_G = adv.constant_groups(keep["score"].to_numpy(), gidx, num_g)
-    const_N = const_G[gidx]
-    const_rows = np.isin(plan["row"].to_numpy(), keep["row"].to_numpy()[const_N])
+def _drop_constant_groups(plan: pl.DataFrame, kept_K: np.ndarray) -> tuple[pl.DataFrame, np.ndarray, int]:
+    """Mark the kept samples (``kept_K``: plan rows, ascending) of constant-score groups ``constant_group``:
+    ``(plan, the plan rows still kept, groups dropped)``. Only the group and score columns of the kept rows are
+    gathered."""
+    keys = plan.select("group_id", "score")[kept_K]
+    gidx, num_g = adv.dense_index(keys["group_id"].to_arrow())
+    const_G = adv.constant_groups(keys["score"].to_numpy(), gidx, num_g)
+    const_K = const_G[gidx]
+    const_rows = np.zeros(plan.height, dtype=bool)
+    const_rows[kept_K[const_K]] = True
     plan = plan.with_columns(
         pl.when(pl.col("drop").is_null() & pl.Series(const_rows))
         .then(pl.lit("constant_group"))
         .otherwise(pl.col("drop"))
         .alias("drop")
     )
-    return plan, keep.filter(pl.Series(~const_N)), int(const_G.sum())
+    return plan, kept_K[~const_K], int(const_G.sum())
 
 
 def _drop_counts(plan: pl.DataFrame) -> dict[str, int]:
@@ -275,11 +279,12 @@ def _drop_counts(plan: pl.DataFrame) -> dict[str, int]:
     return {r: int(found[r]) for r in DROP_REASONS if found.get(r)}
 
 
-def _head_k(keep: pl.DataFrame, options: ShardOptions) -> int | None:
-    """k of the shipped heads: the option, or with ``auto`` the narrowest head kept (None without heads)."""
+def _head_k(widths: pl.Series | None, options: ShardOptions) -> int | None:
+    """k of the shipped heads: the option, or with ``auto`` the narrowest of ``widths`` (the head widths of the
+    rows kept; None without heads)."""
     k = None
-    if options.topk == "auto" and keep.height:
-        k = int(keep["head_width"].min())  # type: ignore[arg-type]
+    if options.topk == "auto" and widths is not None and len(widths):
+        k = int(widths.min())  # type: ignore[arg-type]
     elif isinstance(options.topk, int):
         k = options.topk
     if options.topk is not None and k is not None and k >= np.iinfo(np.int64).max:
@@ -304,47 +309,80 @@ def make_plan(
     before = source.shipped if source is not None else 0
     seen_max = source.version_max if source is not None else None
     scan = "frontier" if source is not None and not source.whole else "whole"
+    scanned = inputs.traces.height
     if inputs.traces.is_empty():
         current = parse_version(options.current_version) if options.current_version else seen_max
         return Plan(inputs.traces, before, before, {}, current, None, [], version_max=seen_max, scan=scan)
     traces, current, version_max = _with_staleness(inputs.traces, options, seen_max)
+    inputs.traces = traces.clear()  # `traces` alone holds the trace columns from here
     already = 0
     if shipped is not None:
         is_shipped = pl.Series(pc.is_in(traces["sample_id"].to_arrow(), value_set=shipped.cast(pa.large_string())))
         already = int(is_shipped.sum())
         traces = traces.filter(~is_shipped)
     plan = _scored(inputs, traces, options)
-    keep = plan.filter(pl.col("drop").is_null())
+    del inputs, traces  # the side tables and trace columns: the plan frame holds what is left of them
+    kept_K = np.flatnonzero(plan["drop"].is_null().to_numpy())
     constant = 0
-    if options.drop_constant_groups and keep.height:
-        plan, keep, constant = _drop_constant_groups(plan, keep)
-    seen = [n for n in options.rewards if plan[f"r::{n}"].is_not_null().any()]
-    if options.merge_turns and keep.height:
-        keep = mark_units(plan, keep, options)
-    ship = pack(keep, options)
-    backlog = plan.select("sample_id", "_file", "drop").filter(pl.col("drop").is_not_null()).drop("drop")
-    return Plan(
-        ship,
+    if options.drop_constant_groups and len(kept_K):
+        plan, kept_K, constant = _drop_constant_groups(plan, kept_K)
+    out = Plan(
+        plan.clear(),
         plan.height + already + before,
         already + before,
         _drop_counts(plan),
         current,
-        _head_k(keep, options),
-        seen,
+        None,
+        [n for n in options.rewards if plan[f"r::{n}"].is_not_null().any()],
         constant,
-        backlog,
+        plan.select("sample_id", "_file", "drop").filter(pl.col("drop").is_not_null()).drop("drop"),
         version_max,
-        inputs.traces.height,
+        scanned,
         scan,
     )
+    if options.merge_turns and len(kept_K):
+        keep = mark_units(plan, plan[kept_K], options)
+        out.k = _head_k(keep.get_column("head_width") if options.topk is not None else None, options)
+        out.ship = pack(keep, options)
+        return out
+    widths = plan.get_column("head_width").gather(kept_K) if options.topk is not None else None
+    out.k = _head_k(widths, options)
+    box = [plan]
+    del plan  # the frame lives on in box alone, so that _shipped frees each column once it is gathered
+    out.ship = _shipped(box, kept_K, options)
+    return out
+
+
+def _shipped(box: list[pl.DataFrame], kept_K: np.ndarray, options: ShardOptions) -> pl.DataFrame:
+    """The plan rows ``kept_K`` (ascending) in final order with their shard numbers (:func:`pack`), taken out of
+    the plan frame (``box``'s one item, taken out of it) a column at a time: each plan column is freed as soon
+    as its shipped rows are gathered, so the plan and the shipped rows are never both held whole."""
+    plan = box.pop()
+    if not len(kept_K):
+        return pack(plan.clear(), options)
+    index_K, shard_K = _order(plan.select("group_id", "sample_id", "prompt_len", "completion_len")[kept_K], options)
+    rows = pl.Series(kept_K[index_K])
+    columns = []
+    for name in plan.columns:
+        columns.append(plan.get_column(name).gather(rows))
+        plan = plan.drop(name)
+    return pl.DataFrame(columns).with_columns(pl.Series("shard", shard_K))
 
 
 def pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
     """Order ``keep`` into shuffled whole groups and number the shards (``shard`` column)."""
     if keep.is_empty():
         return keep.with_columns(pl.lit(0, dtype=pl.Int32).alias("shard"))
-    # merged turns: a unit's turns stay together and in order (prl.shards.merge_build); the order is worked
-    # out on the key columns alone and applied to the wide frame once
+    index_K, shard_K = _order(keep, options)
+    return keep[index_K].with_columns(pl.Series("shard", shard_K))
+
+
+def _order(keep: pl.DataFrame, options: ShardOptions) -> tuple[np.ndarray, np.ndarray]:
+    """``(index_K, shard_K)``: the rows of ``keep`` (not empty) in final order, shuffled whole groups, and the
+    shard (int32) of each row in that order. Only the key columns of ``keep`` are read: ``group_id``, then with
+    merged turns ``unit_first``, ``unit_pos`` and ``row_tokens``, else ``sample_id``, ``prompt_len`` and
+    ``completion_len``."""
+    # merged turns: a unit's turns stay together and in order (prl.shards.merge_build)
     by = ["group_id", "unit_first", "unit_pos"] if "unit_pos" in keep.columns else ["group_id", "sample_id"]
     tokens_col = (
         pl.col("row_tokens") if "row_tokens" in keep.columns else pl.col("prompt_len") + pl.col("completion_len")
@@ -358,9 +396,8 @@ def pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
     start_by_rank = np.concatenate(([0.0], np.cumsum(group_tokens_G[perm_G])[:-1]))
     window_G = (start_by_rank // options.target_tokens).astype(np.int64)[rank_G]
     order = np.lexsort((np.arange(len(gidx)), rank_G[gidx]))
-    keep = keep[keys["_k"].to_numpy()[order]]
     _, shard = np.unique(window_G[gidx][order], return_inverse=True)
-    return keep.with_columns(pl.Series("shard", shard.astype(np.int32)))
+    return keys["_k"].to_numpy()[order], shard.astype(np.int32)
 
 
 __all__ = ["DROP_REASONS", "Plan", "drop_reasons", "make_plan", "pack", "shipped_ids"]

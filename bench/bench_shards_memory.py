@@ -5,12 +5,15 @@ tokens, groups of ``--group``) to each size of ``--tokens`` in turn, and at each
 fresh OUT in a fresh process (KL into the token advantages, as ``bench_shards.py``), once with the ``prl``
 command's allocator settings (Arrow's mimalloc and polars' jemalloc hand freed pages back after a second:
 :mod:`prl.runtime`) and once with both keeping them (``MIMALLOC_PURGE_DELAY=-1`` and jemalloc's defaults, 10 s).
-Reports per size: samples, tokens, seconds, tokens/s and peak RSS (MB) for each setting, and the growth of peak
-RSS between the smallest and the largest size in MB per million samples. The store is written ``--chunk``
-samples per commit.
+Reports per size: samples, tokens, shards, seconds, tokens/s and peak RSS (MB) for each setting; then the growth of
+peak RSS in bytes per sample, from each size to the next (``growth_bytes_per_sample``) and from the smallest to
+the largest (``peak_rss_growth_mb_per_million_samples``, the same in MB per million samples). The store is
+written ``--chunk`` samples per commit.
 
-Sizes start above one shard (``target_tokens``, 4 M tokens by default): below that, peak RSS follows the size of
-the one shard being built, not the store. The defaults (8 and 32 M tokens) take a minute or two on a small machine;
+Sizes should start above :data:`prl.shards.gather.WORKERS` + 1 shards (``target_tokens``, 4 M tokens by
+default): below that, fewer shards than workers are in memory at once, so peak RSS follows the shards being built,
+not the store, and the growth from such a size (marked ``"below_steady_state": true``) counts the shard buffers
+too. The defaults (8 and 32 M tokens) take a minute or two on a small machine;
 the README's numbers come from
 ``python bench/bench_shards_memory.py --tokens 5e6,50e6,200e6`` (about 2 GB of store on disk).
 
@@ -20,6 +23,7 @@ Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -34,6 +38,10 @@ sys.path.insert(0, HERE)
 
 from bench_shards import make_store  # noqa: E402  (this folder's own helper)
 
+sys.path.insert(0, ROOT)
+from prl.shards.gather import WORKERS  # noqa: E402
+from prl.shards.options import ShardOptions  # noqa: E402
+
 BUILD = """
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
@@ -45,7 +53,7 @@ from prl.store.tables import Store
 t = time.perf_counter()
 res = build_shards(Store({store!r}), {out!r}, options=ShardOptions(kl="advantages", kl_coef=0.05))
 seconds = time.perf_counter() - t
-print(json.dumps({{"seconds": seconds, "tokens": res.tokens, "rows": res.rows,
+print(json.dumps({{"seconds": seconds, "tokens": res.tokens, "rows": res.rows, "shards": len(res.shards),
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
 """
 
@@ -76,7 +84,8 @@ def main() -> None:
     per_sample = args.prompt + args.completion
     work = tempfile.mkdtemp(prefix="prl-bench-shards-memory-")
     store, out = os.path.join(work, "store"), os.path.join(work, "out")
-    rows, samples, tokens = [], 0, 0
+    rows: list[dict] = []
+    samples = tokens = 0
     try:
         for size in sizes:
             more = max(0, (size - tokens) // per_sample)
@@ -86,9 +95,12 @@ def main() -> None:
             )
             samples += more
             row: dict = {"samples": samples, "tokens": tokens, "setup_seconds": round(time.perf_counter() - t, 1)}
+            if tokens < (WORKERS + 1) * ShardOptions().target_tokens:
+                row["below_steady_state"] = True
             for name, settings in PURGE_SETTINGS.items():
                 build = build_once(store, out, settings)
                 assert build["rows"] == samples, build
+                row["shards"] = build["shards"]
                 row[name] = {
                     "seconds": round(build["seconds"], 2),
                     "tokens_per_s": round(build["tokens"] / build["seconds"]),
@@ -104,7 +116,21 @@ def main() -> None:
             )
             for name in PURGE_SETTINGS
         }
-        print(json.dumps({"sizes": rows, "peak_rss_growth_mb_per_million_samples": growth}, indent=1))
+        steps = [
+            {
+                "from_samples": a["samples"],
+                "to_samples": b["samples"],
+                **{
+                    name: round(
+                        (b[name]["peak_rss_mb"] - a[name]["peak_rss_mb"]) * 2**20 / max(1, b["samples"] - a["samples"])
+                    )
+                    for name in PURGE_SETTINGS
+                },
+            }
+            for a, b in itertools.pairwise(rows)
+        ]
+        report = {"sizes": rows, "growth_bytes_per_sample": steps, "peak_rss_growth_mb_per_million_samples": growth}
+        print(json.dumps(report, indent=1))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

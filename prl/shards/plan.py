@@ -1,11 +1,12 @@
 """The plan of a build: which samples ship, in which order and shard, and why the others do not (design.md §5–6).
 
-:func:`make_plan` runs the plan scans (:mod:`prl.shards.scan`) side by side, leaves out samples an earlier set in
-``OUT`` shipped, joins the latest reward per component, verdict and reference row, scores each sample, and names
-each dropped sample's first failed filter (:data:`DROP_REASONS`, in order). :func:`pack` then sorts the groups,
-shuffles them with ``options.seed`` and lays them out back to back: a group belongs to the shard in whose
-``target_tokens`` window its first token falls, so groups stay whole and shards hold about ``target_tokens``
-tokens; within a group, samples follow ``sample_id``. Each shard is a run of the final order.
+:func:`make_plan` runs the plan scans (:mod:`prl.shards.scan`; the traces scan beside the three others, which run
+in turn), leaves out samples an earlier set in ``OUT`` shipped, joins the latest reward per component, verdict and
+reference row, scores each sample, and names each dropped sample's first failed filter (:data:`DROP_REASONS`, in
+order). :func:`pack` then sorts the groups, shuffles them with ``options.seed`` and lays them out back to back: a
+group belongs to the shard in whose ``target_tokens`` window its first token falls, so groups stay whole and shards
+hold about ``target_tokens`` tokens; within a group, samples follow ``sample_id``. Each shard is a run of the
+final order.
 """
 
 from __future__ import annotations
@@ -172,31 +173,44 @@ def _read_inputs(
     ref_spill: ScanSpill | None,
     source: TraceSource | None = None,
 ) -> _Inputs:
-    """The four reads, side by side in threads (decoding and polars release the GIL); the spills are closed
-    when they end, however they end. When ``source`` is a frontier's (not the whole traces table), the traces
-    scan runs first and the other three keep only rows of the samples it found."""
+    """The traces scan in one thread and the three side reads (:func:`_read_sides`) one after the other in a
+    second (decoding and polars release the GIL); the spills are closed when they end, however they end. When
+    ``source`` is a frontier's (not the whole traces table), the traces scan runs first and the side reads keep
+    only rows of the samples it found.
+
+    The side reads do not run side by side: each sorts its table whole, and their working memory, which grows
+    with the samples read, would add up."""
     try:
-        with ThreadPoolExecutor(max_workers=4) as pool:
+        with ThreadPoolExecutor(max_workers=2) as pool:
             traces_f = pool.submit(scan_traces, store, versions["traces"], options, trace_spill, exclude, source)
             only = None
             if source is not None and not source.whole:
                 traces = traces_f.result()
                 only = traces["sample_id"].unique().to_arrow() if not traces.is_empty() else pa.array([], pa.string())
-            rewards_f = pool.submit(latest_rewards, store, versions["rewards"], list(options.rewards), only)
-            verdicts_f = pool.submit(latest_verdicts, store, versions["checks"], options.tokenizer_fingerprint, only)
-            refs_f = None
-            if options.kl != "none":
-                refs_f = pool.submit(scan_refs, store, versions["ref_logprobs"], options, ref_spill, exclude, only)
-            return _Inputs(
-                traces_f.result(),
-                rewards_f.result(),
-                verdicts_f.result(),
-                refs_f.result() if refs_f is not None else None,
-            )
+            sides_f = pool.submit(_read_sides, store, versions, options, ref_spill, exclude, only)
+            return _Inputs(traces_f.result(), *sides_f.result())
     finally:
         for spill in (trace_spill, ref_spill):
             if spill is not None:
                 spill.close()
+
+
+def _read_sides(
+    store: Store,
+    versions: dict[str, int | None],
+    options: ShardOptions,
+    ref_spill: ScanSpill | None,
+    exclude: pa.Array | None,
+    only: pa.Array | None,
+) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
+    """``(rewards, verdicts, refs)``: the latest rewards and verdicts and the winning reference rows (None
+    without KL), read in turn."""
+    rewards = latest_rewards(store, versions["rewards"], list(options.rewards), only)
+    verdicts = latest_verdicts(store, versions["checks"], options.tokenizer_fingerprint, only)
+    refs = None
+    if options.kl != "none":
+        refs = scan_refs(store, versions["ref_logprobs"], options, ref_spill, exclude, only)
+    return rewards, verdicts, refs
 
 
 def _with_staleness(

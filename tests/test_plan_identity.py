@@ -95,9 +95,28 @@ def test_plan_of_a_joined_store(tmp_path):
         "constant_group": 4,
     }
     assert plan.considered == 72 and plan.constant_groups == 2 and plan.ship.height == 27
-    assert plan.ship.columns[:4] == ["row", "_file", "sample_id", "group_id"]
+    assert plan.ship.columns == [
+        "row",
+        "sample_id",
+        "group_id",
+        "policy_version",
+        "policy_version_spans",
+        "temperature",
+        "top_p",
+        "top_k",
+        "logprobs_mode",
+        "prompt_len",
+        "completion_len",
+        "has_mask",
+        "policy_step",
+        "staleness",
+        "ref_row",
+        "ref_len",
+        "score",
+        "shard",
+    ]
     assert plan.ship["shard"].to_list() == [0] * 7 + [1] * 9 + [2] * 5 + [3] * 6
-    assert digest(plan.ship.drop("_file").to_dicts()) == "ea6b075cc4b4abce"
+    assert digest(plan.ship.to_dicts()) == "aa9437517b915d24"
 
 
 def test_set_of_a_joined_store(tmp_path):

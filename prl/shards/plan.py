@@ -115,7 +115,8 @@ class Plan:
     shard, (ref_row), (baseline_key), temperature, top_p, top_k, logprobs_mode, head_width, and in a build with
     ``kl = "advantages"`` each side's logprob sum and whether it covers every token (lp_sum, lp_simple, ref_sum,
     ref_simple; :func:`prl.shards.scan.side_sums`); with ``merge_turns`` one row per turn, with its unit (unit,
-    unit_first, unit_pos; :func:`prl.shards.merge_build.mark_units`) and the unit's group_id and score."""
+    unit_first, unit_pos; :func:`prl.shards.merge_build.mark_units`) and the unit's group_id and score. The
+    columns only the filters read (:func:`plan_only`) are left out."""
     considered: int
     already_shipped: int
     drops: dict[str, int]
@@ -131,6 +132,14 @@ class Plan:
     """Traces rows the scan read (all rows of the table, or a frontier's backlog and new files)."""
     scan: str = "whole"
     """``whole`` (the table at the pinned version) or ``frontier`` (:mod:`prl.shards.frontier`)."""
+
+
+def plan_only(options: ShardOptions) -> list[str]:
+    """Columns of the plan frame that only the filters and the drop counts read, left out of :attr:`Plan.ship`
+    (they would be held per shipped sample while the shards are written)."""
+    return ["_file", "finish_reason", "mask_len", "_v", "verdict", "prefix_status", "_score_missing", "drop"] + [
+        f"r::{n}" for n in options.rewards
+    ]
 
 
 def _samples_path(out: str, set_id: str) -> str:
@@ -357,7 +366,7 @@ def make_plan(
     if options.merge_turns and len(kept_K):
         keep = mark_units(plan, plan[kept_K], options)
         out.k = _head_k(keep.get_column("head_width") if options.topk is not None else None, options)
-        out.ship = pack(keep, options)
+        out.ship = pack(keep.drop(plan_only(options), strict=False), options)
         return out
     widths = plan.get_column("head_width").gather(kept_K) if options.topk is not None else None
     out.k = _head_k(widths, options)
@@ -373,9 +382,10 @@ def _shipped(box: list[pl.DataFrame], kept_K: np.ndarray, options: ShardOptions)
     as its shipped rows are gathered, so the plan and the shipped rows are never both held whole."""
     plan = box.pop()
     if not len(kept_K):
-        return pack(plan.clear(), options)
+        return pack(plan.clear().drop(plan_only(options), strict=False), options)
     index_K, shard_K = _order(plan.select("group_id", "sample_id", "prompt_len", "completion_len")[kept_K], options)
     rows = pl.Series(kept_K[index_K])
+    plan = plan.drop(plan_only(options), strict=False)
     columns = []
     for name in plan.columns:
         columns.append(plan.get_column(name).gather(rows))
@@ -414,4 +424,4 @@ def _order(keep: pl.DataFrame, options: ShardOptions) -> tuple[np.ndarray, np.nd
     return keys["_k"].to_numpy()[order], shard.astype(np.int32)
 
 
-__all__ = ["DROP_REASONS", "Plan", "drop_reasons", "make_plan", "pack", "shipped_ids"]
+__all__ = ["DROP_REASONS", "Plan", "drop_reasons", "make_plan", "pack", "plan_only", "shipped_ids"]

@@ -57,6 +57,20 @@ def frame(table: pa.Table) -> pl.DataFrame:
     return out
 
 
+def one_chunk(frames: list[pa.Table]) -> pl.DataFrame:
+    """The tables of ``frames`` (one per scanned batch; the list is emptied) as one polars frame of one chunk per
+    column, made a column at a time, each column of batches freed once copied. Left in chunks, the frame would
+    be copied whole, into one chunk, by the first operation that adds a column of one chunk to it (the plan's
+    joins), while the scan's chunks still live."""
+    batches = frame(pa.concat_tables(frames))
+    frames.clear()
+    columns = []
+    for name in batches.columns:
+        columns.append(batches.get_column(name).rechunk())
+        batches = batches.drop(name)
+    return pl.DataFrame(columns)
+
+
 def _lengths(column: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64())
 
@@ -221,7 +235,7 @@ def scan_traces(
         frames.append(pa.table(cols))  # one conversion to polars at the end, not one per batch
     if not frames:
         return pl.DataFrame()
-    return frame(pa.concat_tables(frames))
+    return one_chunk(frames)
 
 
 def _only(flt: ds.Expression | None, only: pa.Array | None) -> ds.Expression | None:

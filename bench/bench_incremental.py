@@ -9,7 +9,10 @@ Three cases, each timed step in a fresh process (so peak RSS is its own), the fa
 (b) **short records**: ``--short`` (100,000) vLLM chat records of 20 prompt and 10 completion tokens: ingest and
     check-tokens in records/s, against ``pyarrow.json.read_json`` of the same file, and a rewards ingest of one
     event per record in rows/s. Targets: ingest >= 50 k/s and >= 0.4x read_json; rewards >= 200 k rows/s;
-    check-tokens >= 20 k records/s.
+    check-tokens >= 20 k records/s. With ``--check-only`` the case ingests untimed and times only
+    check-tokens, against its floor in the same run: the tokenizer's own ``decode_batch`` + ``encode_batch``
+    of the same round-trip segments (on both cores, as check-tokens cuts and batches them), ``--check-runs``
+    times each, alternating.
 (c) **cron**: ``--commits`` (10,000, ``PRL_BENCH_COMMITS``) one-row commits to traces, then a full scan, then
     ``prl maintain`` and the scan again, against the same rows in a store of one commit. Target: after
     maintain within 1.5x of the fresh store.
@@ -26,7 +29,7 @@ Three cases, each timed step in a fresh process (so peak RSS is its own), the fa
     less than the last run from the start.
 
 Usage: ``python bench/bench_incremental.py [--stored N] [--short N] [--commits N] [--shipped N] [--grown N]
-[--grows N] [--cases a,b,c,d,e]``.
+[--grows N] [--cases a,b,c,d,e] [--check-only] [--check-runs N]``.
 """
 
 from __future__ import annotations
@@ -211,6 +214,64 @@ def case_short(work: str, records: int) -> None:
     print(f"  peak RSS {run['peak_rss_mb']:.0f} MB")
 
 
+def _check_code(store: str) -> str:
+    return AS_THE_COMMAND + (
+        "from prl.checks import check_tokens\n"
+        "from prl.store.tables import Store\n"
+        "t, cpu = time.perf_counter(), time.process_time()\n"
+        f"c = check_tokens(Store({store!r}), {tokenizer_dir()!r}, dry_run=True)\n"
+        "out = {'check': time.perf_counter() - t, 'cpu': time.process_time() - cpu, 'checked': c.checked,\n"
+        "       'verdicts': dict(c.verdicts)}\n"
+    )
+
+
+def _floor_code(store: str) -> str:
+    """Code for :func:`_child`: the round trip's tokenizer calls alone, on the segments check-tokens cuts, in
+    the batches it makes (one decode and one encode call per 2,048-row batch), timed."""
+    return AS_THE_COMMAND + (
+        "import numpy as np\n"
+        "from prl.checks.batch import COLUMNS, TokenBatch\n"
+        "from prl.checks.roundtrip import RoundTripper\n"
+        "from prl.checks.tokenizer import CheckTokenizer\n"
+        "from prl.store.tables import Store\n"
+        f"tok = CheckTokenizer.load({tokenizer_dir()!r})\n"
+        "rt, batches, rows = RoundTripper(tok), [], 0\n"
+        f"for rb in Store({store!r}).scan('traces', columns=COLUMNS, batch_size=2048):\n"
+        "    tb = TokenBatch.from_record_batch(rb)\n"
+        "    seq = tb.sequence()\n"
+        "    s, e = rt.segments(seq, np.ones(tb.rows, dtype=bool))\n"
+        "    flat = seq.values.tolist()\n"
+        "    batches.append([flat[a:b] for a, b in zip(s.tolist(), e.tolist())])\n"
+        "    rows += tb.rows\n"
+        "t, cpu = time.perf_counter(), time.process_time()\n"
+        "for segs in batches:\n"
+        "    tok.encode_batch(tok.decode_batch(segs))\n"
+        "out = {'seconds': time.perf_counter() - t, 'cpu': time.process_time() - cpu, 'rows': rows}\n"
+    )
+
+
+def case_check_only(work: str, records: int, runs: int) -> None:
+    print(f"(b) short records, check-tokens only: {records:,} records of 20 + 10 tokens")
+    path = os.path.join(work, "short.jsonl")
+    records = short_file(path, records, seed=7)
+    store = os.path.join(work, "short-store")
+    from prl.ingestion.traces import ingest
+
+    shutil.rmtree(store, ignore_errors=True)
+    ingest([path], store)
+    for i in range(runs):
+        run = _child(_check_code(store))
+        floor = _child(_floor_code(store))
+        assert run["checked"] == floor["rows"] == records, (run, floor)
+        rate, floor_rate = records / run["check"], records / floor["seconds"]
+        print(
+            f"  run {i + 1}: check-tokens {rate:10,.0f} records/s ({run['check']:.2f} s, {run['cpu']:.2f} CPU-s); "
+            f"tokenizer decode + encode alone {floor_rate:10,.0f} records/s ({floor['seconds']:.2f} s, "
+            f"{floor['cpu']:.2f} CPU-s): {rate / floor_rate:.2f}x of that floor (target >= 20,000/s)"
+        )
+    print(f"  verdicts {run['verdicts']}; peak RSS {run['peak_rss_mb']:.0f} MB")
+
+
 def _scan_code(store: str) -> str:
     return (
         "from prl.store.tables import Store\n"
@@ -371,13 +432,18 @@ def main() -> None:
     parser.add_argument("--grows", type=int, default=20)
     parser.add_argument("--cases", default="a,b,c,d,e")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--check-only", action="store_true", help="case b: time check-tokens and its floor only")
+    parser.add_argument("--check-runs", type=int, default=2, help="with --check-only: runs of each, alternating")
     args = parser.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="prl-bench-incremental-")
+    os.makedirs(work, exist_ok=True)
     try:
         cases = set(args.cases.split(","))
         if "a" in cases:
             case_history(work, args.stored, args.new)
-        if "b" in cases:
+        if "b" in cases and args.check_only:
+            case_check_only(work, args.short, args.check_runs)
+        elif "b" in cases:
             case_short(work, args.short)
         if "c" in cases:
             case_cron(work, args.commits)

@@ -156,7 +156,7 @@ def check_block(block: pa.Table, job: CheckJob) -> pa.Table:
                 ).to_row()
             )
     finally:
-        checker.template.close()  # the render worker ends with the block (a later block starts a new one)
+        checker.close()  # the render worker ends with the block (a later block starts a new one)
     return pa.Table.from_pylist(rows)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,13 +54,41 @@ class RoundTripStats:
 
 
 @dataclass
+class _Job:
+    """The decode + encode of one batch's new segments (their digests ``keys``), on the tokenizer thread or
+    done at once; its outcomes go into the cache when the batch that started it is finished."""
+
+    keys: list[bytes]
+    future: Future[list[SegmentFailure | None]]
+    outcomes: dict[bytes, SegmentFailure | None] | None = None
+
+
+@dataclass
+class PendingSegments:
+    """A batch's round trip between :meth:`RoundTripper.submit` and :meth:`RoundTripper.finish`: each segment's
+    start (a value index of the sequences) and digest, the outcomes the cache held when it was submitted, and the
+    jobs (its own and earlier batches' still running) that hold the others."""
+
+    offsets: np.ndarray
+    starts: np.ndarray
+    keys: list[bytes]
+    known: dict[bytes, SegmentFailure | None]
+    jobs: list[_Job]
+
+
+@dataclass
 class RoundTripper:
-    """Round-trip checker with a segment cache of at most ``max_entries`` digests."""
+    """Round-trip checker with a segment cache of at most ``max_entries`` digests. With ``background`` the
+    tokenizer calls of a submitted batch run on one thread of their own (the Rust calls release the GIL and use
+    every core), so that the caller prepares and assembles other batches meanwhile; :meth:`close` ends it."""
 
     tok: CheckTokenizer
     max_entries: int = 1 << 19
+    background: bool = False
     cache: dict[bytes, SegmentFailure | None] = field(default_factory=dict)
     stats: RoundTripStats = field(default_factory=RoundTripStats)
+    _inflight: dict[bytes, _Job] = field(default_factory=dict)
+    _pool: ThreadPoolExecutor | None = None
 
     def segments(self, seq: Ragged, use_R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Start and end (exclusive) value indices of the maximal boundary-free runs inside rows ``use_R``."""
@@ -80,8 +109,12 @@ class RoundTripper:
         return np.flatnonzero(inner & prev_bnd), np.flatnonzero(inner & next_bnd) + 1
 
     def check_sequences(self, seq: Ragged, use_R: np.ndarray) -> dict[int, tuple[int, int, SegmentFailure]]:
-        """Round-trip rows ``use_R`` of ``seq``. Returns, for each failing row, (first divergent sequence
-        position, start of the failing segment, its failure)."""
+        """Round-trip rows ``use_R`` of ``seq``: :meth:`submit` then :meth:`finish`."""
+        return self.finish(self.submit(seq, use_R))
+
+    def submit(self, seq: Ragged, use_R: np.ndarray) -> PendingSegments:
+        """Cut rows ``use_R`` of ``seq`` into segments and start the decode + encode of those that neither the
+        cache nor a running job answers (each distinct segment once)."""
         starts, ends = self.segments(seq, use_R)
         ids32 = seq.values.astype(np.int32)
         self.stats.tokens += int(seq.lengths[use_R].sum())
@@ -89,55 +122,105 @@ class RoundTripper:
         raw = ids32.tobytes()
         bounds = list(zip((4 * starts).tolist(), (4 * ends).tolist(), strict=True))
         keys = [hashlib.blake2b(raw[s:e], digest_size=16).digest() for s, e in bounds]
-        cache = self.cache
+        cache, inflight = self.cache, self._inflight
+        known: dict[bytes, SegmentFailure | None] = {}
+        jobs: dict[int, _Job] = {}
         todo: dict[bytes, int] = {}
         for i, key in enumerate(keys):
-            if key not in cache and key not in todo:
+            if key in known or key in todo:
+                continue
+            if key in cache:
+                known[key] = cache[key]
+            elif (job := inflight.get(key)) is not None:
+                jobs[id(job)] = job
+            else:
                 todo[key] = i
         if todo:
-            self._run(todo, ids32, starts, ends)
+            job = self._start(todo, ids32, starts, ends)
+            jobs[id(job)] = job
+        return PendingSegments(seq.offsets, starts, keys, known, list(jobs.values()))
+
+    def finish(self, pending: PendingSegments) -> dict[int, tuple[int, int, SegmentFailure]]:
+        """Wait for a submitted batch's jobs. Returns, for each failing row, (first divergent sequence position,
+        start of the failing segment, its failure)."""
+        outcome = pending.known
+        for job in pending.jobs:
+            outcome.update(self._merge(job))
+        keys, starts = pending.keys, pending.starts
         out: dict[int, tuple[int, int, SegmentFailure]] = {}
-        failing = [i for i, key in enumerate(keys) if cache.get(key) is not None]
+        failing = [i for i, key in enumerate(keys) if outcome[key] is not None]
         if not failing:
             return out
-        row_of_start = (np.searchsorted(seq.offsets, starts[failing], side="right") - 1).tolist()
+        offsets = pending.offsets
+        row_of_start = (np.searchsorted(offsets, starts[failing], side="right") - 1).tolist()
         for i, row in zip(failing, row_of_start, strict=True):
             if row not in out:
-                failure = cache[keys[i]]
+                failure = outcome[keys[i]]
                 assert failure is not None
                 s = int(starts[i])
-                out[row] = (s - int(seq.offsets[row]) + failure.at, s, failure)
+                out[row] = (s - int(offsets[row]) + failure.at, s, failure)
         return out
 
-    def _run(self, todo: dict[bytes, int], ids32: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        """Decode + encode the segments ``todo`` names (key → segment index) and cache each one's outcome."""
+    def close(self) -> None:
+        """End the tokenizer thread (a later :meth:`submit` starts a new one)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def _start(self, todo: dict[bytes, int], ids32: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> _Job:
+        """A job for the segments ``todo`` names (key → segment index), running or done."""
         picked = np.fromiter(todo.values(), dtype=np.int64, count=len(todo))
         s_N, e_N = starts[picked], ends[picked]
+        self.stats.segments_encoded += len(picked)
+        self.stats.tokens_encoded += int((e_N - s_N).sum())
+        future: Future[list[SegmentFailure | None]]
+        if self.background:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prl-roundtrip")
+            future = self._pool.submit(self._outcomes, ids32, s_N, e_N)
+        else:
+            future = Future()
+            future.set_result(self._outcomes(ids32, s_N, e_N))
+        job = _Job(list(todo), future)
+        self._inflight.update(dict.fromkeys(job.keys, job))
+        return job
+
+    def _merge(self, job: _Job) -> dict[bytes, SegmentFailure | None]:
+        """A job's outcomes by key, put into the cache (oldest entries out first) when first asked for."""
+        if job.outcomes is not None:
+            return job.outcomes
+        job.outcomes = dict(zip(job.keys, job.future.result(), strict=True))
+        cache = self.cache
+        if len(cache) + len(job.keys) > self.max_entries:
+            for old in list(itertools.islice(iter(cache), len(cache) // 2 + len(job.keys))):
+                del cache[old]
+        cache.update(job.outcomes)
+        inflight = self._inflight
+        for key in job.keys:
+            if inflight.get(key) is job:
+                del inflight[key]
+        return job.outcomes
+
+    def _outcomes(self, ids32: np.ndarray, s_N: np.ndarray, e_N: np.ndarray) -> list[SegmentFailure | None]:
+        """Decode + encode segments ``ids32[s_N[i]:e_N[i]]``: None for each that round-trips, else its failure."""
         flat = ids32.tolist()
         originals = [flat[s:e] for s, e in zip(s_N.tolist(), e_N.tolist(), strict=True)]
-        self.stats.segments_encoded += len(originals)
-        self.stats.tokens_encoded += int((e_N - s_N).sum())
         texts = self.tok.decode_batch(originals)
         encoded = self.tok.encode_batch(texts)
-        if len(self.cache) + len(todo) > self.max_entries:
-            for old in list(itertools.islice(iter(self.cache), len(self.cache) // 2 + len(todo))):
-                del self.cache[old]
+        outcomes: list[SegmentFailure | None] = [None] * len(originals)
         bad = [i for i, (got, orig) in enumerate(zip(encoded, originals, strict=True)) if got != orig]
-        self.cache.update(dict.fromkeys(todo))
         if not bad:
-            return
+            return outcomes
         at_F = _first_difference([originals[i] for i in bad], [encoded[i] for i in bad])
         partial = [i for i in bad if texts[i].endswith("\ufffd")]
         cuts = dict(zip(partial, self._complete_prefixes([originals[i] for i in partial]), strict=True))
-        keys = list(todo)
         for i, at in zip(bad, at_F.tolist(), strict=True):
             cut = cuts.get(i)
             if cut is not None:
                 at = cut
             start = max(0, at - WINDOW_BEFORE)
-            self.cache[keys[i]] = SegmentFailure(
-                at, start, tuple(encoded[i][start : at + WINDOW_AFTER]), cut is not None
-            )
+            outcomes[i] = SegmentFailure(at, start, tuple(encoded[i][start : at + WINDOW_AFTER]), cut is not None)
+        return outcomes
 
     def _complete_prefixes(self, originals: list[list[int]]) -> list[int | None]:
         """For each segment whose text ends in a cut character: when only a UTF-8 character cut at the end keeps
@@ -188,8 +271,14 @@ def _first_difference(a: list[list[int]], b: list[list[int]]) -> np.ndarray:
 
 def check_roundtrip(batch: TokenBatch, seq: Ragged, use_R: np.ndarray, rt: RoundTripper) -> Findings:
     """Findings for rows ``use_R`` (rows with out-of-vocabulary IDs must be excluded by the caller)."""
+    return roundtrip_findings(batch, seq, rt.check_sequences(seq, use_R), rt)
+
+
+def roundtrip_findings(
+    batch: TokenBatch, seq: Ragged, failures: dict[int, tuple[int, int, SegmentFailure]], rt: RoundTripper
+) -> Findings:
+    """Findings for the failing rows :meth:`RoundTripper.finish` gave for ``seq`` (``batch``'s sequences)."""
     out = Findings()
-    failures = rt.check_sequences(seq, use_R)
     if not failures:
         return out
     plen = batch.prompt.lengths.tolist()

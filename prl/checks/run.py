@@ -25,6 +25,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prl.checks.arrays import Ragged
 from prl.checks.batch import COLUMNS, TokenBatch
 from prl.checks.findings import Findings
 from prl.checks.heads import check_heads
@@ -35,7 +36,7 @@ from prl.checks.prefix import check_prefix
 from prl.checks.progress import progress
 from prl.checks.remote import CheckedBatch, CheckJob
 from prl.checks.result import GROUP_COLUMNS, CheckResult, Example
-from prl.checks.roundtrip import RoundTripper, check_roundtrip
+from prl.checks.roundtrip import PendingSegments, RoundTripper, roundtrip_findings
 from prl.checks.special import check_special
 from prl.checks.template import TemplateChecker
 from prl.checks.tokenizer import CheckTokenizer
@@ -76,8 +77,24 @@ def guard_vocab(tb: TokenBatch, vocab_ok: np.ndarray, tok: CheckTokenizer) -> No
 
 
 @dataclass
+class _Started:
+    """A batch between :meth:`BatchChecker.start` and :meth:`BatchChecker.finish`: its round trip running, the
+    findings of the checks before it and after it (kept apart so that a row's findings stay in check order)."""
+
+    tb: TokenBatch
+    seq: Ragged
+    before: Findings
+    roundtrip: PendingSegments
+    after: Findings
+    status: list[str | None]
+    heads_present: np.ndarray
+
+
+@dataclass
 class BatchChecker:
-    """Runs every check on batches of one run, sharing the caches between batches."""
+    """Runs every check on batches of one run, sharing the caches between batches. With ``overlap`` the round
+    trip's tokenizer calls run on a thread of their own (:class:`RoundTripper`), so that a caller may
+    :meth:`start` the next batch before it :meth:`finish`-es this one; :meth:`close` ends the helpers."""
 
     store: Store
     tok: CheckTokenizer
@@ -85,6 +102,7 @@ class BatchChecker:
     fingerprint: str
     traces_version: int
     index: pl.DataFrame
+    overlap: bool = False
     roundtrip: RoundTripper = field(init=False)
     template: TemplateChecker = field(init=False)
     sequences: SequenceCache = field(default_factory=SequenceCache)
@@ -92,27 +110,46 @@ class BatchChecker:
     """Why → samples whose previous turn could not be determined (reason ``prefix_unordered``)."""
 
     def __post_init__(self) -> None:
-        self.roundtrip = RoundTripper(self.tok)
+        self.roundtrip = RoundTripper(self.tok, background=self.overlap)
         self.template = TemplateChecker(self.tok)
 
     def check(self, rb: pa.RecordBatch, guard: bool = False) -> tuple[pa.RecordBatch, list[RowVerdict], list]:
         """Verdict rows, non-ok rows, and prefix status per row for one batch of traces rows."""
+        return self.finish(self.start(rb, guard))
+
+    def start(self, rb: pa.RecordBatch, guard: bool = False) -> _Started:
+        """Run every check of one batch of traces rows but the end of its round trip (the tokenizer calls may go
+        on meanwhile). ``guard``: raise :class:`UsageError` first when the tokenizer does not match the data."""
         tb = TokenBatch.from_record_batch(rb)
         vocab_size = self.tok.vocab_size
-        findings, vocab_ok = check_vocab(tb, vocab_size)
+        before, vocab_ok = check_vocab(tb, vocab_size)
         if guard:
             guard_vocab(tb, vocab_ok, self.tok)
-        findings.extend(check_logprobs(tb, self.opts))
-        findings.extend(check_roundtrip(tb, tb.sequence(), vocab_ok, self.roundtrip))
-        findings.extend(self.template.check(tb, vocab_ok))
-        status = self._prefix(rb, tb, findings)
-        findings.extend(check_special(tb, self.tok, vocab_ok))
+        before.extend(check_logprobs(tb, self.opts))
+        seq = tb.sequence()
+        pending = self.roundtrip.submit(seq, vocab_ok)
+        after = self.template.check(tb, vocab_ok)
+        status = self._prefix(tb, after)
+        after.extend(check_special(tb, self.tok, vocab_ok))
         heads, heads_present = check_heads(tb, vocab_size, self.opts)
-        findings.extend(heads)
-        out, flagged = assemble(tb, findings, status, heads_present, self.fingerprint, self.tok)
-        return out, flagged, status
+        after.extend(heads)
+        return _Started(tb, seq, before, pending, after, status, heads_present)
 
-    def _prefix(self, rb: pa.RecordBatch, tb: TokenBatch, findings: Findings) -> list[str | None]:
+    def finish(self, started: _Started) -> tuple[pa.RecordBatch, list[RowVerdict], list]:
+        """Verdict rows, non-ok rows, and prefix status per row of a started batch."""
+        tb, findings = started.tb, started.before
+        failures = self.roundtrip.finish(started.roundtrip)
+        findings.extend(roundtrip_findings(tb, started.seq, failures, self.roundtrip))
+        findings.extend(started.after)
+        out, flagged = assemble(tb, findings, started.status, started.heads_present, self.fingerprint, self.tok)
+        return out, flagged, started.status
+
+    def close(self) -> None:
+        """End the render worker and the tokenizer thread (later batches start new ones)."""
+        self.template.close()
+        self.roundtrip.close()
+
+    def _prefix(self, tb: TokenBatch, findings: Findings) -> list[str | None]:
         previous, undetermined = previous_for(self.index, tb.sample_id)
         wanted = {sid for cands in previous if cands for sid in cands}
         if not wanted and not any(undetermined):
@@ -228,7 +265,7 @@ def _run(
         sessions = trajectory_index(store, traces_version) if multi_turn else NO_SESSIONS
     counts = _Counts()
     if where.engine.name == "local":
-        checker = BatchChecker(store, tok, opts, fingerprint, traces_version, sessions)
+        checker = BatchChecker(store, tok, opts, fingerprint, traces_version, sessions, overlap=True)
         checked = _checked_here(checker, rows, sample_rate, counts)
     else:
         files = plan.paths if plan.paths is not None else snapshot_files(store, "traces", traces_version)
@@ -331,9 +368,11 @@ status per row, rows sampled out."""
 def _checked_here(
     checker: BatchChecker, rows: Iterator[pa.RecordBatch], sample_rate: float, counts: _Counts
 ) -> Iterator[_Checked]:
-    """Check each batch in this process (the first one behind the tokenizer/data mismatch guard)."""
+    """Check each batch in this process (the first one behind the tokenizer/data mismatch guard), one batch
+    ahead: a batch is started (its round trip's tokenizer calls running) before the one before it is finished,
+    and the batches come out in order."""
     try:
-        first = True
+        first, ahead = True, None
         for rb in rows:
             checker.remember(rb)
             sampled_out = 0
@@ -344,11 +383,15 @@ def _checked_here(
             if rb.num_rows == 0:
                 yield None, [], [], sampled_out
                 continue
-            out, flagged, status = checker.check(rb, guard=first)
+            started = checker.start(rb, guard=first)
             first = False
-            yield out, flagged, status, sampled_out
+            if ahead is not None:
+                yield *checker.finish(ahead[0]), ahead[1]
+            ahead = (started, sampled_out)
+        if ahead is not None:
+            yield *checker.finish(ahead[0]), ahead[1]
     finally:
-        checker.template.close()  # the render worker ends with the scan
+        checker.close()  # the render worker and the tokenizer thread end with the scan
         counts.tokens, counts.tokens_encoded = checker.roundtrip.stats.tokens, checker.roundtrip.stats.tokens_encoded
         counts.undetermined = dict(checker.undetermined)
 

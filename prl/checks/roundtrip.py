@@ -20,16 +20,20 @@ import hashlib
 import itertools
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from prl.checks.arrays import Ragged
 from prl.checks.batch import TokenBatch
 from prl.checks.findings import Findings
+from prl.checks.joined import Joiner, joined_round_trip
 from prl.checks.tokenizer import CheckTokenizer
 
 WINDOW_BEFORE = 3
 WINDOW_AFTER = 6
+COMPARE_STEP = 1 << 20
+"""Tokens compared at once when re-encodings are checked against their segments (bounds the temporaries)."""
 
 
 @dataclass(frozen=True)
@@ -85,10 +89,17 @@ class RoundTripper:
     tok: CheckTokenizer
     max_entries: int = 1 << 19
     background: bool = False
+    joined: bool = True
+    """Join segments into a few tokenizer calls when the tokenizer allows (False: one list per segment)."""
     cache: dict[bytes, SegmentFailure | None] = field(default_factory=dict)
     stats: RoundTripStats = field(default_factory=RoundTripStats)
     _inflight: dict[bytes, _Job] = field(default_factory=dict)
     _pool: ThreadPoolExecutor | None = None
+
+    @cached_property
+    def joiner(self) -> Joiner | None:
+        """How segments are joined into a few calls, None for one call per segment."""
+        return Joiner.of(self.tok) if self.joined else None
 
     def segments(self, seq: Ragged, use_R: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Start and end (exclusive) value indices of the maximal boundary-free runs inside rows ``use_R``."""
@@ -203,24 +214,42 @@ class RoundTripper:
 
     def _outcomes(self, ids32: np.ndarray, s_N: np.ndarray, e_N: np.ndarray) -> list[SegmentFailure | None]:
         """Decode + encode segments ``ids32[s_N[i]:e_N[i]]``: None for each that round-trips, else its failure."""
-        flat = ids32.tolist()
-        originals = [flat[s:e] for s, e in zip(s_N.tolist(), e_N.tolist(), strict=True)]
-        texts = self.tok.decode_batch(originals)
-        encoded = self.tok.encode_batch(texts)
-        outcomes: list[SegmentFailure | None] = [None] * len(originals)
-        bad = [i for i, (got, orig) in enumerate(zip(encoded, originals, strict=True)) if got != orig]
+        texts, enc_vals, enc_start, enc_len = self._round_trip(ids32, s_N, e_N)
+        orig_len = e_N - s_N
+        at_N = _first_difference(ids32, s_N, orig_len, enc_vals, enc_start, enc_len)
+        outcomes: list[SegmentFailure | None] = [None] * len(s_N)
+        bad = np.flatnonzero((at_N < orig_len) | (enc_len != orig_len)).tolist()
         if not bad:
             return outcomes
-        at_F = _first_difference([originals[i] for i in bad], [encoded[i] for i in bad])
         partial = [i for i in bad if texts[i].endswith("\ufffd")]
-        cuts = dict(zip(partial, self._complete_prefixes([originals[i] for i in partial]), strict=True))
-        for i, at in zip(bad, at_F.tolist(), strict=True):
+        heads = [ids32[s_N[i] : e_N[i]].tolist() for i in partial]
+        cuts = dict(zip(partial, self._complete_prefixes(heads), strict=True))
+        for i, at in zip(bad, at_N[bad].tolist(), strict=True):
             cut = cuts.get(i)
             if cut is not None:
                 at = cut
             start = max(0, at - WINDOW_BEFORE)
-            outcomes[i] = SegmentFailure(at, start, tuple(encoded[i][start : at + WINDOW_AFTER]), cut is not None)
+            e0 = int(enc_start[i])
+            window = enc_vals[e0 + start : e0 + min(int(enc_len[i]), at + WINDOW_AFTER)]
+            outcomes[i] = SegmentFailure(at, start, tuple(window.tolist()), cut is not None)
         return outcomes
+
+    def _round_trip(
+        self, ids32: np.ndarray, s_N: np.ndarray, e_N: np.ndarray
+    ) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+        """The texts of segments ``ids32[s_N[i]:e_N[i]]`` and their re-encodings (int64 values, each segment's
+        start and length in them): joined into a few calls when the tokenizer allows (:mod:`prl.checks.joined`),
+        else one list per segment."""
+        if self.joiner is not None:
+            return joined_round_trip(self.tok, self.joiner, ids32, s_N, e_N)
+        flat = ids32.tolist()
+        texts = self.tok.decode_batch([flat[s:e] for s, e in zip(s_N.tolist(), e_N.tolist(), strict=True)])
+        encoded = self.tok.encode_batch(texts)
+        enc_len = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        enc_vals = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int64, count=int(enc_len.sum()))
+        enc_start = np.zeros(len(encoded), np.int64)
+        np.cumsum(enc_len[:-1], out=enc_start[1:])
+        return texts, enc_vals, enc_start, enc_len
 
     def _complete_prefixes(self, originals: list[list[int]]) -> list[int | None]:
         """For each segment whose text ends in a cut character: when only a UTF-8 character cut at the end keeps
@@ -248,24 +277,26 @@ class RoundTripper:
         ]
 
 
-def _first_difference(a: list[list[int]], b: list[list[int]]) -> np.ndarray:
-    """int64[F]: the first position where ``a[f]`` and ``b[f]`` differ (the shorter length when one is a prefix
-    of the other)."""
-    la = np.fromiter(map(len, a), dtype=np.int64, count=len(a))
-    lb = np.fromiter(map(len, b), dtype=np.int64, count=len(b))
+def _first_difference(
+    va: np.ndarray, off_a: np.ndarray, la: np.ndarray, vb: np.ndarray, off_b: np.ndarray, lb: np.ndarray
+) -> np.ndarray:
+    """int64[N]: the first position where ``va[off_a[i]:][:la[i]]`` and ``vb[off_b[i]:][:lb[i]]`` differ (the
+    shorter length when one is a prefix of the other), compared in steps of about ``COMPARE_STEP`` tokens."""
     m = np.minimum(la, lb)
-    va = np.fromiter(itertools.chain.from_iterable(a), dtype=np.int64, count=int(la.sum()))
-    vb = np.fromiter(itertools.chain.from_iterable(b), dtype=np.int64, count=int(lb.sum()))
-    off_a = np.concatenate(([0], np.cumsum(la)[:-1])) if len(a) else np.zeros(0, np.int64)
-    off_b = np.concatenate(([0], np.cumsum(lb)[:-1])) if len(b) else np.zeros(0, np.int64)
-    row = np.repeat(np.arange(len(a), dtype=np.int64), m)
-    pos = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(np.cumsum(m) - m, m)
-    differs = va[off_a[row] + pos] != vb[off_b[row] + pos]
     out = m.copy()
-    hits = np.flatnonzero(differs)
-    if len(hits):
-        uniq, first = np.unique(row[hits], return_index=True)
-        out[uniq] = pos[hits[first]]
+    ends = np.cumsum(m)
+    lo = 0
+    while lo < len(m):
+        hi = max(lo + 1, int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + COMPARE_STEP, side="right")))
+        mm = m[lo:hi]
+        row = np.repeat(np.arange(lo, hi), mm)
+        pos = np.arange(int(mm.sum())) - np.repeat(np.cumsum(mm) - mm, mm)
+        differs = va[off_a[row] + pos] != vb[off_b[row] + pos]
+        hits = np.flatnonzero(differs)
+        if len(hits):
+            uniq, first = np.unique(row[hits], return_index=True)
+            out[uniq] = pos[hits[first]]
+        lo = hi
     return out
 
 

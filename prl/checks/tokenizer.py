@@ -213,7 +213,7 @@ class CheckTokenizer:
         """``id → [id, piece]`` (see :meth:`pieces`) holding at least ``ids``. Each ID is decoded once per
         tokenizer (at most its vocabulary in memory); the pairs are shared, not copied."""
         known = self._pieces
-        missing = list({int(i) for i in ids if i not in known})
+        missing = [int(i) for i in set(ids).difference(known)]
         if missing:
             decoded = self.tokenizer.decode_batch([[i] for i in missing], skip_special_tokens=False)
             known.update((i, [i, piece]) for i, piece in zip(missing, decoded, strict=True))

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -200,8 +201,9 @@ def _attach_pieces(
 ) -> None:
     """Put each primary reason's evidence into its row's detail, token windows as [id, piece] pairs (each ID
     decoded once per tokenizer, :meth:`CheckTokenizer.piece_pairs`)."""
-    pairs = tok.piece_pairs(i for _, _, ev in primaries for key in _ID_LISTS for i in ev.get(key, ()))
+    pairs = tok.piece_pairs(chain.from_iterable(ev[key] for _, _, ev in primaries for key in _ID_LISTS if key in ev))
+    pair = pairs.__getitem__
     for r, _code, ev in primaries:
         details[r]["evidence"] = {
-            key: [pairs[i] for i in value] if key in _ID_LISTS else value for key, value in ev.items()
+            key: list(map(pair, value)) if key in _ID_LISTS else value for key, value in ev.items()
         }

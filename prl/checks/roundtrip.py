@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -134,18 +135,12 @@ class RoundTripper:
         bounds = list(zip((4 * starts).tolist(), (4 * ends).tolist(), strict=True))
         keys = [hashlib.blake2b(raw[s:e], digest_size=16).digest() for s, e in bounds]
         cache, inflight = self.cache, self._inflight
-        known: dict[bytes, SegmentFailure | None] = {}
-        jobs: dict[int, _Job] = {}
-        todo: dict[bytes, int] = {}
-        for i, key in enumerate(keys):
-            if key in known or key in todo:
-                continue
-            if key in cache:
-                known[key] = cache[key]
-            elif (job := inflight.get(key)) is not None:
-                jobs[id(job)] = job
-            else:
-                todo[key] = i
+        first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # key → its first segment
+        new = first.keys() - cache.keys()
+        known = {key: cache[key] for key in first.keys() - new}
+        waiting = new & inflight.keys()
+        jobs = {id(job): job for job in map(inflight.__getitem__, waiting)}
+        todo = {key: first[key] for key in sorted(new - waiting, key=first.__getitem__)}
         if todo:
             job = self._start(todo, ids32, starts, ends)
             jobs[id(job)] = job
@@ -206,10 +201,7 @@ class RoundTripper:
             for old in list(itertools.islice(iter(cache), len(cache) // 2 + len(job.keys))):
                 del cache[old]
         cache.update(job.outcomes)
-        inflight = self._inflight
-        for key in job.keys:
-            if inflight.get(key) is job:
-                del inflight[key]
+        deque(map(self._inflight.pop, job.keys), maxlen=0)  # a key is in flight in one job only
         return job.outcomes
 
     def _outcomes(self, ids32: np.ndarray, s_N: np.ndarray, e_N: np.ndarray) -> list[SegmentFailure | None]:

@@ -30,6 +30,8 @@ import numpy as np
 
 from prl.checks.tokenizer import CheckTokenizer
 
+NO_NORMALIZER = {"type": "Sequence", "normalizers": []}
+"""A normalizer that changes nothing (as DeepSeek-V4's tokenizer.json has it)."""
 SEGMENTS_PER_CALL = 64
 """Segments joined into one sequence (a batch of 4,096 segments makes 64 sequences, enough for the tokenizer to
 spread over its threads)."""
@@ -49,10 +51,9 @@ class Joiner:
         t = tok.tokenizer
         if t.truncation is not None or t.padding is not None:
             return None
-        spec = json.loads(t.to_str())
-        if (spec.get("decoder") or {}).get("type") != "ByteLevel":
+        if t.decoder is None or json.loads(t.decoder.__getstate__()).get("type") != "ByteLevel":
             return None
-        if spec.get("normalizer") not in (None, {"type": "Sequence", "normalizers": []}):
+        if t.normalizer is not None and json.loads(t.normalizer.__getstate__()) != NO_NORMALIZER:
             return None
         added = t.get_added_tokens_decoder()
         contents = [a.content for a in added.values()]

@@ -16,6 +16,7 @@ from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
 from prl.formats.guard import as_quarantined, read_plain, read_record
 from prl.ingestion.assemble import Located, sample_id_of
+from prl.ingestion.columnar import ColumnarRun
 from prl.ingestion.token_block import BLOCK_VALUES, PendingRecord, convert
 from prl.schema import RAW_LIMIT
 
@@ -58,6 +59,9 @@ class Collector:
     pending: list[PendingRecord] = field(default_factory=list)
     pending_tokens: int = 0
     pending_values: int = 0
+    parts: list[tuple[list[Located], list[bytes]] | ColumnarRun] = field(default_factory=list)
+    """The batch's earlier parts, before ``rows``: runs of the columnar road (:mod:`prl.ingestion.columnar`)
+    and the per-record rows read before each."""
 
     def add(self, record: RawRecord, position: str | None) -> str:
         """Read one decoded record (``position``: see :func:`prl.formats.guard.source_position`); returns the
@@ -101,12 +105,33 @@ class Collector:
                 self.raws.append(raw)
                 self.tokens += plain.tokens
 
+    def add_run(self, run: ColumnarRun) -> None:
+        """Add a run of records the columnar road took (after the pending records, converted first)."""
+        self.drain()
+        if self.rows:
+            self.parts.append((self.rows, self.raws))
+            self.rows, self.raws = [], []
+        self.parts.append(run)
+        self.tokens += int(run.tokens.sum())
+
     def take(self) -> tuple[list[Located], list[bytes]]:
-        """The batch so far (pending records converted first); the collector starts a new one."""
+        """The batch so far (pending records converted first) of a collector given no columnar run; the
+        collector starts a new one."""
+        assert not self.parts, "a batch with columnar runs is taken by take_parts"
         self.drain()
         rows, raws = self.rows, self.raws
         self.rows, self.raws, self.tokens = [], [], 0
         return rows, raws
+
+    def take_parts(self) -> list[tuple[list[Located], list[bytes]] | ColumnarRun]:
+        """The batch so far as its parts in source order: columnar runs, and (rows, raws) of the per-record
+        road between them; the collector starts a new one."""
+        self.drain()
+        parts = self.parts
+        if self.rows:
+            parts.append((self.rows, self.raws))
+        self.parts, self.rows, self.raws, self.tokens = [], [], [], 0
+        return parts
 
     def _plain(self, record: RawRecord, position: str | None) -> PendingRecord | None:
         read = read_plain(self.fmt, record.obj, self.options, record.raw)

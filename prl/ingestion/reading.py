@@ -20,11 +20,12 @@ import pyarrow as pa
 
 from prl.errors import FormatDetectionError
 from prl.formats import registry
-from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord
+from prl.formats.base import Format, ParseOptions, Quarantined
 from prl.formats.guard import as_quarantined, source_key, source_position
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.batch import Checked, check_and_assemble
 from prl.ingestion.collect import RAW_KEEP, Collector
+from prl.ingestion.columnar import CHAT_FORMAT, ColumnarRun, framed_items, takes
 from prl.ingestion.inline_rewards import inline_reward_rows
 from prl.ingestion.ledger import ledger_entry
 from prl.ingestion.quarantine import quarantine_row
@@ -82,7 +83,7 @@ class _Opened:
 
     reader: LineReader
     fmt: Format
-    records: Iterator[RawRecord]
+    blocks: Iterator[tuple[int, bytes]]
     first_record: str | None = None
     """The :func:`source_key` of the file's first record read without error, once known."""
 
@@ -91,8 +92,8 @@ class _EmptySource(Exception):
     """A source with no record at all (empty, or blank lines only): nothing to detect, nothing lost."""
 
 
-def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterator[RawRecord]]:
-    """The source's format (detected from its first :data:`HEAD_LINES` lines unless named) and its records."""
+def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterator[tuple[int, bytes]]]:
+    """The source's format (detected from its first :data:`HEAD_LINES` lines unless named) and its blocks."""
     blocks = reader.blocks()
     read: list[tuple[int, bytes]] = []  # the blocks holding the head, framed again with the rest
     head: list[tuple[int, bytes]] = []
@@ -104,7 +105,7 @@ def _framed(reader: LineReader, fmt_name: str, uri: str) -> tuple[Format, Iterat
     if len(head) < HEAD_LINES and not any(line.strip() for _, line in head) and not reader.truncated:
         raise _EmptySource(uri)
     fmt = registry.per_record(registry.detect_file(uri, head)) if fmt_name == "auto" else registry.by_name(fmt_name)
-    return fmt, fmt.frame_blocks(itertools.chain(read, blocks))
+    return fmt, itertools.chain(read, blocks)
 
 
 def read_file(
@@ -124,7 +125,11 @@ def read_file(
     opened = _open_source(src, format, report, state, now_ms)
     if opened is None:
         return
-    reader, fmt, records, first_record = opened.reader, opened.fmt, opened.records, opened.first_record
+    reader, fmt, first_record = opened.reader, opened.fmt, opened.first_record
+    columnar = takes(fmt, options)
+    records = (
+        framed_items(fmt, opened.blocks, options, src.uri, now_ms) if columnar else fmt.frame_blocks(opened.blocks)
+    )
     counts: Counter[str] = Counter()
     report.format = fmt.name
     formats: Counter[str] = Counter()
@@ -144,14 +149,33 @@ def read_file(
     collector = Collector(fmt, options, src.uri, quarantine)
 
     def flush() -> Iterator[pa.RecordBatch]:
-        rows, raws = collector.take()
-        if not rows:
-            return
-        batch = _dedup_and_assemble(rows, raws, dedup, report, quarantine, now_ms, state.reward_rows)
-        if batch is not None:
-            yield batch
+        parts = collector.take_parts()
+        if parts:
+            yield from _dedup_and_assemble(parts, dedup, report, quarantine, now_ms, state.reward_rows)
+
+    def add_run(run: ColumnarRun) -> Iterator[pa.RecordBatch]:
+        """Add a run as its records one by one would be: a batch is taken after the record that fills it."""
+        while run.records:
+            collector.drain()
+            filled = collector.tokens + np.cumsum(run.tokens)
+            cut = int(np.searchsorted(filled, batch_tokens))  # the first record with the batch full
+            if cut >= run.records:
+                collector.add_run(run)
+                return
+            head, run = run.split(cut + 1)
+            collector.add_run(head)
+            yield from flush()
 
     for record in records:
+        if isinstance(record, ColumnarRun):
+            first_record = source_key(record.raw(0)) if first_record is None else first_record
+            report.records += record.records
+            formats[CHAT_FORMAT] += record.records
+            yield from add_run(record)
+            if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
+                progress(reader.bytes_read - last_progress)
+                last_progress = reader.bytes_read
+            continue
         if garbage >= COLLECT_QUARANTINED or report.records % COLLECT_EVERY == 0:
             collect_young()
             garbage = 0
@@ -200,10 +224,10 @@ def _open_source(src: SourceFile, format: str, report: FileReport, state: ReadSt
     resumed = None if point is None else continuation(src, point, format)
     if resumed is not None:
         reader = resumed.reader(src, hold)
-        return _Opened(reader, resumed.fmt, resumed.fmt.frame_blocks(reader.blocks()), resumed.point.first_record)
+        return _Opened(reader, resumed.fmt, reader.blocks(), resumed.point.first_record)
     reader = fresh_reader(src, hold)
     try:
-        fmt, records = _framed(reader, format, src.uri)
+        fmt, blocks = _framed(reader, format, src.uri)
     except _EmptySource:  # consumed with no records; if it grows, its identity changes and it is read again
         report.status = "empty"
         state.ledger.append(ledger_entry(src, reader, None, report))
@@ -215,7 +239,7 @@ def _open_source(src: SourceFile, format: str, report: FileReport, state: ReadSt
             return None
         report.status, report.error, report.bytes_read = "failed", str(exc), reader.bytes_read
         return None
-    return _Opened(reader, fmt, records)
+    return _Opened(reader, fmt, blocks)
 
 
 def _record_truncation(
@@ -228,25 +252,67 @@ def _record_truncation(
     report.quarantined["truncated_input"] = report.quarantined.get("truncated_input", 0) + 1
 
 
+Part = tuple[list[Located], list[bytes]] | ColumnarRun
+"""One part of a batch (:meth:`Collector.take_parts`): rows of the per-record road with their raw text, or a
+columnar run."""
+
+
+@dataclass
+class _Assembled:
+    """A part's validated rows: ``batch``; for rows of the per-record road, ``rows`` / ``raws`` / ``at``
+    (the input index of each batch row); for a columnar run, ``run``."""
+
+    batch: pa.RecordBatch
+    rows: list[Located] = field(default_factory=list)
+    raws: list[bytes] = field(default_factory=list)
+    at: np.ndarray | None = None
+    run: ColumnarRun | None = None
+
+    def source(self, j: int) -> tuple[int, bytes, int, str]:
+        """Batch row ``j``'s source line, raw text (up to :data:`RAW_KEEP` bytes), choice index and format."""
+        if self.run is not None:
+            record = int(self.run.record[j])
+            index = self.batch.column("choice_index")[j].as_py()
+            return self.run.line(record), self.run.raw(record)[:RAW_KEEP], index, CHAT_FORMAT
+        assert self.at is not None
+        row = self.rows[int(self.at[j])]
+        return row.source_line, self.raws[int(self.at[j])], row.sample.choice_index, row.source_format
+
+
+def _validated(parts: list[Part], quarantine: Callable[..., None], now_ms: int) -> list[_Assembled]:
+    """Each part's rows validated and assembled; the rows validation rejects are quarantined, in order."""
+    out: list[_Assembled] = []
+    for part in parts:
+        if isinstance(part, ColumnarRun):
+            out.append(_Assembled(part.batch, run=part))
+            continue
+        rows, raws = part
+        checked = _checked(rows, now_ms)
+        for i, q in checked.rejected:
+            q.choice_index = rows[i].sample.choice_index
+            quarantine(rows[i].source_line, raws[i], q, sample_id_of(rows[i].sample), name=rows[i].source_format)
+        out.append(_Assembled(checked.batch, rows, raws, checked.rows))
+    return out
+
+
 def _dedup_and_assemble(
-    rows: list[Located],
-    raws: list[bytes],
+    parts: list[Part],
     dedup: Deduper,
     report: FileReport,
     quarantine: Callable[..., None],
     now_ms: int,
     reward_rows: list[dict[str, Any]],
-) -> pa.RecordBatch | None:
+) -> list[pa.RecordBatch]:
     """Validate and assemble one batch (columnar), quarantine its bad rows, and keep the rows not yet in the
     store: a known sample ID with the same digest is counted as already present, with another digest it is
-    quarantined as ``duplicate_sample_id``."""
-    checked = _checked(rows, now_ms)
-    for i, q in checked.rejected:
-        q.choice_index = rows[i].sample.choice_index
-        quarantine(rows[i].source_line, raws[i], q, sample_id_of(rows[i].sample), name=rows[i].source_format)
-    batch = checked.batch
-    ids = batch.column("sample_id").to_pylist()
-    digests = batch.column("record_digest").to_pylist()
+    quarantined as ``duplicate_sample_id``. Returns the kept rows, a batch per part that keeps any."""
+    assembled = _validated(parts, quarantine, now_ms)
+    ids: list[str] = []
+    digests: list[str] = []
+    for part in assembled:
+        ids += part.batch.column("sample_id").to_pylist()
+        digests += part.batch.column("record_digest").to_pylist()
+    starts = np.cumsum([0, *(part.batch.num_rows for part in assembled)])
     known = dedup.existing(ids)
     keep = np.zeros(len(ids), dtype=bool)
     for j, (sid, digest) in enumerate(zip(ids, digests, strict=True)):
@@ -258,27 +324,50 @@ def _dedup_and_assemble(
         elif previous == digest:
             report.already_present += 1
         else:
-            i = int(checked.rows[j])
+            p = int(np.searchsorted(starts, j, side="right")) - 1
+            line, raw, index, name = assembled[p].source(j - int(starts[p]))
             message = f"sample {sid} already exists with different tokens or logprobs"
-            q = Quarantined("duplicate_sample_id", message, rows[i].sample.choice_index)
-            quarantine(rows[i].source_line, raws[i], q, sid, name=rows[i].source_format)
-    if not keep.any():
-        return None
+            quarantine(line, raw, Quarantined("duplicate_sample_id", message, index), sid, name=name)
+    kept_batches: list[pa.RecordBatch] = []
+    for p, part in enumerate(assembled):
+        kept_here = keep[starts[p] : starts[p + 1]]
+        if not kept_here.any():
+            continue
+        if part.at is not None:
+            _rewards(part, kept_here, ids[starts[p] : starts[p + 1]], quarantine, now_ms, reward_rows)
+        kept = part.batch if kept_here.all() else part.batch.filter(pa.array(kept_here))
+        report.samples += kept.num_rows
+        report.prompt_tokens += _values(kept.column("prompt_token_ids"))
+        report.completion_tokens += _values(kept.column("completion_token_ids"))
+        kept_batches.append(kept)
+    return kept_batches
+
+
+def _values(lists: pa.ListArray) -> int:
+    """Values in the rows of a list array (a slice's rows only)."""
+    offsets = lists.offsets
+    return int(offsets[-1].as_py() - offsets[0].as_py()) if len(lists) else 0
+
+
+def _rewards(
+    part: _Assembled,
+    keep: np.ndarray,
+    ids: list[str],
+    quarantine: Callable[..., None],
+    now_ms: int,
+    reward_rows: list[dict[str, Any]],
+) -> None:
+    """The inline reward rows of a part's kept samples (an unreadable reward is quarantined in ``rewards``)."""
+    assert part.at is not None
     kept_at = np.flatnonzero(keep)
-    for j, i in zip(kept_at.tolist(), checked.rows[kept_at].tolist(), strict=True):
-        if not rows[i].sample.rewards:
+    for j, i in zip(kept_at.tolist(), part.at[kept_at].tolist(), strict=True):
+        row = part.rows[i]
+        if not row.sample.rewards:
             continue  # no reward inline (inline_reward_rows gives none)
         try:
-            reward_rows.extend(
-                inline_reward_rows(rows[i].sample, ids[j], rows[i].source_uri, rows[i].source_line, now_ms)
-            )
+            reward_rows.extend(inline_reward_rows(row.sample, ids[j], row.source_uri, row.source_line, now_ms))
         except Quarantined as q:  # the sample lands; its unreadable reward is quarantined in the rewards table
-            quarantine(rows[i].source_line, raws[i], q, ids[j], table="rewards")
-    kept = batch if keep.all() else batch.filter(pa.array(keep))
-    report.samples += kept.num_rows
-    report.prompt_tokens += len(kept.column("prompt_token_ids").values)
-    report.completion_tokens += len(kept.column("completion_token_ids").values)
-    return kept
+            quarantine(row.source_line, part.raws[i], q, ids[j], table="rewards")
 
 
 def _checked(rows: list[Located], now_ms: int) -> Checked:

@@ -1,0 +1,200 @@
+"""A block of JSON lines parsed by one Arrow call into the columns of OpenAI chat completions.
+
+The columnar road (:mod:`prl.ingestion.columnar`) reads a source block of whole lines with
+``pyarrow.json.read_json`` and :data:`CHAT_BLOCK_SCHEMA`, so that no Python object is built per record.
+A line is handed to Arrow only where Arrow's reading of it is exactly what ``orjson`` (with the standard
+library's ``json`` for what orjson refuses) and the record's reader see; every other line is left to the
+per-record road, which reads it as always:
+
+- the line starts with ``{`` and ends with ``}`` (no blank line, no other top-level value, no BOM, no ``\\r``);
+- it holds at most :data:`MAX_OPENERS` ``[`` / ``{`` bytes, so its nesting is within what both JSON decoders
+  take (orjson refuses depth > 1024 as ``too_deep``; Arrow does not);
+- it is valid UTF-8 (Arrow does not check; the decoders refuse it as ``malformed_json``);
+- Arrow reads it alone as one row: a parse error, a value of another type than the schema's (a boolean
+  logprob, a float token ID, a string model), a key given twice, two documents on one line all make Arrow
+  refuse it (found by halving the block, at most :data:`MAX_READS` reads per block);
+- none of the top-level keys of :data:`ABSENT_KEYS` holds a value other than null (their fields are
+  ``null`` typed, so any value fails the read): a record with a session, metadata, an agent, messages or a
+  version is read by the per-record road, as is one an envelope format would claim. Two of those formats
+  claim a record by a key's presence alone, even with a null value, which Arrow cannot tell from absence:
+  a line whose text holds ``custom_id`` or ``response`` anywhere is left to the per-record road, and so is
+  one holding a ``\\u00XX`` escape of an ASCII character (which could spell such a key).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pj
+
+HEAD = pa.struct([("token", pa.string()), ("logprob", pa.float64())])
+ENTRY = pa.struct([("token", pa.string()), ("logprob", pa.float64()), ("top_logprobs", pa.list_(HEAD))])
+CHOICE = pa.struct(
+    [
+        ("index", pa.int64()),
+        ("message", pa.struct([("content", pa.string())])),
+        ("finish_reason", pa.string()),
+        ("token_ids", pa.list_(pa.int64())),
+        ("logprobs", pa.struct([("content", pa.list_(ENTRY))])),
+        ("weight_version", pa.null()),
+    ]
+)
+ABSENT_KEYS = (
+    # read by the chat reader beyond a bare response (session, turn, versions, messages)
+    "session_id",
+    "turn",
+    "metadata",
+    "sglext",
+    "weight_version",
+    "policy_version",
+    "messages",
+    # where an agent may be named (prl.formats.agents)
+    "agent_id",
+    "agent_name",
+    "agent",
+    "agent_ref",
+    "standard_logging_object",
+    "request",
+    "headers",
+    "request_headers",
+    # what envelope formats detect a record by
+    "custom_id",
+    "response",
+    "model_parameters",
+    "call_type",
+    "responses_create_params",
+)
+CHAT_BLOCK_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("object", pa.string()),
+        ("created", pa.int64()),
+        ("model", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int64())),
+        ("choices", pa.list_(CHOICE)),
+        *[(key, pa.null()) for key in ABSENT_KEYS],
+    ]
+)
+"""What the columnar road reads of a chat completion; every other field is skipped (still parsed)."""
+
+MAX_OPENERS = 512
+"""``[`` and ``{`` bytes a line may hold: its nesting depth is at most that, well within both decoders'."""
+MAX_READS = 64
+"""Arrow reads per block when lines fail: the block is halved until each failing line stands alone."""
+PRESENCE_NEEDLES = (b"custom_id", b"response")
+_ASCII_ESCAPE = re.compile(rb"\\u00[2-7][0-9a-fA-F]")
+
+_PARSE = pj.ParseOptions(explicit_schema=CHAT_BLOCK_SCHEMA, unexpected_field_behavior="ignore")
+_READ = pj.ReadOptions(use_threads=True, block_size=1 << 20)
+
+
+@dataclass(slots=True)
+class ParsedBlock:
+    """The lines of one block and what Arrow read of them. ``starts`` / ``ends``: int64[L] byte offsets of
+    each line in ``data`` (``ends`` at its ``\\n``); ``lines``: int64[T] indices of the lines Arrow read, in
+    order, row ``i`` of ``table`` being line ``lines[i]``."""
+
+    data: bytes
+    starts: np.ndarray
+    ends: np.ndarray
+    lines: np.ndarray
+    table: pa.Table
+
+    def raw(self, line: int) -> bytes:
+        """Line ``line``'s bytes (without its ``\\n``)."""
+        return self.data[int(self.starts[line]) : int(self.ends[line])]
+
+
+def _line_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    bytes_ = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(bytes_ == 0x0A)
+    starts = np.empty_like(ends)
+    if len(ends):
+        starts[0] = 0
+        starts[1:] = ends[:-1] + 1
+    return starts, ends
+
+
+def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """bool[L]: lines Arrow may read (see the module docstring), judged on their bytes."""
+    bytes_ = np.frombuffer(data, dtype=np.uint8)
+    nonempty = ends > starts
+    first = bytes_[np.where(nonempty, starts, 0)]
+    last = bytes_[np.where(nonempty, ends - 1, 0)]
+    ok = nonempty & (first == 0x7B) & (last == 0x7D)
+    openers = np.flatnonzero((bytes_ | 0x20) == 0x7B)  # "[" (0x5B) and "{" (0x7B)
+    ok &= np.bincount(np.searchsorted(ends, openers), minlength=len(ends))[: len(ends)] <= MAX_OPENERS
+    needles = [n for n in PRESENCE_NEEDLES if n in data]
+    escapes = b"\\" in data and _ASCII_ESCAPE.search(data) is not None
+    if needles or escapes:
+        for i in np.flatnonzero(ok).tolist():
+            line = data[starts[i] : ends[i]]
+            if any(n in line for n in needles) or (escapes and _ASCII_ESCAPE.search(line) is not None):
+                ok[i] = False
+    return ok
+
+
+def _read(buffer: bytes | memoryview) -> pa.Table | None:
+    try:
+        return pj.read_json(pa.BufferReader(buffer), read_options=_READ, parse_options=_PARSE)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+
+
+def _joined(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: np.ndarray) -> bytes:
+    return b"\n".join([data[s:e] for s, e in zip(starts[lines].tolist(), ends[lines].tolist(), strict=True)]) + b"\n"
+
+
+def _read_lines(
+    data: bytes, starts: np.ndarray, ends: np.ndarray, lines: np.ndarray
+) -> list[tuple[np.ndarray, pa.Table]]:
+    """Arrow's reading of ``lines`` as (lines read, their table) pieces in line order; a piece that fails is
+    halved until its failing lines stand alone (and are dropped), within :data:`MAX_READS` reads."""
+    whole = len(lines) == len(starts)
+    pieces: list[tuple[np.ndarray, pa.Table]] = []
+    todo = [lines]
+    reads = 0
+    while todo and reads < MAX_READS:
+        part = todo.pop()
+        reads += 1
+        table = _read(data if whole and len(part) == len(lines) else _joined(data, starts, ends, part))
+        if table is not None and table.num_rows == len(part):
+            pieces.append((part, table))
+        elif len(part) > 1:
+            half = len(part) // 2
+            todo += [part[half:], part[:half]]  # the first half is read first
+    pieces.sort(key=lambda piece: int(piece[0][0]))
+    return pieces
+
+
+def _valid_utf8(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def parse_block(data: bytes) -> ParsedBlock:
+    """Arrow's reading of a block of whole lines (``data`` ends with ``\\n``); the lines it leaves out are for
+    the per-record road."""
+    starts, ends = _line_bounds(data)
+    lines = np.flatnonzero(_candidates(data, starts, ends))
+    pieces = _read_lines(data, starts, ends, lines) if len(lines) else []
+    if not pieces:
+        return ParsedBlock(data, starts, ends, np.zeros(0, np.int64), CHAT_BLOCK_SCHEMA.empty_table())
+    read = np.concatenate([piece[0] for piece in pieces])
+    table = pa.concat_tables([piece[1] for piece in pieces]) if len(pieces) > 1 else pieces[0][1]
+    if not data.isascii():
+        valid = np.fromiter(
+            (_valid_utf8(data[starts[i] : ends[i]]) for i in read.tolist()), dtype=bool, count=len(read)
+        )
+        if not valid.all():
+            read, table = read[valid], table.filter(pa.array(valid))
+    return ParsedBlock(data, starts, ends, read, table)
+
+
+__all__ = ["ABSENT_KEYS", "CHAT_BLOCK_SCHEMA", "MAX_OPENERS", "ParsedBlock", "parse_block"]

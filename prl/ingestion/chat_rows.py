@@ -1,0 +1,227 @@
+"""The ``traces`` rows of chat completions read by Arrow (:mod:`prl.ingestion.chat_block`), computed as
+vectorized operations over the whole block: the reader's fields, validation and the digests.
+
+A record is taken only where every step of the per-record road (the chat reader's ``parse``, the ingest
+options, the scalar guard, batch validation) would keep all its choices and give exactly these values; a
+record any step would quarantine, or read otherwise, is refused (``accepted`` false) and read by the
+per-record road, which gives its rows or reasons as always. A record is refused where:
+
+- it is not an ``object: "chat.completion"``, has no string ``id`` (or an empty one, or one that looks
+  derived), no top-level ``prompt_token_ids`` list, no choices;
+- a choice is null, its ``index`` is beyond int32, its finish reason is unknown or missing (with no
+  ``--finish-reason``), it has no ``token_ids`` list or no ``logprobs.content`` list;
+- a token list holds nulls, an ID outside [0, 2^31), is empty, or the logprob entries are not as many as the
+  completion IDs; an entry is null, has a null token or a top-k head (whose rules ``parse`` applies);
+- the entry tokens are all ``"token_id:N"`` but not exactly the completion IDs so spelled;
+- a logprob is not finite, positive, a negative zero (Arrow reads the integer ``-0`` as -0.0, the decoders
+  as 0), or at most -2^53 (an integer beyond 2^53 is exact for the decoders, not for a double).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prl.formats.base import TOKEN_ID_PREFIX, ParseOptions
+from prl.formats.fields import DERIVED_ID_PREFIX, FINISH_REASON_MAP
+from prl.ingestion.assemble import INT32_MAX
+from prl.ingestion.batch import _digests, _Flat, _floored, _list
+from prl.schema import TIMESTAMP_MS, TRACES
+
+CHAT_FORMAT = "openai_chat"
+INT32_MIN = -(2**31)
+EXACT_DOUBLE = 2.0**53
+_MS_THRESHOLD = 100_000_000_000
+_MS_LIMIT = 253402300800000
+_REASONS = pa.array(list(FINISH_REASON_MAP))
+_NORMALISED = pa.array(list(FINISH_REASON_MAP.values()))
+
+
+@dataclass(slots=True)
+class ChatRows:
+    """What a block's table gave: ``accepted`` bool[T] per table row (record); ``batch``: the ``traces`` rows of
+    the accepted records' choices, in order (``group_id`` and ``record_digest`` set); ``record`` int64[R]: the
+    table row of each batch row; ``choice_index`` int32[R]."""
+
+    accepted: np.ndarray
+    batch: pa.RecordBatch
+    record: np.ndarray
+
+
+def _np(array: pa.Array, fill: object) -> np.ndarray:
+    if array.null_count:
+        array = pc.fill_null(array, fill)
+    return array.to_numpy(zero_copy_only=False)
+
+
+def _lengths(lists: pa.Array) -> np.ndarray:
+    return _np(pc.list_value_length(lists), 0).astype(np.int64)
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def _row_any(flags: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    counts = np.zeros(len(flags) + 1, dtype=np.int64)
+    np.cumsum(flags, out=counts[1:])
+    return counts[offsets[1:]] > counts[offsets[:-1]]
+
+
+def _bad_ids(lists: pa.Array, lengths: np.ndarray) -> np.ndarray:
+    """bool[rows]: lists holding a null or an ID outside [0, 2^31)."""
+    values = pc.list_flatten(lists)
+    ids = _np(values, -1)
+    return _row_any((ids < 0) | (ids > INT32_MAX), _offsets(lengths))
+
+
+def _column(table: pa.Table, name: str) -> pa.Array:
+    column = table.column(name)
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
+def _created_ms(created: pa.Array) -> pa.Array:
+    """``timestamp_ms`` of integer epoch seconds or milliseconds, vectorized (null where it gives None)."""
+    value = _np(created, -1).astype(np.int64)
+    ms = np.where(value > _MS_THRESHOLD, value, value * 1000)
+    valid = np.asarray(created.is_valid()) & (value >= 0) & (value < _MS_LIMIT)
+    return pa.array(ms, pa.int64(), mask=~valid).cast(TIMESTAMP_MS)
+
+
+def _records_ok(table: pa.Table) -> np.ndarray:
+    ids = _column(table, "id")
+    ok = _np(pc.equal(_column(table, "object"), "chat.completion"), False)
+    ok &= _np(pc.greater(pc.binary_length(ids), 0), False)
+    ok &= ~_np(pc.starts_with(ids, DERIVED_ID_PREFIX), True)
+    prompt = _column(table, "prompt_token_ids")
+    lengths = _lengths(prompt)
+    ok &= np.asarray(prompt.is_valid()) & (lengths > 0) & ~_bad_ids(prompt, lengths)
+    ok &= _lengths(_column(table, "choices")) > 0
+    return ok
+
+
+def _spelled_wrong(tokens: pa.Array, t_len: np.ndarray, ids: pa.Array, c_len: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """bool[C]: choices whose entry tokens are all ``"token_id:N"`` (as many as the IDs) and not exactly the
+    IDs so spelled; ``parse`` compares only those."""
+    prefixed = _np(pc.starts_with(tokens, TOKEN_ID_PREFIX), False)
+    check = ok & (t_len == c_len) & (c_len > 0) & ~_row_any(~prefixed, _offsets(t_len))
+    if not check.any():
+        return np.zeros(len(ok), dtype=bool)
+    spelled = tokens.filter(pa.array(np.repeat(check, t_len)))
+    expected = pc.binary_join_element_wise(
+        TOKEN_ID_PREFIX, pc.cast(pc.list_flatten(ids).filter(pa.array(np.repeat(check, c_len))), pa.string()), ""
+    )
+    differs = ~_np(pc.equal(spelled, expected), False)
+    return check & _row_any(differs, _offsets(np.where(check, t_len, 0)))
+
+
+def chat_rows(table: pa.Table, lines: np.ndarray, options: ParseOptions, uri: str, now_ms: int) -> ChatRows:
+    """The rows of the records of ``table`` (read with :data:`prl.ingestion.chat_block.CHAT_BLOCK_SCHEMA`;
+    ``lines``: int64[T] their source line numbers) that the per-record road would keep as they are."""
+    records = table.num_rows
+    choices = _column(table, "choices")
+    flat = pc.list_flatten(choices)
+    parent = _np(pc.list_parent_indices(choices), 0).astype(np.int64)
+    first = _offsets(_lengths(choices))[:-1]
+    ok = np.asarray(flat.is_valid()).copy()
+
+    index = flat.field("index")
+    given = np.asarray(index.is_valid())
+    index_np = _np(index, 0)
+    ok &= ~given | ((index_np >= INT32_MIN) & (index_np <= INT32_MAX))
+    choice_index = np.where(given, index_np, np.arange(len(flat)) - first[parent]).astype(np.int32)
+
+    reason = flat.field("finish_reason")
+    found = pc.index_in(reason, value_set=_REASONS)
+    finish = pc.take(_NORMALISED, found)
+    if options.finish_reason is not None:
+        finish = pc.if_else(reason.is_valid(), finish, options.finish_reason)
+    ok &= np.asarray(finish.is_valid())
+
+    ids = flat.field("token_ids")
+    c_len = _lengths(ids)
+    ok &= np.asarray(ids.is_valid()) & (c_len > 0) & ~_bad_ids(ids, c_len)
+    logprobs = flat.field("logprobs")
+    content = logprobs.field("content")
+    t_len = _lengths(content)
+    ok &= np.asarray(logprobs.is_valid()) & np.asarray(content.is_valid()) & (t_len == c_len)
+    entries = pc.list_flatten(content)
+    tokens, values = entries.field("token"), entries.field("logprob")
+    odd = ~np.asarray(entries.is_valid()) | ~np.asarray(tokens.is_valid())
+    odd |= _np(pc.list_value_length(entries.field("top_logprobs")), 0) > 0
+    lp = _np(values, -1.0)
+    odd |= ~np.isfinite(lp) | (lp > 0) | (lp <= -EXACT_DOUBLE) | ((lp == 0) & np.signbit(lp))
+    t_offsets = _offsets(t_len)
+    ok &= ~_row_any(odd, t_offsets)
+    ok &= ~_spelled_wrong(tokens, t_len, ids, c_len, ok)
+
+    accepted = _records_ok(table)
+    accepted &= np.bincount(parent[~ok], minlength=records)[:records] == 0
+    keep = accepted[parent]
+    record = parent[keep]
+    message = flat.field("message")
+    text = pc.if_else(message.is_valid(), message.field("content"), pa.scalar(None, pa.string()))
+    columns = {
+        "choice_index": pa.array(choice_index[keep], pa.int32()),
+        "finish_reason": finish.filter(pa.array(keep)),
+        "completion_text": text.filter(pa.array(keep)),
+    }
+    batch = _assemble(table, columns, record, (ids, c_len), (values, t_len), keep, lines, options, uri, now_ms)
+    return ChatRows(accepted, batch, record)
+
+
+def _assemble(
+    table: pa.Table,
+    columns: dict[str, pa.Array],
+    record: np.ndarray,
+    ids: tuple[pa.Array, np.ndarray],
+    logprobs: tuple[pa.Array, np.ndarray],
+    keep: np.ndarray,
+    lines: np.ndarray,
+    options: ParseOptions,
+    uri: str,
+    now_ms: int,
+) -> pa.RecordBatch:
+    """The traces batch of the kept choices (``record``: their table rows), as
+    :func:`prl.ingestion.batch.check_and_assemble` builds it."""
+    rows = len(record)
+    take = pa.array(record)
+    prompt_lists = pc.take(_column(table, "prompt_token_ids"), take)
+    prompt_len = _lengths(prompt_lists)
+    prompt = _Flat(_offsets(prompt_len), pc.list_flatten(prompt_lists), None)
+    id_lists, c_len = ids
+    completion = _Flat(_offsets(c_len[keep]), pc.list_flatten(id_lists).filter(pa.array(np.repeat(keep, c_len))), None)
+    values, t_len = logprobs
+    floored = _floored(values.filter(pa.array(np.repeat(keep, t_len))))
+    lp = _Flat(_offsets(t_len[keep]), floored, None)
+    lp32 = floored.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    digests, prompt_digests = _digests(
+        {"prompt": prompt, "completion": completion, "logprobs": lp}, lp32, np.arange(rows)
+    )
+    request_id = pc.take(_column(table, "id"), take)
+    columns |= {
+        "sample_id": pc.binary_join_element_wise(request_id, pc.cast(columns["choice_index"], pa.string()), "#"),
+        "request_id": request_id,
+        "group_id": pa.array(prompt_digests, pa.string()),
+        "policy_version": pa.array([options.policy_version] * rows, pa.string()),
+        "model": pc.take(_column(table, "model"), take),
+        "created_at": pc.take(_created_ms(_column(table, "created")), take),
+        "prompt_token_ids": _list(prompt, prompt.values.cast(pa.int32(), safe=False)),
+        "completion_token_ids": _list(completion, completion.values.cast(pa.int32(), safe=False)),
+        "completion_logprobs": _list(lp, floored),
+        "record_digest": pa.array(digests, pa.string()),
+        "source_uri": pa.array([uri] * rows, pa.string()),
+        "source_line": pa.array(lines[record], pa.int64()),
+        "source_format": pa.array([CHAT_FORMAT] * rows, pa.string()),
+        "ingested_at": pa.array(np.full(rows, now_ms, dtype=np.int64)).cast(TIMESTAMP_MS),
+    }
+    arrays = [columns[f.name] if f.name in columns else pa.nulls(rows, f.type) for f in TRACES]
+    return pa.RecordBatch.from_arrays(arrays, schema=TRACES)
+
+
+__all__ = ["CHAT_FORMAT", "ChatRows", "chat_rows"]

@@ -1,0 +1,142 @@
+"""The columnar road of ``prl ingest``: chat completions of the common shape read a block at a time, with no
+Python object per record.
+
+:func:`framed_items` frames a JSON-lines source as its format would, block by block: each block is read by one
+Arrow call (:mod:`prl.ingestion.chat_block`), its records' rows computed and validated over the whole block
+(:mod:`prl.ingestion.chat_rows`), and the records taken come out as :class:`ColumnarRun` (consecutive lines,
+their ``traces`` rows ready); every other line comes out as the :class:`prl.formats.base.RawRecord` the
+format's framing gives, for the per-record road. Items come in source order, so rows, quarantine rows and
+batches are those of reading every record on the per-record road.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from prl.formats.base import Format, ParseOptions, RawRecord
+from prl.formats.registry import PerRecord
+from prl.formats.vllm import VllmChat
+from prl.ingestion.chat_block import ParsedBlock, parse_block
+from prl.ingestion.chat_rows import CHAT_FORMAT, chat_rows
+from prl.io.sources import lines_of
+
+
+@dataclass(slots=True)
+class ColumnarRun:
+    """Records on consecutive lines of one block, taken by the columnar road. ``batch``: their ``traces`` rows
+    (every choice of every record, in order); ``record`` int64[R]: each row's record (0..N-1); ``lines``
+    int64[N]: the records' block line indices in ``block``; ``first_line``: the block's first line number;
+    ``tokens`` int64[N]: prompt plus completion tokens of each record."""
+
+    batch: pa.RecordBatch
+    record: np.ndarray
+    lines: np.ndarray
+    block: ParsedBlock
+    first_line: int
+    tokens: np.ndarray
+
+    @property
+    def records(self) -> int:
+        return len(self.lines)
+
+    def raw(self, record: int) -> bytes:
+        """Record ``record``'s JSON text."""
+        return self.block.raw(int(self.lines[record]))
+
+    def line(self, record: int) -> int:
+        """Record ``record``'s source line number."""
+        return self.first_line + int(self.lines[record])
+
+    def split(self, records: int) -> tuple[ColumnarRun, ColumnarRun]:
+        """The first ``records`` records and the rest."""
+        cut = int(np.searchsorted(self.record, records))
+        head = ColumnarRun(
+            self.batch.slice(0, cut),
+            self.record[:cut],
+            self.lines[:records],
+            self.block,
+            self.first_line,
+            self.tokens[:records],
+        )
+        tail = ColumnarRun(
+            self.batch.slice(cut),
+            self.record[cut:] - records,
+            self.lines[records:],
+            self.block,
+            self.first_line,
+            self.tokens[records:],
+        )
+        return head, tail
+
+
+def takes(fmt: Format, options: ParseOptions) -> bool:
+    """Whether the columnar road reads records of a source read by ``fmt`` with ``options``: chat completions
+    named by their format or detected per record, with no ``--group-field`` or ``--agent-field`` (which read
+    fields of the record the road does not)."""
+    framed = type(fmt).frame is Format.frame
+    per_record = isinstance(fmt, PerRecord | VllmChat)
+    return framed and per_record and not options.group_field and not options.agent_field
+
+
+def _runs(taken: np.ndarray) -> list[tuple[int, int, bool]]:
+    """``(start, stop, taken)`` of the maximal stretches of lines all taken or all not."""
+    if not len(taken):
+        return []
+    cuts = np.flatnonzero(taken[1:] != taken[:-1]) + 1
+    bounds = [0, *cuts.tolist(), len(taken)]
+    return [(a, b, bool(taken[a])) for a, b in itertools.pairwise(bounds)]
+
+
+def _block_items(
+    fmt: Format, first_line: int, data: bytes, options: ParseOptions, uri: str, now_ms: int
+) -> Iterator[RawRecord | ColumnarRun]:
+    parsed = parse_block(data)
+    rows = chat_rows(parsed.table, first_line + parsed.lines, options, uri, now_ms)
+    lines = parsed.lines[rows.accepted]
+    taken = np.zeros(len(parsed.starts), dtype=bool)
+    taken[lines] = True
+    ordinal = np.cumsum(rows.accepted) - 1
+    row_record = ordinal[rows.record]  # each row's record among the accepted ones
+    tokens = np.bincount(
+        row_record,
+        weights=np.diff(rows.batch.column("prompt_token_ids").offsets.to_numpy())
+        + np.diff(rows.batch.column("completion_token_ids").offsets.to_numpy()),
+        minlength=len(lines),
+    ).astype(np.int64)
+    done = 0  # accepted records before this stretch
+    for start, stop, is_taken in _runs(taken):
+        if not is_taken:
+            yield from fmt.frame((first_line + i, parsed.raw(i)) for i in range(start, stop))
+            continue
+        count = stop - start
+        first_row, last_row = np.searchsorted(row_record, [done, done + count])
+        yield ColumnarRun(
+            rows.batch.slice(int(first_row), int(last_row - first_row)),
+            row_record[first_row:last_row] - done,
+            lines[done : done + count],
+            parsed,
+            first_line,
+            tokens[done : done + count],
+        )
+        done += count
+
+
+def framed_items(
+    fmt: Format, blocks: Iterable[tuple[int, bytes]], options: ParseOptions, uri: str, now_ms: int
+) -> Iterator[RawRecord | ColumnarRun]:
+    """The records of a source given as :meth:`prl.io.sources.LineReader.blocks` yields it, in order: runs the
+    columnar road takes, and the format's framed records of all other lines (``fmt`` must be one that
+    :func:`takes`). A block with a ``\\r`` or without a final newline is framed line by line."""
+    for first_line, data in blocks:
+        if not data.endswith(b"\n") or b"\r" in data:
+            yield from fmt.frame(lines_of([(first_line, data)]))
+            continue
+        yield from _block_items(fmt, first_line, data, options, uri, now_ms)
+
+
+__all__ = ["CHAT_FORMAT", "ColumnarRun", "framed_items", "takes"]

@@ -1,0 +1,218 @@
+"""The columnar road stores exactly what the per-record road stores: the same traces rows (every column), the
+same quarantine rows, ledger and summary, on files of chat completions with every kind of damage, edited as
+decoded records and as JSON text."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from prl.formats import registry
+from prl.formats.base import ParseOptions
+from prl.ingestion import reading
+from prl.ingestion.columnar import ColumnarRun, framed_items, takes
+from prl.ingestion.traces import ingest
+from prl.store.tables import Store
+from tests.delta_log import commit_infos
+from tests.formats_helpers import json_paths
+from tests.records import vllm_chat
+
+PROMPT = [0, 128803, 3085, 128804]
+NUMBERS: list[Any] = [None, True, False, 0, 1, -1, 1.5, 2.0, 2**31, 2**53 + 1, 2**63, 2**70, -0.5, 0.0, -9999.0, 3.5e38]
+SCALARS: st.SearchStrategy[Any] = st.sampled_from(
+    [*NUMBERS, math.nan, "token_id:5", "token_id:007", "x", "stop", "eos", "bogus", "", [], {}, [1], [{}], [None]]
+)
+TEXT_EDITS = [
+    (b'"logprob": -0.5', b'"logprob": -0'),
+    (b'"logprob": -0.5', b'"logprob": true'),
+    (b'"logprob": -0.5', b'"logprob": NaN'),
+    (b'"logprob": -0.5', b'"logprob": -Infinity'),
+    (b'"logprob": -0.5', b'"logprob": 1e400'),
+    (b'"logprob": -0.5', b'"logprob": -9007199254740993'),
+    (b'"logprob": -0.5', b'"logprob": -1e20'),
+    (b'"logprob": -0.5', b'"logprob": -5E-1'),
+    (b'"id": ', b'"\\u0069d": '),
+    (b'"object": ', b'"custom_id": null, "response": null, "object": '),
+    (b'"object": ', b'"response": null, "call_type": null, "object": '),
+    (b'"object": ', b'"metadata": null, "session_id": null, "object": '),
+    (b'"object": ', b'"id": "again", "object": '),
+    (b'"content": "text"', b'"content": "caf\\u00e9 \\ud83d\\ude00"'),
+    (b'"content": "text"', b'"content": "\\ud800"'),
+    (b'"content": "text"', "\u00e9t\u00e9".encode()),
+    (b'"content": "text"', b'"content": "\xff"'),
+    (b'"content": "text"', b'"content": "a\tb"'),
+    (b'"usage": ', b'"deep": ' + b"[" * 1100 + b"]" * 1100 + b', "usage": '),
+    (b'"usage": ', b'"big": 123456789012345678901234567890, "usage": '),
+    (b'"usage": ', b'"odd": NaN, "usage": '),
+    (b'"token_ids": [5', b'"token_ids": [5.0'),
+    (b'"token_ids": [5', b'"token_ids": [-0'),
+    (b'"index": 0', b'"index": 0.0'),
+    (b'"index": 0', b'"index": -3'),
+    (b'"created": 1764460800', b'"created": 1764460800123'),
+    (b'"created": 1764460800', b'"created": -5'),
+    (b'"created": 1764460800', b'"created": 1.5'),
+    (b'"finish_reason": "stop"', b'"finish_reason": null'),
+    (b'"finish_reason": "stop"', b'"finish_reason": "eos"'),
+]
+WHOLE_LINES = [b"", b"   ", b"null", b"[1]", b'"x"', b"5", b"{not json", b'{"id": "a"} {"id": "b"}', b"{}"]
+
+
+def _record(i: int, choices: int = 1) -> dict[str, Any]:
+    completions: list[tuple[list[int], list[float | None]]] = [
+        ([5, 6, 7], [-0.5, -0.25, -9999.0]),
+        ([8, 1], [-1.5, None]),
+    ]
+    return vllm_chat(f"req-{i}", PROMPT, [completions[k % 2] for k in range(choices)])
+
+
+def _mutate(obj: Any, path: tuple, value: Any, delete: bool) -> Any:
+    if not path:
+        return value
+    parent = obj
+    for part in path[:-1]:
+        parent = parent[part]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return obj
+
+
+def _text(record: Any) -> bytes:
+    return json.dumps(record, allow_nan=True).encode()
+
+
+def _stored(store: Store, source: Path) -> dict[str, Any]:
+    """Everything an ingest of ``source`` left that must not depend on the road: tables (less the clock),
+    ledger, summary."""
+    traces = store.read("traces")
+    quarantine = store.read("quarantine")
+    out: dict[str, Any] = {
+        "traces": None if traces is None else traces.drop_columns(["ingested_at"]).to_pylist(),
+        "quarantine": None
+        if quarantine is None
+        else sorted(
+            quarantine.drop_columns(["quarantined_at"]).to_pylist(),
+            key=lambda r: (r["source_line"], r["quarantine_id"]),
+        ),
+        "ledger": [commit_infos(store, "traces", limit=1)[0].get("prl.sources")],
+    }
+    return out
+
+
+def _taken(lines: list[bytes]) -> int:
+    """Records of ``lines`` the columnar road takes."""
+    chat = registry.per_record(registry.by_name("openai_chat"))
+    items = framed_items(chat, [(1, b"".join(line + b"\n" for line in lines))], ParseOptions(), "u", 0)
+    return sum(item.records for item in items if isinstance(item, ColumnarRun))
+
+
+def _both_roads(tmp_path: Path, lines: list[bytes], monkeypatch: pytest.MonkeyPatch, **options: Any) -> dict:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b"".join(line + b"\n" for line in lines))
+    results = []
+    for road in ("columnar", "per_record"):
+        with monkeypatch.context() as patch:
+            if road == "per_record":
+                patch.setattr(reading, "takes", lambda fmt, opts: False)
+            store = Store(str(tmp_path / f"store-{road}-{len(list(tmp_path.iterdir()))}"))
+            result = ingest([str(source)], store, max_quarantine_rate=None, **options)
+            summary = {k: v for k, v in result.to_json().items() if k not in ("seconds", "store", "tokens_per_second")}
+            results.append(_stored(store, source) | {"summary": summary})
+    columnar, per_record = results
+    for key in ("traces", "quarantine", "ledger", "summary"):
+        assert columnar[key] == per_record[key], key
+    return columnar
+
+
+def test_clean_records_take_the_columnar_road_and_store_what_the_per_record_road_stores(tmp_path, monkeypatch):
+    lines = [_text(_record(i, choices=1 + i % 3)) for i in range(50)]
+    source = tmp_path / "a.jsonl"
+    source.write_bytes(b"\n".join(lines) + b"\n")
+    chat = registry.per_record(registry.by_name("openai_chat"))
+    items = list(framed_items(chat, [(1, source.read_bytes())], ParseOptions(), "u", 0))
+    assert [type(item).__name__ for item in items] == ["ColumnarRun"] and items[0].records == 50
+    assert items[0].batch.num_rows == 99  # 1, 2 or 3 choices each
+    stored = _both_roads(tmp_path, lines, monkeypatch)
+    assert len(stored["traces"]) == 99 and stored["quarantine"] == []
+    assert stored["traces"][0]["completion_logprobs"] == [-0.5, -0.25, None]
+
+
+def test_damaged_lines_go_to_the_per_record_road_with_their_reasons(tmp_path, monkeypatch):
+    lines = []
+    for i, (old, new) in enumerate(TEXT_EDITS):
+        text = _text(_record(i, choices=2))
+        assert old in text, old
+        lines += [_text(_record(1000 + i)), text.replace(old, new, 1)]
+    lines += [*WHOLE_LINES, b"\xef\xbb\xbf" + _text(_record(2000))]
+    lines += [_text(_record(1001)), _text(_record(1000)).replace(b"-0.25", b"-0.75")]  # present, then a duplicate
+    stored = _both_roads(tmp_path, lines, monkeypatch)
+    reasons = {row["reason"] for row in stored["quarantine"]}
+    assert {"bad_logprob", "nonfinite_logprob", "malformed_json", "too_deep", "bad_string"} <= reasons
+    assert "duplicate_sample_id" in reasons and stored["summary"]["already_present"] == 1
+    taken = [new for old, new in TEXT_EDITS if _taken([_text(_record(0)).replace(old, new, 1)]) == 1]
+    assert taken == [  # what both decoders read as Arrow does; every other edit goes to the per-record road
+        b'"logprob": -5E-1',
+        b'"metadata": null, "session_id": null, "object": ',
+        b'"content": "caf\\u00e9 \\ud83d\\ude00"',
+        b'"big": 123456789012345678901234567890, "usage": ',
+        b'"odd": NaN, "usage": ',
+        b'"index": -3',
+        b'"created": 1764460800123',
+        b'"created": -5',
+        b'"finish_reason": "eos"',
+    ]
+    assert _taken([*WHOLE_LINES, b"\xef\xbb\xbf" + _text(_record(0))]) == 0
+
+
+def test_options_and_batch_boundaries_inside_runs(tmp_path, monkeypatch):
+    lines = [_text(_record(i, choices=1 + i % 2)) for i in range(40)]
+    lines[7] = lines[7].replace(b'"finish_reason": "stop"', b'"finish_reason": null')
+    lines[20] = lines[20].replace(b'"token_ids": [5', b'"token_ids": [-5')
+    lines[30] = _text(_record(3))  # the same sample again
+    stored = _both_roads(tmp_path, lines, monkeypatch, batch_tokens=23, policy_version="v7", finish_reason="length")
+    assert {row["policy_version"] for row in stored["traces"]} == {"v7"}
+    assert [row["reason"] for row in stored["quarantine"]] == ["token_mismatch"]  # the tokens spell 5
+
+
+def test_a_file_ending_mid_line_and_one_with_crlf(tmp_path, monkeypatch):
+    source = tmp_path / "crlf.jsonl"
+    source.write_bytes(b"".join(_text(_record(i)) + b"\r\n" for i in range(5)) + _text(_record(9))[:-3])
+    store = Store(str(tmp_path / "s"))
+    result = ingest([str(source)], store, partial_line_grace=0.0)
+    assert (result.samples, result.quarantined) == (5, {"truncated_line": 1})
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_mutated_records_store_the_same_on_both_roads(tmp_path_factory, monkeypatch, data):
+    records: list[Any] = [_record(i, choices=1 + i % 2) for i in range(6)]
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, 5))
+        record = copy.deepcopy(records[i])
+        path = data.draw(st.sampled_from(json_paths(record)))
+        records[i] = _mutate(record, path, data.draw(SCALARS), data.draw(st.booleans()))
+    lines = [_text(r) for r in records]
+    for _ in range(data.draw(st.integers(0, 2))):
+        i = data.draw(st.integers(0, 5))
+        old, new = data.draw(st.sampled_from(TEXT_EDITS))
+        lines[i] = lines[i].replace(old, new, 1)
+    _both_roads(tmp_path_factory.mktemp("fuzz"), lines, monkeypatch)
+
+
+def test_road_takes_only_chat_files_without_field_options():
+
+    chat = registry.per_record(registry.by_name("openai_chat"))
+    assert takes(chat, ParseOptions()) and takes(registry.by_name("openai_chat"), ParseOptions(policy_version="x"))
+    assert not takes(chat, ParseOptions(group_field="g")) and not takes(chat, ParseOptions(agent_field="a"))
+    assert not takes(registry.by_name("openai_completions"), ParseOptions())
+    assert not takes(registry.by_name("sse"), ParseOptions())

@@ -29,7 +29,8 @@ Three cases, each timed step in a fresh process (so peak RSS is its own), the fa
     less than the last run from the start.
 
 Usage: ``python bench/bench_incremental.py [--stored N] [--short N] [--commits N] [--shipped N] [--grown N]
-[--grows N] [--cases a,b,c,d,e] [--check-only] [--check-runs N]``.
+[--grows N] [--cases a,b,c,d,e] [--check-only] [--check-runs N] [--ingest-only]``; ``--ingest-only`` times
+case (b)'s ingest alone, fastest of ``PRL_BENCH_ROUNDS``.
 """
 
 from __future__ import annotations
@@ -175,7 +176,30 @@ def case_history(work: str, stored: int, new: int) -> None:
     print(f"  peak RSS {max(r['peak_rss_mb'] for r in full):.0f} MB")
 
 
-def case_short(work: str, records: int) -> None:
+def _ingest_only(path: str, store: str) -> str:
+    return AS_THE_COMMAND + (
+        "from prl.ingestion.traces import ingest\n"
+        "t, c = time.perf_counter(), time.process_time()\n"
+        f"r = ingest([{path!r}], {store!r})\n"
+        "out = {'seconds': time.perf_counter() - t, 'cpu': time.process_time() - c, 'samples': r.samples}\n"
+    )
+
+
+def case_short_ingest(work: str, path: str, records: int, raw_rate: float) -> None:
+    """Ingest alone, ``ROUNDS`` times, each into a fresh store: the fastest run and CPU seconds (all threads)."""
+    runs = [_child(_ingest_only(path, os.path.join(work, f"short-store-{i}"))) for i in range(ROUNDS)]
+    assert all(r["samples"] == records for r in runs), runs
+    best = min(runs, key=lambda r: r["seconds"])
+    rate = records / best["seconds"]
+    rates = ", ".join(f"{records / r['seconds']:,.0f}" for r in runs)
+    print(
+        f"  ingest                : {rate:10,.0f} records/s ({rate / raw_rate:.2f}x read_json; targets >= 50,000/s and "
+        f">= 0.4x), {best['cpu']:.2f} CPU s; runs {rates}"
+    )
+    print(f"  peak RSS {max(r['peak_rss_mb'] for r in runs):.0f} MB")
+
+
+def case_short(work: str, records: int, ingest_only: bool = False) -> None:
     print(f"(b) short records: {records:,} records of 20 + 10 tokens")
     path = os.path.join(work, "short.jsonl")
     records = short_file(path, records, seed=7)
@@ -194,6 +218,10 @@ def case_short(work: str, records: int) -> None:
         ),
         key=lambda r: r["seconds"],
     )
+    if ingest_only:
+        print(f"  pyarrow.json.read_json: {records / raw['seconds']:10,.0f} records/s")
+        case_short_ingest(work, path, records, records / raw["seconds"])
+        return
     store = os.path.join(work, "short-store")
     run = _child(
         _steps_code(path, store).replace("out = {", "out = {'rewards': 0, ")
@@ -441,6 +469,9 @@ def main() -> None:
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--check-only", action="store_true", help="case b: time check-tokens and its floor only")
     parser.add_argument("--check-runs", type=int, default=2, help="with --check-only: runs of each, alternating")
+    parser.add_argument(
+        "--ingest-only", action="store_true", help="case (b): time ingest alone (no check-tokens, no rewards)"
+    )
     args = parser.parse_args()
     work = args.workdir or tempfile.mkdtemp(prefix="prl-bench-incremental-")
     os.makedirs(work, exist_ok=True)
@@ -451,7 +482,7 @@ def main() -> None:
         if "b" in cases and args.check_only:
             case_check_only(work, args.short, args.check_runs)
         elif "b" in cases:
-            case_short(work, args.short)
+            case_short(work, args.short, args.ingest_only)
         if "c" in cases:
             case_cron(work, args.commits)
         if "d" in cases:

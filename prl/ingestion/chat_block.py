@@ -92,20 +92,27 @@ _READ = pj.ReadOptions(use_threads=True, block_size=1 << 20)
 
 
 @dataclass(slots=True)
-class ParsedBlock:
-    """The lines of one block and what Arrow read of them. ``starts`` / ``ends``: int64[L] byte offsets of
-    each line in ``data`` (``ends`` at its ``\\n``); ``lines``: int64[T] indices of the lines Arrow read, in
-    order, row ``i`` of ``table`` being line ``lines[i]``."""
+class BlockLines:
+    """The lines of one block: ``starts`` / ``ends`` are int64[L] byte offsets of each line in ``data``
+    (``ends`` at its ``\\n``)."""
 
     data: bytes
     starts: np.ndarray
     ends: np.ndarray
-    lines: np.ndarray
-    table: pa.Table
 
     def raw(self, line: int) -> bytes:
         """Line ``line``'s bytes (without its ``\\n``)."""
         return self.data[int(self.starts[line]) : int(self.ends[line])]
+
+
+@dataclass(slots=True)
+class ParsedBlock:
+    """The lines of one block and what Arrow read of them: ``lines`` int64[T] are the indices of the lines
+    Arrow read, in order, row ``i`` of ``table`` being line ``lines[i]``."""
+
+    text: BlockLines
+    lines: np.ndarray
+    table: pa.Table
 
 
 def _line_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +192,7 @@ def parse_block(data: bytes) -> ParsedBlock:
     lines = np.flatnonzero(_candidates(data, starts, ends))
     pieces = _read_lines(data, starts, ends, lines) if len(lines) else []
     if not pieces:
-        return ParsedBlock(data, starts, ends, np.zeros(0, np.int64), CHAT_BLOCK_SCHEMA.empty_table())
+        return ParsedBlock(BlockLines(data, starts, ends), np.zeros(0, np.int64), CHAT_BLOCK_SCHEMA.empty_table())
     read = np.concatenate([piece[0] for piece in pieces])
     table = pa.concat_tables([piece[1] for piece in pieces]) if len(pieces) > 1 else pieces[0][1]
     if not data.isascii():
@@ -194,7 +201,7 @@ def parse_block(data: bytes) -> ParsedBlock:
         )
         if not valid.all():
             read, table = read[valid], table.filter(pa.array(valid))
-    return ParsedBlock(data, starts, ends, read, table)
+    return ParsedBlock(BlockLines(data, starts, ends), read, table)
 
 
-__all__ = ["ABSENT_KEYS", "CHAT_BLOCK_SCHEMA", "MAX_OPENERS", "ParsedBlock", "parse_block"]
+__all__ = ["ABSENT_KEYS", "CHAT_BLOCK_SCHEMA", "MAX_OPENERS", "BlockLines", "ParsedBlock", "parse_block"]

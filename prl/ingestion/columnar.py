@@ -21,9 +21,12 @@ import pyarrow as pa
 from prl.formats.base import Format, ParseOptions, RawRecord
 from prl.formats.registry import PerRecord
 from prl.formats.vllm import VllmChat
-from prl.ingestion.chat_block import ParsedBlock, parse_block
+from prl.ingestion.chat_block import MAX_OPENERS, BlockLines, parse_block
 from prl.ingestion.chat_rows import CHAT_FORMAT, chat_rows
 from prl.io.sources import lines_of
+
+ROAD_BLOCK = 16 * 1024 * 1024
+"""Bytes of source lines read by one Arrow call (reader blocks joined)."""
 
 
 @dataclass(slots=True)
@@ -36,7 +39,7 @@ class ColumnarRun:
     batch: pa.RecordBatch
     record: np.ndarray
     lines: np.ndarray
-    block: ParsedBlock
+    block: BlockLines
     first_line: int
     tokens: np.ndarray
 
@@ -97,8 +100,10 @@ def _block_items(
 ) -> Iterator[RawRecord | ColumnarRun]:
     parsed = parse_block(data)
     rows = chat_rows(parsed.table, first_line + parsed.lines, options, uri, now_ms)
+    text = parsed.text
     lines = parsed.lines[rows.accepted]
-    taken = np.zeros(len(parsed.starts), dtype=bool)
+    del parsed  # its columns: the rows hold what is kept
+    taken = np.zeros(len(text.starts), dtype=bool)
     taken[lines] = True
     ordinal = np.cumsum(rows.accepted) - 1
     row_record = ordinal[rows.record]  # each row's record among the accepted ones
@@ -111,7 +116,7 @@ def _block_items(
     done = 0  # accepted records before this stretch
     for start, stop, is_taken in _runs(taken):
         if not is_taken:
-            yield from fmt.frame((first_line + i, parsed.raw(i)) for i in range(start, stop))
+            yield from fmt.frame((first_line + i, text.raw(i)) for i in range(start, stop))
             continue
         count = stop - start
         first_row, last_row = np.searchsorted(row_record, [done, done + count])
@@ -119,11 +124,39 @@ def _block_items(
             rows.batch.slice(int(first_row), int(last_row - first_row)),
             row_record[first_row:last_row] - done,
             lines[done : done + count],
-            parsed,
+            text,
             first_line,
             tokens[done : done + count],
         )
         done += count
+
+
+def _worth_reading(data: bytes) -> bool:
+    """Whether a block of whole lines may hold records the road takes: its first line is not one it refuses
+    for its nesting (long records, thousands of tokens, are read faster by the per-record road)."""
+    first = data[: data.find(b"\n")]
+    return len(first) < 2 * MAX_OPENERS or first.count(b"[") + first.count(b"{") <= MAX_OPENERS
+
+
+def _joined(blocks: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    """Consecutive blocks of whole lines joined up to :data:`ROAD_BLOCK` bytes (fewer Arrow calls per byte);
+    any other block as it is, in order."""
+    held: list[bytes] = []
+    first_line = size = 0
+    for line, data in blocks:
+        joinable = data.endswith(b"\n") and b"\r" not in data
+        if held and (not joinable or size + len(data) > ROAD_BLOCK):
+            yield first_line, b"".join(held) if len(held) > 1 else held[0]
+            held, size = [], 0
+        if not joinable:
+            yield line, data
+            continue
+        if not held:
+            first_line = line
+        held.append(data)
+        size += len(data)
+    if held:
+        yield first_line, b"".join(held) if len(held) > 1 else held[0]
 
 
 def framed_items(
@@ -131,9 +164,10 @@ def framed_items(
 ) -> Iterator[RawRecord | ColumnarRun]:
     """The records of a source given as :meth:`prl.io.sources.LineReader.blocks` yields it, in order: runs the
     columnar road takes, and the format's framed records of all other lines (``fmt`` must be one that
-    :func:`takes`). A block with a ``\\r`` or without a final newline is framed line by line."""
-    for first_line, data in blocks:
-        if not data.endswith(b"\n") or b"\r" in data:
+    :func:`takes`). A block with a ``\\r``, without a final newline, or of long records is framed line by
+    line."""
+    for first_line, data in _joined(blocks):
+        if not data.endswith(b"\n") or b"\r" in data or not _worth_reading(data):
             yield from fmt.frame(lines_of([(first_line, data)]))
             continue
         yield from _block_items(fmt, first_line, data, options, uri, now_ms)

@@ -25,9 +25,6 @@ from prl.ingestion.chat_block import MAX_OPENERS, BlockLines, parse_block
 from prl.ingestion.chat_rows import CHAT_FORMAT, chat_rows
 from prl.io.sources import lines_of
 
-ROAD_BLOCK = 16 * 1024 * 1024
-"""Bytes of source lines read by one Arrow call (reader blocks joined)."""
-
 
 @dataclass(slots=True)
 class ColumnarRun:
@@ -138,27 +135,6 @@ def _worth_reading(data: bytes) -> bool:
     return len(first) < 2 * MAX_OPENERS or first.count(b"[") + first.count(b"{") <= MAX_OPENERS
 
 
-def _joined(blocks: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
-    """Consecutive blocks of whole lines joined up to :data:`ROAD_BLOCK` bytes (fewer Arrow calls per byte);
-    any other block as it is, in order."""
-    held: list[bytes] = []
-    first_line = size = 0
-    for line, data in blocks:
-        joinable = data.endswith(b"\n") and b"\r" not in data
-        if held and (not joinable or size + len(data) > ROAD_BLOCK):
-            yield first_line, b"".join(held) if len(held) > 1 else held[0]
-            held, size = [], 0
-        if not joinable:
-            yield line, data
-            continue
-        if not held:
-            first_line = line
-        held.append(data)
-        size += len(data)
-    if held:
-        yield first_line, b"".join(held) if len(held) > 1 else held[0]
-
-
 def framed_items(
     fmt: Format, blocks: Iterable[tuple[int, bytes]], options: ParseOptions, uri: str, now_ms: int
 ) -> Iterator[RawRecord | ColumnarRun]:
@@ -166,7 +142,7 @@ def framed_items(
     columnar road takes, and the format's framed records of all other lines (``fmt`` must be one that
     :func:`takes`). A block with a ``\\r``, without a final newline, or of long records is framed line by
     line."""
-    for first_line, data in _joined(blocks):
+    for first_line, data in blocks:
         if not data.endswith(b"\n") or b"\r" in data or not _worth_reading(data):
             yield from fmt.frame(lines_of([(first_line, data)]))
             continue

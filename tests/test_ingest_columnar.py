@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -17,6 +19,7 @@ from hypothesis import strategies as st
 from prl.formats import registry
 from prl.formats.base import ParseOptions
 from prl.ingestion import reading
+from prl.ingestion.chat_block import parse_block
 from prl.ingestion.columnar import ColumnarRun, framed_items, takes
 from prl.ingestion.traces import ingest
 from prl.store.tables import Store
@@ -216,3 +219,27 @@ def test_road_takes_only_chat_files_without_field_options():
     assert not takes(chat, ParseOptions(group_field="g")) and not takes(chat, ParseOptions(agent_field="a"))
     assert not takes(registry.by_name("openai_completions"), ParseOptions())
     assert not takes(registry.by_name("sse"), ParseOptions())
+
+
+def test_arrow_reads_logprobs_bit_for_bit_as_the_decoders_do():
+    rng = np.random.default_rng(3)
+    values = np.concatenate(
+        [-rng.exponential(2, 4000), -rng.random(1000) * 1e-300, -(10.0 ** rng.uniform(-320, 30, 2000))]
+    )
+    texts = [repr(float(v)) for v in values] + [f"{v:.25e}" for v in values[:1000]] + [f"-{n}" for n in range(1, 500)]
+    lines = []
+    for i in range(0, len(texts), 50):
+        chunk = texts[i : i + 50]
+        record = vllm_chat(f"r{i}", PROMPT, [(list(range(len(chunk))), [-0.5] * len(chunk))])
+        pieces = _text(record).split(b'"logprob": -0.5')
+        written = [b'"logprob": ' + t.encode() + piece for t, piece in zip(chunk, pieces[1:], strict=True)]
+        lines.append(pieces[0] + b"".join(written))
+    data = b"".join(line + b"\n" for line in lines)
+    parsed = parse_block(data)
+    assert parsed.table.num_rows == len(lines)
+    content = parsed.table.column("choices").combine_chunks().flatten().field("logprobs").field("content")
+    read = content.flatten().field("logprob").to_numpy()
+    decoded = np.array(
+        [e["logprob"] for line in lines for e in orjson.loads(line)["choices"][0]["logprobs"]["content"]], np.float64
+    )
+    assert len(read) == len(texts) and (read.view(np.int64) == decoded.view(np.int64)).all()

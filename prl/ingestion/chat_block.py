@@ -11,8 +11,9 @@ per-record road, which reads it as always:
   take (orjson refuses depth > 1024 as ``too_deep``; Arrow does not);
 - it is valid UTF-8 (Arrow does not check; the decoders refuse it as ``malformed_json``);
 - Arrow reads it alone as one row: a parse error, a value of another type than the schema's (a boolean
-  logprob, a float token ID, a string model), a key given twice, two documents on one line all make Arrow
-  refuse it (found by halving the block, at most :data:`MAX_READS` reads per block);
+  logprob, a float token ID, a string model), a key given twice, two documents on one line, a line longer than
+  Arrow's 1 MiB read block all make Arrow refuse it (found by halving the block, at most :data:`MAX_READS`
+  reads per block; the lines not settled by then go to the per-record road too);
 - none of the top-level keys of :data:`ABSENT_KEYS` holds a value other than null (their fields are
   ``null`` typed, so any value fails the read): a record with a session, metadata, an agent, messages or a
   version is read by the per-record road, as is one an envelope format would claim. Two of those formats

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ import pyarrow as pa
 from prl.formats.base import Format, ParseOptions, RawRecord
 from prl.formats.registry import PerRecord
 from prl.formats.vllm import VllmChat
-from prl.ingestion.chat_block import MAX_OPENERS, BlockLines, parse_block
+from prl.ingestion.chat_block import MAX_OPENERS, BlockLines, ParsedBlock, parse_block
 from prl.ingestion.chat_rows import CHAT_FORMAT, chat_rows
 from prl.io.sources import lines_of
 
@@ -93,9 +94,8 @@ def _runs(taken: np.ndarray) -> list[tuple[int, int, bool]]:
 
 
 def _block_items(
-    fmt: Format, first_line: int, data: bytes, options: ParseOptions, uri: str, now_ms: int
+    fmt: Format, first_line: int, parsed: ParsedBlock, options: ParseOptions, uri: str, now_ms: int
 ) -> Iterator[RawRecord | ColumnarRun]:
-    parsed = parse_block(data)
     rows = chat_rows(parsed.table, first_line + parsed.lines, options, uri, now_ms)
     text = parsed.text
     lines = parsed.lines[rows.accepted]
@@ -141,12 +141,20 @@ def framed_items(
     """The records of a source given as :meth:`prl.io.sources.LineReader.blocks` yields it, in order: runs the
     columnar road takes, and the format's framed records of all other lines (``fmt`` must be one that
     :func:`takes`). A block with a ``\\r``, without a final newline, or of long records is framed line by
-    line."""
-    for first_line, data in blocks:
-        if not data.endswith(b"\n") or b"\r" in data or not _worth_reading(data):
-            yield from fmt.frame(lines_of([(first_line, data)]))
-            continue
-        yield from _block_items(fmt, first_line, data, options, uri, now_ms)
+    line. Arrow parses each block on a worker thread (outside the GIL) while the rows of the block before it
+    are built, validated and written."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prl-columnar") as pool:
+        ahead: tuple[int, Future[ParsedBlock]] | None = None
+        for first_line, data in blocks:
+            framed = not data.endswith(b"\n") or b"\r" in data or not _worth_reading(data)
+            read = None if framed else (first_line, pool.submit(parse_block, data))
+            if ahead is not None:
+                yield from _block_items(fmt, ahead[0], ahead[1].result(), options, uri, now_ms)
+            ahead = read
+            if framed:
+                yield from fmt.frame(lines_of([(first_line, data)]))
+        if ahead is not None:
+            yield from _block_items(fmt, ahead[0], ahead[1].result(), options, uri, now_ms)
 
 
 __all__ = ["CHAT_FORMAT", "ColumnarRun", "framed_items", "takes"]

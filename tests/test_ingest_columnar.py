@@ -243,3 +243,17 @@ def test_arrow_reads_logprobs_bit_for_bit_as_the_decoders_do():
         [e["logprob"] for line in lines for e in orjson.loads(line)["choices"][0]["logprobs"]["content"]], np.float64
     )
     assert len(read) == len(texts) and (read.view(np.int64) == decoded.view(np.int64)).all()
+
+
+def test_a_source_of_records_the_road_does_not_take_is_framed_line_by_line_after_two_blocks(monkeypatch):
+    from prl.ingestion import columnar
+
+    parsed = []
+    real = columnar.parse_block
+    monkeypatch.setattr(columnar, "parse_block", lambda data: parsed.append(data) or real(data))
+    with_metadata = [_text(vllm_chat(f"m{i}", PROMPT, [([5], [-0.5])], metadata={"turn": i})) for i in range(40)]
+    blocks = [(1 + 10 * k, b"".join(line + b"\n" for line in with_metadata[10 * k : 10 * k + 10])) for k in range(4)]
+    chat = registry.per_record(registry.by_name("openai_chat"))
+    items = list(framed_items(chat, blocks, ParseOptions(), "u", 0))
+    assert [(item.line, item.obj["id"]) for item in items] == [(1 + i, f"m{i}") for i in range(40)]
+    assert len(parsed) == 3  # the third block is read ahead while the second is taken; the fourth is not read

@@ -159,12 +159,17 @@ def _joined(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: np.ndarray
 def _read_lines(
     data: bytes, starts: np.ndarray, ends: np.ndarray, lines: np.ndarray
 ) -> list[tuple[np.ndarray, pa.Table]]:
-    """Arrow's reading of ``lines`` as (lines read, their table) pieces in line order; a piece that fails is
-    halved until its failing lines stand alone (and are dropped), within :data:`MAX_READS` reads."""
+    """Arrow's reading of ``lines`` as (lines read, their table) pieces in line order. Should the whole fail,
+    the lines holding a key Arrow refuses a value of are dropped, then a piece that fails is halved until its
+    failing lines stand alone (and are dropped), within :data:`MAX_READS` reads."""
     whole = len(lines) == len(starts)
+    table = _read(data if whole else _joined(data, starts, ends, lines))
+    if table is not None and table.num_rows == len(lines):
+        return [(lines, table)]
+    lines = _without_absent_keys(data, starts, ends, lines)  # the likeliest failure: found without Arrow
     pieces: list[tuple[np.ndarray, pa.Table]] = []
-    todo = [lines]
-    reads = 0
+    todo = [lines] if len(lines) else []
+    reads = 1
     while todo and reads < MAX_READS:
         part = todo.pop()
         reads += 1
@@ -176,6 +181,19 @@ def _read_lines(
             todo += [part[half:], part[:half]]  # the first half is read first
     pieces.sort(key=lambda piece: int(piece[0][0]))
     return pieces
+
+
+def _without_absent_keys(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: np.ndarray) -> np.ndarray:
+    """``lines`` less those whose text holds an :data:`ABSENT_KEYS` key in quotes (a record with metadata, a
+    session, an agent... : Arrow refuses its non-null value); searched only in a block Arrow refused."""
+    needles = [needle for key in ABSENT_KEYS if (needle := f'"{key}"'.encode()) in data]
+    if not needles:
+        return lines
+    keep = [
+        not any(needle in data[s:e] for needle in needles)
+        for s, e in zip(starts[lines].tolist(), ends[lines].tolist(), strict=True)
+    ]
+    return lines[np.array(keep, dtype=bool)]
 
 
 def _valid_utf8(line: bytes) -> bool:

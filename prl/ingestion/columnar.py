@@ -12,7 +12,7 @@ batches are those of reading every record on the per-record road.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -23,8 +23,12 @@ from prl.formats.base import Format, ParseOptions, RawRecord
 from prl.formats.registry import PerRecord
 from prl.formats.vllm import VllmChat
 from prl.ingestion.chat_block import MAX_OPENERS, BlockLines, ParsedBlock, parse_block
-from prl.ingestion.chat_rows import CHAT_FORMAT, chat_rows
+from prl.ingestion.chat_rows import CHAT_FORMAT, ChatRows, chat_rows
 from prl.io.sources import lines_of
+
+POOR_BLOCKS = 2
+"""Blocks in a row of which Arrow reads less than half the lines after which the rest of the source is framed
+line by line (records of a shape the road does not take, such as records with metadata)."""
 
 
 @dataclass(slots=True)
@@ -94,12 +98,10 @@ def _runs(taken: np.ndarray) -> list[tuple[int, int, bool]]:
 
 
 def _block_items(
-    fmt: Format, first_line: int, parsed: ParsedBlock, options: ParseOptions, uri: str, now_ms: int
+    fmt: Format, first_line: int, text: BlockLines, lines: np.ndarray, rows: ChatRows
 ) -> Iterator[RawRecord | ColumnarRun]:
-    rows = chat_rows(parsed.table, first_line + parsed.lines, options, uri, now_ms)
-    text = parsed.text
-    lines = parsed.lines[rows.accepted]
-    del parsed  # its columns: the rows hold what is kept
+    """A block's items in line order (``lines``: the block line indices of the records taken, ``rows``
+    their rows): runs of taken records, and the format's framing of every other line."""
     taken = np.zeros(len(text.starts), dtype=bool)
     taken[lines] = True
     ordinal = np.cumsum(rows.accepted) - 1
@@ -135,6 +137,16 @@ def _worth_reading(data: bytes) -> bool:
     return len(first) < 2 * MAX_OPENERS or first.count(b"[") + first.count(b"{") <= MAX_OPENERS
 
 
+def _taken_items(
+    fmt: Format, first_line: int, parsed: ParsedBlock, options: ParseOptions, uri: str, now_ms: int
+) -> Generator[RawRecord | ColumnarRun, None, int]:
+    """The items of a parsed block; returns how many records the road took."""
+    rows = chat_rows(parsed.table, first_line + parsed.lines, options, uri, now_ms)
+    lines = parsed.lines[rows.accepted]
+    yield from _block_items(fmt, first_line, parsed.text, lines, rows)
+    return len(lines)
+
+
 def framed_items(
     fmt: Format, blocks: Iterable[tuple[int, bytes]], options: ParseOptions, uri: str, now_ms: int
 ) -> Iterator[RawRecord | ColumnarRun]:
@@ -143,18 +155,20 @@ def framed_items(
     :func:`takes`). A block with a ``\\r``, without a final newline, or of long records is framed line by
     line. Arrow parses each block on a worker thread (outside the GIL) while the rows of the block before it
     are built, validated and written."""
+    poor = 0  # blocks in a row of which the road took less than half the lines
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prl-columnar") as pool:
         ahead: tuple[int, Future[ParsedBlock]] | None = None
         for first_line, data in blocks:
-            framed = not data.endswith(b"\n") or b"\r" in data or not _worth_reading(data)
+            framed = poor >= POOR_BLOCKS or not data.endswith(b"\n") or b"\r" in data or not _worth_reading(data)
             read = None if framed else (first_line, pool.submit(parse_block, data))
             if ahead is not None:
-                yield from _block_items(fmt, ahead[0], ahead[1].result(), options, uri, now_ms)
+                taken = yield from _taken_items(fmt, ahead[0], ahead[1].result(), options, uri, now_ms)
+                poor = poor + 1 if 2 * taken < len(ahead[1].result().text.starts) else 0
             ahead = read
             if framed:
                 yield from fmt.frame(lines_of([(first_line, data)]))
         if ahead is not None:
-            yield from _block_items(fmt, ahead[0], ahead[1].result(), options, uri, now_ms)
+            yield from _taken_items(fmt, ahead[0], ahead[1].result(), options, uri, now_ms)
 
 
 __all__ = ["CHAT_FORMAT", "ColumnarRun", "framed_items", "takes"]

@@ -134,6 +134,7 @@ def build_history(uri: str, stored: int) -> None:
             ).to_batches()[0]
 
     version = store.version("traces")
+    assert version is not None  # committed above
     store.commit(
         "checks",
         verdicts(),

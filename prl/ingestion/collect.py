@@ -3,14 +3,18 @@ block, any other goes through its format's ``parse`` at once; either way rows an
 in source order.
 
 Converting a block before every record ``parse`` reads, and before each batch is taken, keeps the order (and
-so the batches) what reading every record by ``parse`` gives.
+so the batches) what reading every record by ``parse`` gives. Runs of records the columnar road took
+(:mod:`prl.ingestion.columnar`) join the batch as they come, as parts of their own between the rows of the
+per-record road, and are cut where a batch fills as their records one by one would be.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
@@ -105,9 +109,22 @@ class Collector:
                 self.raws.append(raw)
                 self.tokens += plain.tokens
 
-    def add_run(self, run: ColumnarRun) -> None:
-        """Add a run of records the columnar road took (after the pending records, converted first)."""
-        self.drain()
+    def add_run(self, run: ColumnarRun, batch_tokens: int) -> Iterator[None]:
+        """Add a run of records the columnar road took (after the pending records, converted first) as adding
+        its records one by one would: yields each time the batch is full (``batch_tokens``), after the record
+        that fills it, for the caller to take it."""
+        while run.records:
+            self.drain()
+            filled = self.tokens + np.cumsum(run.tokens)
+            cut = int(np.searchsorted(filled, batch_tokens))  # the first record with the batch full
+            if cut >= run.records:
+                self._append(run)
+                return
+            head, run = run.split(cut + 1)
+            self._append(head)
+            yield
+
+    def _append(self, run: ColumnarRun) -> None:
         if self.rows:
             self.parts.append((self.rows, self.raws))
             self.rows, self.raws = [], []

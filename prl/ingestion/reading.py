@@ -4,7 +4,9 @@
 reader, validates and assembles its samples in batches (memory bounded by ``batch_tokens``), and yields the rows
 not yet in the store; what it quarantines, the inline rewards of the rows it keeps and the file's ledger entry go
 into a :class:`ReadState`. The same function runs on every engine: on the local engine's driver for each file of a
-commit group in turn, on a Ray worker for a run of consecutive files (:mod:`prl.ingestion.remote`).
+commit group in turn, on a Ray worker for a run of consecutive files (:mod:`prl.ingestion.remote`). Chat
+completions of the common shape are read a block at a time by the columnar road (:mod:`prl.ingestion.columnar`),
+every other record by its format's reader; both give the same rows and quarantine rows in the same order.
 """
 
 from __future__ import annotations
@@ -153,25 +155,13 @@ def read_file(
         if parts:
             yield from _dedup_and_assemble(parts, dedup, report, quarantine, now_ms, state.reward_rows)
 
-    def add_run(run: ColumnarRun) -> Iterator[pa.RecordBatch]:
-        """Add a run as its records one by one would be: a batch is taken after the record that fills it."""
-        while run.records:
-            collector.drain()
-            filled = collector.tokens + np.cumsum(run.tokens)
-            cut = int(np.searchsorted(filled, batch_tokens))  # the first record with the batch full
-            if cut >= run.records:
-                collector.add_run(run)
-                return
-            head, run = run.split(cut + 1)
-            collector.add_run(head)
-            yield from flush()
-
     for record in records:
         if isinstance(record, ColumnarRun):
             first_record = source_key(record.raw(0)) if first_record is None else first_record
             report.records += record.records
             formats[CHAT_FORMAT] += record.records
-            yield from add_run(record)
+            for _ in collector.add_run(record, batch_tokens):  # each time the batch is full
+                yield from flush()
             if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
                 progress(reader.bytes_read - last_progress)
                 last_progress = reader.bytes_read

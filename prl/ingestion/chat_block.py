@@ -12,8 +12,8 @@ per-record road, which reads it as always:
 - it is valid UTF-8 (Arrow does not check; the decoders refuse it as ``malformed_json``);
 - Arrow reads it alone as one row: a parse error, a value of another type than the schema's (a boolean
   logprob, a float token ID, a string model), a key given twice, two documents on one line, a line longer than
-  Arrow's 1 MiB read block all make Arrow refuse it (found by halving the block, at most :data:`MAX_READS`
-  reads per block; the lines not settled by then go to the per-record road too);
+  Arrow's 1 MiB read block all make Arrow refuse it (of a block that fails, the line the parser names goes
+  to the per-record road and the lines around it are read again; should they fail again, they go too);
 - none of the top-level keys of :data:`ABSENT_KEYS` holds a value other than null (their fields are
   ``null`` typed, so any value fails the read): a record with a session, metadata, an agent, messages or a
   version is read by the per-record road, as is one an envelope format would claim. Two of those formats
@@ -83,10 +83,9 @@ CHAT_BLOCK_SCHEMA = pa.schema(
 
 MAX_OPENERS = 512
 """``[`` and ``{`` bytes a line may hold: its nesting depth is at most that, well within both decoders'."""
-MAX_READS = 64
-"""Arrow reads per block when lines fail: the block is halved until each failing line stands alone."""
 PRESENCE_NEEDLES = (b"custom_id", b"response")
 _ASCII_ESCAPE = re.compile(rb"\\u00[2-7][0-9a-fA-F]")
+_ERROR_ROW = re.compile(r" in row (\d+)")
 
 _PARSE = pj.ParseOptions(explicit_schema=CHAT_BLOCK_SCHEMA, unexpected_field_behavior="ignore")
 _READ = pj.ReadOptions(use_threads=True, block_size=1 << 20)
@@ -156,30 +155,47 @@ def _joined(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: np.ndarray
     return b"\n".join([data[s:e] for s, e in zip(starts[lines].tolist(), ends[lines].tolist(), strict=True)]) + b"\n"
 
 
+def _read_piece(
+    data: bytes, starts: np.ndarray, ends: np.ndarray, part: np.ndarray
+) -> tuple[pa.Table | None, int | None]:
+    """Arrow's reading of the lines ``part`` in one chunk on this thread: (table, None), or (None, the row the
+    parser stopped at, where its message names one; a conversion error names none)."""
+    if part[-1] - part[0] + 1 == len(part):  # consecutive lines: a slice of the block
+        buffer = pa.py_buffer(data)[int(starts[part[0]]) : int(ends[part[-1]]) + 1]
+    else:
+        buffer = pa.py_buffer(_joined(data, starts, ends, part))
+    options = pj.ReadOptions(use_threads=False, block_size=buffer.size + 1)
+    try:
+        return pj.read_json(pa.BufferReader(buffer), read_options=options, parse_options=_PARSE), None
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        found = _ERROR_ROW.search(str(exc))
+        return None, None if found is None else int(found.group(1))
+
+
 def _read_lines(
     data: bytes, starts: np.ndarray, ends: np.ndarray, lines: np.ndarray
 ) -> list[tuple[np.ndarray, pa.Table]]:
     """Arrow's reading of ``lines`` as (lines read, their table) pieces in line order. Should the whole fail,
-    the lines holding a key Arrow refuses a value of are dropped, then a piece that fails is halved until its
-    failing lines stand alone (and are dropped), within :data:`MAX_READS` reads."""
-    whole = len(lines) == len(starts)
-    table = _read(data if whole else _joined(data, starts, ends, lines))
+    the lines holding a key Arrow refuses a value of are dropped and the rest read again; should that fail at
+    a line the parser names, the lines before and after it are read once more each. Lines still unread are
+    left out (an Arrow call costs about a millisecond whatever its size: halving a block down to its failing
+    lines would cost more than the per-record road)."""
+    table = _read(data if len(lines) == len(starts) else _joined(data, starts, ends, lines))
     if table is not None and table.num_rows == len(lines):
         return [(lines, table)]
     lines = _without_absent_keys(data, starts, ends, lines)  # the likeliest failure: found without Arrow
+    if not len(lines):
+        return []
+    table, row = _read_piece(data, starts, ends, lines)
+    if table is not None and table.num_rows == len(lines):
+        return [(lines, table)]
     pieces: list[tuple[np.ndarray, pa.Table]] = []
-    todo = [lines] if len(lines) else []
-    reads = 1
-    while todo and reads < MAX_READS:
-        part = todo.pop()
-        reads += 1
-        table = _read(data if whole and len(part) == len(lines) else _joined(data, starts, ends, part))
-        if table is not None and table.num_rows == len(part):
-            pieces.append((part, table))
-        elif len(part) > 1:
-            half = len(part) // 2
-            todo += [part[half:], part[:half]]  # the first half is read first
-    pieces.sort(key=lambda piece: int(piece[0][0]))
+    if table is None and row is not None and row < len(lines):
+        for again in (lines[:row], lines[row + 1 :]):
+            if len(again):
+                table, _ = _read_piece(data, starts, ends, again)
+                if table is not None and table.num_rows == len(again):
+                    pieces.append((again, table))
     return pieces
 
 
@@ -211,7 +227,8 @@ def parse_block(data: bytes) -> ParsedBlock:
     lines = np.flatnonzero(_candidates(data, starts, ends))
     pieces = _read_lines(data, starts, ends, lines) if len(lines) else []
     if not pieces:
-        return ParsedBlock(BlockLines(data, starts, ends), np.zeros(0, np.int64), CHAT_BLOCK_SCHEMA.empty_table())
+        empty = CHAT_BLOCK_SCHEMA.empty_table()
+        return ParsedBlock(BlockLines(data, starts, ends), np.zeros(0, np.int64), empty)
     read = np.concatenate([piece[0] for piece in pieces])
     table = pa.concat_tables([piece[1] for piece in pieces]) if len(pieces) > 1 else pieces[0][1]
     if not data.isascii():

@@ -48,16 +48,21 @@ class Progress:
         return self.covered is not None and self.covered >= self.traces_version and self.done is None
 
 
-def app_id(store: Store, fingerprint: str, sample_rate: float) -> str:
-    traces = store.open("traces")
+def app_id(store: Store, fingerprint: str, sample_rate: float, traces_version: int | None = None) -> str:
+    """The watermark's txn app id. Its traces table id is read from the traces table at ``traces_version`` (the
+    snapshot the run checks, which :meth:`Store.version` opened: no request), else at its latest version."""
+    traces = store.latest("traces") if traces_version is None else store.at("traces", traces_version)
     table_id = "" if traces is None else traces.metadata().id
     return f"prl.checks:{fingerprint}:{sample_rate!r}:{table_id}"
 
 
 def progress(store: Store, fingerprint: str, sample_rate: float, traces_version: int) -> Progress:
-    """Where checking ``fingerprint`` at ``sample_rate`` stands against ``traces_version``."""
-    key = app_id(store, fingerprint, sample_rate)
-    checks = store.open("checks")
+    """Where checking ``fingerprint`` at ``sample_rate`` stands against ``traces_version``.
+
+    The checks table is the run's view (:meth:`Store.latest`, opened here once and kept for the run's commits):
+    as fresh as an open, so every watermark and verdict committed before it counts."""
+    key = app_id(store, fingerprint, sample_rate, traces_version)
+    checks = store.latest("checks")
     covered = None if checks is None else checks.transaction_version(key)
     if checks is not None and covered is not None:
         found = _watermark_commit(store, key, checks.version())

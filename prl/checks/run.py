@@ -226,7 +226,7 @@ def check_tokens(
         return result
     engine = get_engine(engine)
     where = _Where(engine, tokenizer, chat_template)
-    with holding(store.uri, "check-tokens", enabled=lock and not dry_run):
+    with holding(store.uri, "check-tokens", enabled=lock and not dry_run), store.one_run():
         _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch, where)
     result.elapsed_s = time.perf_counter() - started
     return result

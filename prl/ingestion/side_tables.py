@@ -244,8 +244,8 @@ def ingest_side_table(
     files = found.files
     result.problems = [asdict(p) for p in found.problems]
     grace = io_sources.partial_line_grace() if partial_line_grace is None else partial_line_grace
-    with holding(store.uri, f"ingest-{table}", enabled=lock and not dry_run):
-        existing = store.open(table)
+    with holding(store.uri, f"ingest-{table}", enabled=lock and not dry_run), store.one_run():
+        existing = store.latest(table)
         index = SampleIndex(store, write=not dry_run, spec=EVENT_INDEXES[table])
         pending = []
         for src in files:
@@ -258,7 +258,7 @@ def ingest_side_table(
         for src in pending:
             result.files += 1
             version = _ingest_one(src, store, table, result, dry_run, index, grace, entries.get(src.uri), version)
-        result.version = store.version(table)
+        result.version = store.version_seen(table)
     result.seconds = time.perf_counter() - started
     return result
 

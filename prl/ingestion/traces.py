@@ -101,8 +101,8 @@ def ingest(
         policy_version=policy_version, group_field=group_field, finish_reason=finish_reason, agent_field=agent_field
     )
     engine = get_engine(engine)
-    with holding(store.uri, "ingest", enabled=lock and not dry_run), young_collections():
-        traces = store.open("traces")
+    with holding(store.uri, "ingest", enabled=lock and not dry_run), young_collections(), store.one_run():
+        traces = store.latest("traces")
         pending: list[SourceFile] = []
         for src in files:
             if traces is not None and traces.transaction_version(f"prl.source:{src.identity}") is not None:
@@ -124,7 +124,7 @@ def ingest(
                 dry_run,
             )
             version = _ingest_group(job, store, index, engine, result, progress, version)
-        result.versions = {"traces": store.version("traces"), "quarantine": store.version("quarantine")}
+        result.versions = {name: store.version_seen(name) for name in ("traces", "quarantine")}
     result.seconds = time.perf_counter() - started
     return result
 

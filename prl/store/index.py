@@ -137,14 +137,17 @@ class SampleIndex:
 
     # --- keeping up with traces --------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Bring the index up to the current traces version (a no-op when it already is)."""
+        """Bring the index up to the current traces version (a no-op when it already is).
+
+        Both tables are looked at as a fresh open would show them (:meth:`Store.latest`: in a run, the kept
+        tables brought up to date, one listing each)."""
         spec = self.spec
-        traces = self.store.open(spec.table)
+        traces = self.store.latest(spec.table)
         if traces is None:
             return
         version = traces.version()
         self.app_id = f"prl.index.{spec.app}:{traces.metadata().id}"
-        index = self.store.open(spec.index_table)
+        index = self.store.latest(spec.index_table)
         covered = None if index is None else index.transaction_version(self.app_id)
         if self.covered is not None and self.covered > (covered if covered is not None else -1):
             covered = self.covered  # rows this dry run holds in memory
@@ -198,7 +201,12 @@ class SampleIndex:
         self._open()
 
     def _commit(self, batches: Iterable[pa.RecordBatch], version: int, *, overwrite: bool) -> None:
+        """Commit index rows covering ``version`` of the indexed table. In a run the commit is made on the kept
+        index table, which it leaves at the version committed (no reopening): an append made against an older
+        version retries past newer ones as any commit does (:meth:`Store.ensure`); an overwrite removes the
+        files of the version it is made against, so that is brought up to date first."""
         assert self.app_id is not None
+        table = self.store.latest(self.spec.index_table, refresh=overwrite)
         reader = pa.RecordBatchReader.from_batches(self.spec.schema, iter(batches))
         props = CommitProperties(
             app_transactions=[Transaction(self.app_id, version)],
@@ -207,7 +215,7 @@ class SampleIndex:
         )
         try:
             write_deltalake(
-                self.store.table_uri(self.spec.index_table),
+                self.store.table_uri(self.spec.index_table) if table is None else table,
                 reader,
                 mode="overwrite" if overwrite else "append",
                 storage_options=self.store.options or None,
@@ -223,8 +231,13 @@ class SampleIndex:
         self.covered = version
 
     def _open(self) -> None:
-        """Load the sorted keys of index files not loaded yet; forget files the snapshot no longer has."""
-        table = self.store.open(self.spec.index_table)
+        """Load the sorted keys of index files not loaded yet; forget files the snapshot no longer has.
+
+        The index table is the run's kept one, as :meth:`refresh` just brought it up to date or :meth:`_commit`
+        left it (no request; outside a run, opened afresh). Only writers holding the indexed table's lock (this
+        run) add index rows; a compaction committed since rewrites rows the files seen still hold (replaced files
+        stay for the retention window), so lookups answer the same."""
+        table = self.store.latest(self.spec.index_table, refresh=False)
         if table is None:
             self._files = {}
             return

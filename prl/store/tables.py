@@ -8,6 +8,7 @@ commit leaves only unreferenced files, which readers never see and ``vacuum`` re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
@@ -92,6 +93,9 @@ class Store:
     _pinned: dict[str, tuple[int, DeltaTable]] = field(default_factory=dict, repr=False, compare=False)
     """The table last opened by :meth:`version` per name, with its version: scans of that version reuse it."""
     _pinned_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _runs: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+    """Per thread, a stack of the tables each :meth:`one_run` block keeps (name → table at its latest version as
+    last seen)."""
 
     def __post_init__(self) -> None:
         self.uri = normalise_s3(self.uri) if self.uri.startswith("s3://") else self.uri.rstrip("/")
@@ -133,6 +137,68 @@ class Store:
         except OSError as exc:  # network and permission errors from the object store
             raise RetryableIOError(f"cannot open table {name!r} in {self.uri}: {describe_error(exc)}") from exc
 
+    @contextlib.contextmanager
+    def one_run(self) -> Iterator[None]:
+        """Keep the tables :meth:`latest` opens in this thread until the block ends: the block is one command's
+        run (its lock held), which so replays each table's log once instead of once per look.
+
+        Each block keeps tables of its own, and forgets them when it ends: a view is never used past the run
+        (and the lock) it was read under, where the table may have been re-created or its log cleaned up."""
+        stack: list[dict[str, DeltaTable]] = self._runs.__dict__.setdefault("stack", [])
+        stack.append({})
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    def latest(self, name: str, *, refresh: bool = True) -> DeltaTable | None:
+        """The table at its latest version, as :meth:`open` gives it; None when it does not exist yet.
+
+        Inside :meth:`one_run` the table is opened once (its checkpoint and every commit since) and kept; each
+        later call brings the kept table up to date (``update_incremental``: a listing of the log after its
+        version and the commits found there), so it sees exactly what a fresh open would. ``refresh=False``
+        hands back the kept table as it was last brought up to date (or written to) in this run, with no
+        request; the caller's docstring says why missing another writer's newest commits cannot make its
+        answer wrong. Outside a run every call opens the table afresh."""
+        stack = self._runs.__dict__.get("stack")
+        if not stack:
+            return self.open(name)
+        kept = stack[-1]
+        table = kept.get(name)
+        if table is None:
+            table = self.open(name)
+            if table is not None:
+                kept[name] = table
+        elif refresh:
+            try:
+                table.update_incremental()
+            except OSError as exc:
+                raise RetryableIOError(f"cannot read table {name!r} in {self.uri}: {describe_error(exc)}") from exc
+        return table
+
+    def version_seen(self, name: str) -> int | None:
+        """The version of ``name`` this run last saw, after its own last commit to it (:meth:`latest` with
+        ``refresh=False``): what a run's summary reports. A later commit of another writer is not this run's
+        doing, so missing it is no error there."""
+        table = self.latest(name, refresh=False)
+        return None if table is None else table.version()
+
+    def _keep(self, name: str, table: DeltaTable) -> DeltaTable:
+        """Keep ``table`` (just created, or opened after a schema change) as the run's view of ``name``."""
+        stack = self._runs.__dict__.get("stack")
+        if stack:
+            stack[-1][name] = table
+        return table
+
+    def at(self, name: str, version: int) -> DeltaTable | None:
+        """The table at ``version``: the one :meth:`version` opened at it when that is the version it found (a
+        snapshot: never brought up to date), else opened at it."""
+        with self._pinned_lock:
+            pinned = self._pinned.get(name)
+        if pinned is not None and pinned[0] == version:
+            return pinned[1]
+        return self.open(name, version)
+
     def version(self, name: str) -> int | None:
         """The table's current version (None when it does not exist yet); the table opened at it is kept for
         :meth:`dataset` to reuse, so that reading a pinned version does not replay the log again."""
@@ -155,16 +221,13 @@ class Store:
 
         Files are read through :attr:`fs` (pyarrow's own local or S3 filesystem, which reads without the GIL),
         rooted at the table folder where the Delta log names them.
+
+        Without ``version``, the table at its latest version (:meth:`latest`: inside a run, the kept table
+        brought up to date).
         """
-        with self._pinned_lock:
-            pinned = self._pinned.get(name)
-        table: DeltaTable | None
-        if version is not None and pinned is not None and pinned[0] == version:
-            table = pinned[1]
-        else:
-            table = self.open(name, version)
-            if table is None:
-                return None
+        table = self.latest(name) if version is None else self.at(name, version)
+        if table is None:
+            return None
         with self._pinned_lock:  # a DeltaTable object is used by one thread at a time
             return table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(self.table_path(name), self.fs))
 
@@ -213,13 +276,20 @@ class Store:
 
     # --- writing -----------------------------------------------------------------------------------------
     def ensure(self, name: str) -> DeltaTable:
-        """Open the table, creating it empty with its schema when missing (idempotent, race-safe)."""
-        table = self.open(name)
+        """The table to write to, created empty with its schema when missing (idempotent, race-safe).
+
+        Inside a run this is the kept table as last brought up to date (:meth:`latest` with ``refresh=False``):
+        its callers need the table to exist with prl's columns, and a table to commit to. A kept view that
+        misses other writers' newest commits cannot make either wrong: a table once there stays there for the
+        run, a column another writer added since is found there when adding it fails, and a commit against an
+        older version retries past the newer ones (its write of the next version fails, delta-rs checks the
+        commits that won for conflicts and commits after them), as any writer slower than another does."""
+        table = self.latest(name, refresh=False)
         if table is not None:
             return self._upgraded(table, name)
         holder.ensure_held(self.location)  # creating a table is a commit too
         try:
-            return DeltaTable.create(
+            table = DeltaTable.create(
                 self.table_uri(name),
                 TABLES[name],
                 mode="ignore",
@@ -230,7 +300,7 @@ class Store:
             table = self.open(name)  # another process created it first
             if table is None:
                 raise RetryableIOError(f"creating table {name!r} in {self.uri} failed: {describe_error(exc)}") from exc
-            return table
+        return self._keep(name, table)
 
     def _upgraded(self, table: DeltaTable, name: str) -> DeltaTable:
         """A table created by an older prl gets the nullable columns added since (one schema commit); its
@@ -250,7 +320,7 @@ class Store:
                 raise RetryableIOError(
                     f"adding columns to {name!r} in {self.uri} failed: {describe_error(exc)}"
                 ) from exc
-        return self.open(name) or table
+        return self._keep(name, self.open(name) or table)
 
     def write_files(self, name: str, batches: Iterable[pa.RecordBatch], dry_run: bool = False) -> PendingCommit:
         """Stream ``batches`` into new Parquet files of table ``name`` (invisible until committed; see

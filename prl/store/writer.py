@@ -107,6 +107,7 @@ class PendingCommit:
             max_commit_retries=50,
         )
         table = self.store.ensure(self.table)
+        read_version = table.version()
         holder.ensure_held(self.store.location)
         actions: list[AddAction | RemoveAction] = [*self.adds]
         version: int | None
@@ -117,7 +118,11 @@ class PendingCommit:
         else:
             try:
                 table.update_incremental()  # reads only the log entries after the version it was opened at
-                version = self.store.committed_version(self.table, commit_id, latest=table.version())
+                latest = table.version()
+                # this commit is newer than the version it was made against: when the log holds just one newer
+                # version, that is this commit; else the log says which one is
+                one_newer = latest == read_version + 1
+                version = latest if one_newer else self.store.committed_version(self.table, commit_id, latest=latest)
             except OSError as exc:  # committed; a rerun finds it (ledger, txn) and adds nothing
                 raise RetryableIOError(
                     f"committed to {self.table} in {self.store.uri}, then reading its version failed: "

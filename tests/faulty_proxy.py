@@ -20,6 +20,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import struct
@@ -92,8 +93,11 @@ class FaultyProxy:
     def __exit__(self, *exc: object) -> None:
         self._stopped.set()
         self._released.set()
+        with contextlib.suppress(OSError):  # closing a listening socket does not wake a thread blocked in accept()
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
         self._thread.join(timeout=5)
+        assert not self._thread.is_alive(), "the proxy's accept loop did not stop"
 
     # --- serving ------------------------------------------------------------------------------------------
     def _serve(self) -> None:

@@ -21,14 +21,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from deltalake import DeltaTable
-
 from prl.errors import RetryableIOError, UsageError
 from prl.formats import registry
 from prl.formats.base import Format
 from prl.io.prefix import BLOCK_BYTES, PrefixDigest, PrefixWindow, matching_prefix
 from prl.io.sources import LineReader, SourceFile
 from prl.store.tables import Store
+from prl.store.txns import Transactions
 
 SEARCH = 64
 """Commits after the expected one searched for an entry whose commit got a later version than expected."""
@@ -148,22 +147,22 @@ def _framing(point: ResumePoint, format_option: str) -> Format | None:
         return None
 
 
-def earlier_points(store: Store, traces: DeltaTable | None, uris: list[str]) -> dict[str, ResumePoint]:
-    """The newest resume point recorded for each of ``uris`` that has one."""
-    entries = earlier_entries(store, "traces", traces, uris)
+def earlier_points(store: Store, txns: Transactions, uris: list[str]) -> dict[str, ResumePoint]:
+    """The newest resume point recorded for each of ``uris`` that has one (``txns``: those of ``traces``)."""
+    entries = earlier_entries(store, "traces", txns, uris)
     return {uri: point for uri, entry in entries.items() if (point := ResumePoint.from_entry(entry)) is not None}
 
 
-def earlier_entries(store: Store, table: str, opened: DeltaTable | None, uris: list[str]) -> dict[str, dict[str, Any]]:
+def earlier_entries(store: Store, table: str, txns: Transactions, uris: list[str]) -> dict[str, dict[str, Any]]:
     """The newest ledger entry carrying a resume point for each of ``uris`` that has one, in the commits of
-    ``table`` (``opened``: that table at its latest version, or None when it does not exist)."""
-    if opened is None:
+    ``table`` (``txns``: its txns at its latest version, :func:`prl.store.txns.transactions`)."""
+    latest = txns.table_version
+    if latest is None:
         return {}
-    latest = opened.version()
     ledgers: dict[int, dict[str, Any]] = {}
     found: dict[str, dict[str, Any]] = {}
     for uri in uris:
-        expected = opened.transaction_version(app_id(uri))
+        expected = txns.lookup(app_id(uri))
         if expected is None:
             continue
         for version in range(expected, min(latest, expected + SEARCH) + 1):

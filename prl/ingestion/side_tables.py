@@ -52,6 +52,7 @@ from prl.store.index import EVENT_INDEXES, SampleIndex
 from prl.store.locks import holding
 from prl.store.resolve import open_store
 from prl.store.tables import Store, filesystem_for
+from prl.store.txns import transactions
 
 KINDS = {"rewards": "rewards", "ref": "ref_logprobs"}
 BATCH_ROWS = 50_000
@@ -245,16 +246,16 @@ def ingest_side_table(
     result.problems = [asdict(p) for p in found.problems]
     grace = io_sources.partial_line_grace() if partial_line_grace is None else partial_line_grace
     with holding(store.uri, f"ingest-{table}", enabled=lock and not dry_run), store.one_run():
-        existing = store.latest(table)
+        txns = transactions(store, table, store.latest(table))  # one pass over the log for every file
         index = SampleIndex(store, write=not dry_run, spec=EVENT_INDEXES[table])
         pending = []
         for src in files:
-            if existing is not None and existing.transaction_version(f"prl.source:{src.identity}") is not None:
+            if txns.lookup(f"prl.source:{src.identity}") is not None:
                 result.unchanged_files += 1
                 continue
             pending.append(src)
-        entries = earlier_entries(store, table, existing, [src.uri for src in pending if _is_jsonl(src.uri)])
-        version = None if existing is None else existing.version()
+        entries = earlier_entries(store, table, txns, [src.uri for src in pending if _is_jsonl(src.uri)])
+        version = txns.table_version
         for src in pending:
             result.files += 1
             version = _ingest_one(src, store, table, result, dry_run, index, grace, entries.get(src.uri), version)

@@ -43,6 +43,7 @@ from prl.store.index import SampleIndex
 from prl.store.locks import holding
 from prl.store.resolve import open_store
 from prl.store.tables import PendingCommit, Store
+from prl.store.txns import transactions
 
 BATCH_TOKENS = 2_000_000
 """Tokens (prompt + completion) per assembled batch: bounds memory to a few tens of MB per batch."""
@@ -102,16 +103,16 @@ def ingest(
     )
     engine = get_engine(engine)
     with holding(store.uri, "ingest", enabled=lock and not dry_run), young_collections(), store.one_run():
-        traces = store.latest("traces")
+        txns = transactions(store, "traces", store.latest("traces"))  # one pass over the log for every file
         pending: list[SourceFile] = []
         for src in files:
-            if traces is not None and traces.transaction_version(f"prl.source:{src.identity}") is not None:
+            if txns.lookup(f"prl.source:{src.identity}") is not None:
                 result.files.append(FileReport(src.uri, status="unchanged", bytes=src.size))
                 continue
             pending.append(src)
         index = SampleIndex(store, write=not dry_run)
-        points = earlier_points(store, traces, [src.uri for src in pending])
-        version = None if traces is None else traces.version()
+        points = earlier_points(store, txns, [src.uri for src in pending])
+        version = txns.table_version
         for group in _groups(pending):
             job = IngestJob(
                 store.uri,

@@ -79,13 +79,10 @@ def progress(store: Store, fingerprint: str, sample_rate: float, traces_version:
 
 def _watermark_commit(store: Store, key: str, latest: int) -> tuple[int, int] | None:
     """(version, checked total) of the newest checks commit that set ``key``'s txn; None if not in the log."""
-    log = f"{store.table_path('checks')}/_delta_log"
     needle = json.dumps(key).encode()
     for version in range(latest, max(-1, latest - WATERMARK_SEARCH), -1):
-        try:
-            with store.fs.open_input_stream(f"{log}/{version:020d}.json") as stream:
-                body = stream.read()
-        except FileNotFoundError:
+        body = store.log_entry("checks", version)
+        if body is None:
             return None
         if needle not in body:
             continue

@@ -177,14 +177,12 @@ def earlier_entries(store: Store, table: str, txns: Transactions, uris: list[str
 
 def _ledger(store: Store, table: str, version: int) -> dict[str, Any]:
     """The source ledger of ``table``'s commit of ``version``, by URI (empty when its log file is gone)."""
-    path = f"{store.table_path(table)}/_delta_log/{version:020d}.json"
     try:
-        with store.fs.open_input_stream(path) as stream:
-            body = stream.read()
-    except FileNotFoundError:
-        return {}
+        body = store.log_entry(table, version)
     except OSError as exc:
         raise RetryableIOError(f"reading {store.table_uri(table)} log version {version} failed: {exc}") from exc
+    if body is None:
+        return {}
     for line in body.splitlines():
         if b'"commitInfo"' not in line:
             continue

@@ -23,12 +23,9 @@ def added_files(store: Store, table: str, after: int, upto: int) -> list[str] | 
     added with new rows, in commit order. None when a commit file of the range is gone (the log was cleaned
     up past it): the caller must fall back to the whole snapshot."""
     paths: list[str] = []
-    log = f"{store.table_path(table)}/_delta_log"
     for version in range(after + 1, upto + 1):
-        try:
-            with store.fs.open_input_stream(f"{log}/{version:020d}.json") as stream:
-                body = stream.read()
-        except FileNotFoundError:
+        body = store.log_entry(table, version)
+        if body is None:
             return None
         for line in body.splitlines():
             if b'"add"' not in line:

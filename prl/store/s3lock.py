@@ -27,6 +27,7 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -57,6 +58,42 @@ def s3_client() -> Any:
         raise UsageError("s3:// stores need boto3 for their locks: pip install 'prl[s3]'")
     config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=30)
     return boto3.client("s3", endpoint_url=aws_endpoint(), region_name=aws_region(), config=config)
+
+
+_log_clients: dict[tuple[str | None, ...], Any] = {}
+_log_clients_mutex = threading.Lock()
+CLIENT_ENVIRONMENT = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
+"""Variables besides the endpoint and region that decide what a client talks to as whom."""
+
+
+def _forget_log_clients() -> None:
+    """In a forked child: no client (and no held mutex) of the parent's; it never shares their connections."""
+    global _log_clients_mutex
+    _log_clients.clear()
+    _log_clients_mutex = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_log_clients)
+
+
+def log_object(store_uri: str, key: str) -> bytes | None:
+    """The body of object ``key`` under the ``s3://`` store at ``store_uri`` in one GET (None when there is no
+    such object), through one client per process and environment (endpoint, region, profile). A failed request
+    is an :class:`OSError`, as the filesystems' are."""
+    environment = (aws_endpoint(), aws_region(), *(os.environ.get(name) for name in CLIENT_ENVIRONMENT))
+    with _log_clients_mutex:
+        client = _log_clients.get(environment)
+        if client is None:
+            client = _log_clients[environment] = s3_client()
+    bucket, prefix = split_s3(store_uri)
+    try:
+        return bytes(client.get_object(Bucket=bucket, Key=f"{prefix}/{key}" if prefix else key)["Body"].read())
+    except ClientError as exc:
+        if _code(exc) in GONE:
+            return None
+        raise OSError(f"reading s3://{bucket}/{prefix}/{key} failed: {_code(exc)}") from exc
+    except BotoCoreError as exc:
+        raise OSError(f"reading s3://{bucket}/{prefix}/{key} failed: {exc}") from exc
 
 
 def _code(exc: ClientError) -> str:

@@ -26,6 +26,7 @@ from prl.errors import RetryableIOError
 from prl.io.locations import aws_endpoint, aws_region, filesystem_for, is_remote, normalise_s3, resolved_location
 from prl.schema import TABLES
 from prl.store import holder
+from prl.store.s3lock import log_object
 from prl.store.writer import CommitResult, PendingCommit, describe_error, parquet_options, write_files
 
 __all__ = [
@@ -340,6 +341,22 @@ class Store:
         :meth:`PendingCommit.commit`)."""
         return self.write_files(name, batches, dry_run=dry_run).commit(metadata, transactions)
 
+    def log_file(self, name: str, file: str) -> bytes | None:
+        """The body of ``_delta_log/<file>`` of table ``name`` (a commit ``<version:020>.json``,
+        ``_last_checkpoint``); None when there is no such file. On S3 it is one GET (pyarrow's filesystem asks
+        for an object's size before reading it: a HEAD more per file)."""
+        if self.uri.startswith("s3://"):
+            return log_object(self.uri, f"{name}/_delta_log/{file}")
+        try:
+            with self.fs.open_input_stream(f"{self.table_path(name)}/_delta_log/{file}") as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
+
+    def log_entry(self, name: str, version: int) -> bytes | None:
+        """The body of commit ``version`` of table ``name`` (:meth:`log_file`); None when it is not there."""
+        return self.log_file(name, f"{version:020d}.json")
+
     def committed_version(
         self, name: str, commit_id: str, window: int = 256, exact: bool = False, latest: int | None = None
     ) -> int | None:
@@ -354,10 +371,7 @@ class Store:
             latest = table.version()
         needle = commit_id.encode()
         for version in range(latest, max(-1, latest - window), -1):
-            try:
-                with self.fs.open_input_stream(f"{self.table_path(name)}/_delta_log/{version:020d}.json") as log:
-                    if needle in log.read():
-                        return version
-            except FileNotFoundError:
-                continue
+            body = self.log_entry(name, version)
+            if body is not None and needle in body:
+                return version
         return None if exact else latest

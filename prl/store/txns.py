@@ -58,19 +58,15 @@ def transactions(store: Store, name: str, table: DeltaTable | None) -> Transacti
 
 
 def _read(store: Store, name: str, version: int) -> dict[str, int] | None:
-    log = f"{store.table_path(name)}/_delta_log"
     found: dict[str, int] = {}
     start = 0
-    try:
-        with store.fs.open_input_stream(f"{log}/_last_checkpoint") as stream:
-            last = json.loads(stream.read())
-    except FileNotFoundError:
-        last = None
-    if last is not None:
+    body = store.log_file(name, "_last_checkpoint")
+    if body is not None:
+        last = json.loads(body)
         checkpoint = last.get("version")
         if not isinstance(checkpoint, int) or checkpoint > version or last.get("parts") or "v2Checkpoint" in last:
             return None
-        path = f"{log}/{checkpoint:020d}.checkpoint.parquet"
+        path = f"{store.table_path(name)}/_delta_log/{checkpoint:020d}.checkpoint.parquet"
         try:
             txn = pq.read_table(path, columns=["txn"], filesystem=store.fs).column("txn").to_pylist()
         except FileNotFoundError:
@@ -80,12 +76,10 @@ def _read(store: Store, name: str, version: int) -> dict[str, int] | None:
                 found[action["appId"]] = int(action["version"])
         start = checkpoint + 1
     for commit in range(start, version + 1):
-        try:
-            with store.fs.open_input_stream(f"{log}/{commit:020d}.json") as stream:
-                body = stream.read()
-        except FileNotFoundError:
+        entry = store.log_entry(name, commit)
+        if entry is None:
             return None
-        for line in body.splitlines():
+        for line in entry.splitlines():
             if b'"txn"' in line:
                 action = json.loads(line).get("txn")
                 if action is not None:

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -55,6 +56,19 @@ def scan_options(remote: bool) -> ds.ParquetFragmentScanOptions:
     On S3, where each read is a request, pre-buffering stays on and memory follows the compacted file size
     (``prl maintain --target-mb``) times :data:`READAHEAD_FILES`."""
     return ds.ParquetFragmentScanOptions(pre_buffer=remote)
+
+
+def _sized(dataset: ds.FileSystemDataset, folder: pafs.FileSystem, sizes: dict[str, int]) -> ds.FileSystemDataset:
+    """``dataset`` with each file's size (``sizes``: from the Delta log, by path) given to its fragment, so that
+    a scan does not ask the store for it first (on S3, a HEAD per file and scan)."""
+    fmt = dataset.format
+    fragments = [
+        fmt.make_fragment(
+            f.path, filesystem=folder, partition_expression=f.partition_expression, file_size=sizes.get(unquote(f.path))
+        )
+        for f in dataset.get_fragments()
+    ]
+    return ds.FileSystemDataset(fragments, dataset.schema, fmt, folder)
 
 
 def storage_options() -> dict[str, str]:
@@ -229,8 +243,11 @@ class Store:
         table = self.latest(name) if version is None else self.at(name, version)
         if table is None:
             return None
+        folder = pafs.SubTreeFileSystem(self.table_path(name), self.fs)
         with self._pinned_lock:  # a DeltaTable object is used by one thread at a time
-            return table.to_pyarrow_dataset(filesystem=pafs.SubTreeFileSystem(self.table_path(name), self.fs))
+            dataset = table.to_pyarrow_dataset(filesystem=folder)
+            files = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
+        return _sized(dataset, folder, {unquote(f["path"]): f["size_bytes"] for f in files})
 
     def scan(
         self,

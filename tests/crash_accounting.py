@@ -75,9 +75,13 @@ def assert_same(found: list[Any], expected: list[Any], what: str) -> None:
 
 
 def _quarantined(store: Store, table: str) -> pl.DataFrame:
-    if store.version("quarantine") is None:
+    """Quarantine's rows of ``table``, read from the snapshot whose version was just looked up (one open)."""
+    version = store.version("quarantine")
+    if version is None:
         return pl.DataFrame({"quarantine_id": [], "table": [], "source_uri": [], "source_line": []})
-    rows = read_table(store, "quarantine", ["quarantine_id", "table", "source_uri", "source_line"])
+    columns = ["quarantine_id", "table", "source_uri", "source_line"]
+    rows = pl.from_arrow(store.read("quarantine", columns=columns, version=version))
+    assert isinstance(rows, pl.DataFrame)
     assert rows["quarantine_id"].n_unique() == rows.height, (
         f"quarantine ids twice: {_twice(rows['quarantine_id'].to_list())}"
     )

@@ -42,10 +42,11 @@ CALLS = {
     "check": "prl.checks.run.check_tokens({store!r}, {tokenizer!r}, batch_size=8, commit_rows=16)",
     "shards": (
         "prl.shards.build.build_shards({store!r}, {out!r}, "
-        "options=ShardOptions(target_tokens=400, seed=1, require_checks=False))"
+        "options=ShardOptions(target_tokens=400, seed=1, require_checks=False, rewards={{'reward': 1.0}}))"
     ),
 }
-"""The library call of each command (what the CLI calls), as the kill harness makes it."""
+"""The library call of each command (what the CLI calls), as the kill harness makes it; build-shards names its
+reward, since the reward file here grows lines of every accepted shape (several reward names among them)."""
 PRELUDE = (
     "import time\nfrom prl.runtime import set_process_defaults\nset_process_defaults()\n"
     "import prl.ingestion.traces, prl.ingestion.side_tables, prl.checks.run, prl.shards.build\n"

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from prl.formats import registry
+from prl.formats import base, registry
 from prl.formats.base import ParseOptions
 from prl.ingestion import reading
-from prl.ingestion.chat_block import parse_block
+from prl.ingestion.chat_block import MAX_LINE_BYTES, parse_block
 from prl.ingestion.columnar import ColumnarRun, framed_items, takes
 from prl.ingestion.traces import ingest
 from prl.store.tables import Store
@@ -99,12 +99,7 @@ def _stored(store: Store, source: Path) -> dict[str, Any]:
     quarantine = store.read("quarantine")
     out: dict[str, Any] = {
         "traces": None if traces is None else traces.drop_columns(["ingested_at"]).to_pylist(),
-        "quarantine": None
-        if quarantine is None
-        else sorted(
-            quarantine.drop_columns(["quarantined_at"]).to_pylist(),
-            key=lambda r: (r["source_line"], r["quarantine_id"]),
-        ),
+        "quarantine": None if quarantine is None else quarantine.drop_columns(["quarantined_at"]).to_pylist(),
         "ledger": [commit_infos(store, "traces", limit=1)[0].get("prl.sources")],
     }
     return out
@@ -173,6 +168,18 @@ def test_damaged_lines_go_to_the_per_record_road_with_their_reasons(tmp_path, mo
         b'"finish_reason": "eos"',
     ]
     assert _taken([*WHOLE_LINES, b"\xef\xbb\xbf" + _text(_record(0))]) == 0
+
+
+def test_lines_longer_than_an_arrow_block_go_to_the_per_record_road_and_its_record_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(base, "MAX_RECORD_BYTES", 3 * MAX_LINE_BYTES // 2)
+    long_prompt = list(range(1, 150_001))  # one "[": within the nesting the road takes
+    long = _text(vllm_chat("long", long_prompt, [([5, 6, 7], [-0.5, -0.25, -1.0])]))
+    over = _text(vllm_chat("over", long_prompt * 2, [([5], [-0.5])]))
+    assert MAX_LINE_BYTES < len(long) < base.MAX_RECORD_BYTES < len(over)
+    assert _taken([long]) == 0 and _taken([over]) == 0 and _taken([_text(_record(0))]) == 1
+    stored = _both_roads(tmp_path, [_text(_record(0)), long, over, _text(_record(1))], monkeypatch)
+    assert len(stored["traces"]) == 3 and len(stored["traces"][1]["prompt_token_ids"]) == 150_000
+    assert [(row["source_line"], row["reason"]) for row in stored["quarantine"]] == [(3, "line_too_long")]
 
 
 def test_options_and_batch_boundaries_inside_runs(tmp_path, monkeypatch):

@@ -7,12 +7,13 @@ library's ``json`` for what orjson refuses) and the record's reader see; every o
 per-record road, which reads it as always:
 
 - the line starts with ``{`` and ends with ``}`` (no blank line, no other top-level value, no BOM, no ``\\r``);
+- it is at most :data:`MAX_LINE_BYTES` long (longer records are the per-record road's, which bounds a line's
+  memory and quarantines one over its record limit as ``line_too_long``);
 - it holds at most :data:`MAX_OPENERS` ``[`` / ``{`` bytes, so its nesting is within what both JSON decoders
   take (orjson refuses depth > 1024 as ``too_deep``; Arrow does not);
 - it is valid UTF-8 (Arrow does not check; the decoders refuse it as ``malformed_json``);
 - Arrow reads it alone as one row: a parse error, a value of another type than the schema's (a boolean
-  logprob, a float token ID, a string model), a key given twice, two documents on one line, a line longer than
-  Arrow's 1 MiB read block all make Arrow refuse it (of a block that fails, the line the parser names goes
+  logprob, a float token ID, a string model), a key given twice, two documents on one line all make Arrow refuse it (of a block that fails, the line the parser names goes
   to the per-record road and the lines around it are read again; should they fail again, they go too);
 - none of the top-level keys of :data:`ABSENT_KEYS` holds a value other than null (their fields are
   ``null`` typed, so any value fails the read): a record with a session, metadata, an agent, messages or a
@@ -89,6 +90,8 @@ _ERROR_ROW = re.compile(r" in row (\d+)")
 
 _PARSE = pj.ParseOptions(explicit_schema=CHAT_BLOCK_SCHEMA, unexpected_field_behavior="ignore")
 _READ = pj.ReadOptions(use_threads=True, block_size=1 << 20)
+MAX_LINE_BYTES = _READ.block_size - 1
+"""Longest line (bytes, without its newline) the columnar road hands to Arrow: one Arrow read block."""
 
 
 @dataclass(slots=True)
@@ -131,7 +134,7 @@ def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     nonempty = ends > starts
     first = bytes_[np.where(nonempty, starts, 0)]
     last = bytes_[np.where(nonempty, ends - 1, 0)]
-    ok = nonempty & (first == 0x7B) & (last == 0x7D)
+    ok = nonempty & (first == 0x7B) & (last == 0x7D) & (ends - starts <= MAX_LINE_BYTES)
     openers = np.flatnonzero((bytes_ | 0x20) == 0x7B)  # "[" (0x5B) and "{" (0x7B)
     ok &= np.bincount(np.searchsorted(ends, openers), minlength=len(ends))[: len(ends)] <= MAX_OPENERS
     needles = [n for n in PRESENCE_NEEDLES if n in data]
@@ -240,4 +243,12 @@ def parse_block(data: bytes) -> ParsedBlock:
     return ParsedBlock(BlockLines(data, starts, ends), read, table)
 
 
-__all__ = ["ABSENT_KEYS", "CHAT_BLOCK_SCHEMA", "MAX_OPENERS", "BlockLines", "ParsedBlock", "parse_block"]
+__all__ = [
+    "ABSENT_KEYS",
+    "CHAT_BLOCK_SCHEMA",
+    "MAX_LINE_BYTES",
+    "MAX_OPENERS",
+    "BlockLines",
+    "ParsedBlock",
+    "parse_block",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction
 
@@ -89,3 +90,22 @@ def test_the_txn_reader_leaves_a_checkpoint_newer_than_the_snapshot_to_delta_rs(
     found = transactions(store, "rewards", opened)
     assert found.versions is None and found.lookup("a") == 1 == opened.transaction_version("a")
     assert transactions(store, "rewards", None).lookup("a") is None
+
+
+@pytest.mark.parametrize("damage", ["last_checkpoint", "checkpoint_without_txn"])
+def test_the_txn_reader_leaves_a_log_it_cannot_read_to_delta_rs(tmp_path, damage):
+    store = Store(str(tmp_path / "s"))
+    store.ensure("rewards")
+    uri = store.table_uri("rewards")
+    _commit_txns(uri, {"a": 1})
+    _commit_txns(uri, {"a": 2})
+    DeltaTable(uri).create_checkpoint()
+    opened = DeltaTable(uri)
+    log = tmp_path / "s" / "rewards" / "_delta_log"
+    if damage == "last_checkpoint":
+        (log / "_last_checkpoint").write_text("{not json")
+    else:
+        path = log / f"{2:020d}.checkpoint.parquet"
+        pq.write_table(pq.read_table(path).drop_columns(["txn"]), path)
+    found = transactions(store, "rewards", opened)
+    assert found.versions is None and found.table_version == 2

@@ -58,6 +58,15 @@ def transactions(store: Store, name: str, table: DeltaTable | None) -> Transacti
 
 
 def _read(store: Store, name: str, version: int) -> dict[str, int] | None:
+    """Every txn of the log up to ``version`` (app id → version), or None where the log is not as this reader
+    expects (no usable checkpoint, a missing commit, a checkpoint or commit it cannot read): delta-rs answers."""
+    try:
+        return _read_log(store, name, version)
+    except (ValueError, KeyError, TypeError, AttributeError):  # a damaged or unexpected log: delta-rs's to judge
+        return None
+
+
+def _read_log(store: Store, name: str, version: int) -> dict[str, int] | None:
     found: dict[str, int] = {}
     start = 0
     body = store.log_file(name, "_last_checkpoint")

@@ -8,7 +8,7 @@ import copy
 
 import numpy as np
 import pytest
-from tokenizers import normalizers
+from tokenizers import normalizers, pre_tokenizers
 
 from prl.checks import CheckTokenizer
 from prl.checks.joined import Joiner
@@ -76,5 +76,14 @@ def test_a_tokenizer_with_a_normalizer_is_called_segment_by_segment():
     other = copy.copy(tok)
     other.tokenizer = copy.deepcopy(tok.tokenizer)
     other.tokenizer.normalizer = normalizers.NFC()
+    assert Joiner.of(other) is None
+    assert RoundTripper(other).joiner is None
+
+
+def test_a_pre_tokenizer_that_looks_beyond_its_piece_is_called_segment_by_segment():
+    tok = CheckTokenizer.load(tokenizer_dir())
+    other = copy.copy(tok)
+    other.tokenizer = copy.deepcopy(tok.tokenizer)
+    other.tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
     assert Joiner.of(other) is None
     assert RoundTripper(other).joiner is None

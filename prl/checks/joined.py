@@ -3,8 +3,9 @@
 A tokenizer call per segment costs a Python object per segment both ways (the ID lists in, the ``Encoding``
 objects out) and most of the calls' time on short segments. Instead, the segments of a batch are joined into a
 few sequences, each segment followed by a *separator*: an added token that the tokenizer splits out before
-normalization and pre-tokenization (:attr:`CheckTokenizer.boundary_lut`). For a byte-level tokenizer with no
-normalizer this gives exactly the per-segment results:
+normalization and pre-tokenization (the first added token :meth:`Joiner.of` finds fit). For a byte-level
+tokenizer with no normalizer and a pre-tokenizer that splits each piece on its own (:data:`LOCAL_PRE_TOKENIZERS`)
+this gives exactly the per-segment results:
 
 - decoding concatenates the tokens' bytes and replaces invalid UTF-8 by maximal subparts, so with a separator
   that starts and ends with an ASCII character the text of a joined sequence is each segment's text followed by
@@ -16,8 +17,9 @@ normalizer this gives exactly the per-segment results:
   separator, is encoded as it is alone, followed by the separator's ID. Texts holding such a character (and any
   joined sequence whose separators do not come back where they were put) are encoded one by one.
 
-Tokenizers outside these conditions (another decoder, a normalizer, truncation or padding, no such separator)
-get no :class:`Joiner` and are called segment by segment.
+Tokenizers outside these conditions (another decoder, a normalizer, a pre-tokenizer that looks beyond a piece
+such as ``Metaspace``'s first-piece prefix, truncation or padding, no such separator, or probe texts whose joined
+encoding is not their encodings one by one) get no :class:`Joiner` and are called segment by segment.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from prl.checks.tokenizer import CheckTokenizer
 
 NO_NORMALIZER = {"type": "Sequence", "normalizers": []}
 """A normalizer that changes nothing (as DeepSeek-V4's tokenizer.json has it)."""
+LOCAL_PRE_TOKENIZERS = frozenset({"Split", "ByteLevel", "Digits", "Punctuation"})
+"""Pre-tokenizers (alone or in a ``Sequence``) that split each piece between added tokens by its own text only."""
+PROBES = ("a", " a", "a ", "12345", "x\n\ny", "  ", "\u00e9t\u00e9", "A.b")
+"""Texts whose joined encoding must equal their encodings one by one before a tokenizer gets a joiner."""
 SEGMENTS_PER_CALL = 64
 """Segments joined into one sequence (a batch of 4,096 segments makes 64 sequences, enough for the tokenizer to
 spread over its threads)."""
@@ -55,6 +61,8 @@ class Joiner:
             return None
         if t.normalizer is not None and json.loads(t.normalizer.__getstate__()) != NO_NORMALIZER:
             return None
+        if t.pre_tokenizer is not None and not _local(json.loads(t.pre_tokenizer.__getstate__())):
+            return None
         added = t.get_added_tokens_decoder()
         contents = [a.content for a in added.values()]
         if not contents or any(not c for c in contents):
@@ -67,12 +75,27 @@ class Joiner:
             if any(o != c and o.startswith(c) for o in contents) or any(c[:k] == c[-k:] for k in range(1, len(c))):
                 continue
             if tok.decode_batch([[i]]) == [c] and tok.encode_batch([c]) == [[i]]:
-                return cls(i, c, tuple(sorted({o[0] for o in contents})))
+                joiner = cls(i, c, tuple(sorted({o[0] for o in contents})))
+                return joiner if _probes_agree(tok, joiner) else None
         return None
 
     def safe(self, text: str) -> bool:
         """True when ``text`` holds no character that starts an added token."""
         return not any(ch in text for ch in self.starts)
+
+
+def _local(state: dict) -> bool:
+    """Whether a pre-tokenizer's state is made only of :data:`LOCAL_PRE_TOKENIZERS`."""
+    if state.get("type") == "Sequence":
+        return all(_local(part) for part in state.get("pretokenizers", []))
+    return state.get("type") in LOCAL_PRE_TOKENIZERS
+
+
+def _probes_agree(tok: CheckTokenizer, joiner: Joiner) -> bool:
+    """Whether :data:`PROBES` joined by the separator encode as each probe alone, followed by the separator."""
+    alone = tok.encode_batch(list(PROBES))
+    (joined,) = tok.encode_batch(["".join(p + joiner.sep_text for p in PROBES)])
+    return joined == [i for ids in alone for i in (*ids, joiner.sep_id)]
 
 
 def joined_round_trip(

@@ -168,10 +168,14 @@ class RoundTripper:
         return out
 
     def close(self) -> None:
-        """End the tokenizer thread (a later :meth:`submit` starts a new one)."""
+        """End the tokenizer thread (a later :meth:`submit` starts a new one): the job it runs finishes, jobs not
+        started are cancelled (a run ending on an error does not wait for the batches queued ahead)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+            for key, job in list(self._inflight.items()):
+                if job.future.cancelled():
+                    del self._inflight[key]
 
     def _start(self, todo: dict[bytes, int], ids32: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> _Job:
         """A job for the segments ``todo`` names (key → segment index), running or done."""
@@ -195,7 +199,14 @@ class RoundTripper:
         """A job's outcomes by key, put into the cache (oldest entries out first) when first asked for."""
         if job.outcomes is not None:
             return job.outcomes
-        job.outcomes = dict(zip(job.keys, job.future.result(), strict=True))
+        try:
+            results = job.future.result()
+        except BaseException:  # a failed job answers no later batch: its keys are computed again if asked
+            for key in job.keys:
+                if self._inflight.get(key) is job:
+                    del self._inflight[key]
+            raise
+        job.outcomes = dict(zip(job.keys, results, strict=True))
         cache = self.cache
         if len(cache) + len(job.keys) > self.max_entries:
             for old in list(itertools.islice(iter(cache), len(cache) // 2 + len(job.keys))):
@@ -290,11 +301,6 @@ def _first_difference(
             out[uniq] = pos[hits[first]]
         lo = hi
     return out
-
-
-def check_roundtrip(batch: TokenBatch, seq: Ragged, use_R: np.ndarray, rt: RoundTripper) -> Findings:
-    """Findings for rows ``use_R`` (rows with out-of-vocabulary IDs must be excluded by the caller)."""
-    return roundtrip_findings(batch, seq, rt.check_sequences(seq, use_R), rt)
 
 
 def roundtrip_findings(

@@ -370,7 +370,8 @@ def _checked_here(
 ) -> Iterator[_Checked]:
     """Check each batch in this process (the first one behind the tokenizer/data mismatch guard), one batch
     ahead: a batch is started (its round trip's tokenizer calls running) before the one before it is finished,
-    and the batches come out in order."""
+    and batches with rows come out in order; a batch whose rows were all sampled out comes out at once (it
+    carries only its count)."""
     try:
         first, ahead = True, None
         for rb in rows:

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from prl.formats.base import Quarantined
 from prl.ingestion.assemble import FLOAT32_MAX, INT32_MAX, VLLM_LOGPROB_FLOOR, Located, sample_id_of, validate
+from prl.numerics.ragged import any_per_row
 from prl.schema import TIMESTAMP_MS, TRACES, VERSION_SPAN
 
 TOPK_IDS = pa.list_(pa.int32())
@@ -107,13 +108,6 @@ def _numpy(values: pa.Array, fill: float | int) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False)
 
 
-def _row_any(flags: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """bool[N]: whether any value of each row's slice is set."""
-    counts = np.zeros(len(flags) + 1, dtype=np.int64)
-    np.cumsum(flags, out=counts[1:])
-    return counts[offsets[1:]] > counts[offsets[:-1]]
-
-
 def _ids_out_of_range(values: np.ndarray) -> np.ndarray:
     return (values < 0) | (values > INT32_MAX)
 
@@ -139,10 +133,10 @@ def _suspects(rows: Sequence[Located], flats: dict[str, _Flat]) -> np.ndarray:
     clen = comp.lengths
     bad = np.fromiter((s.finish_reason is None for s in samples), dtype=bool, count=n)
     bad |= (prompt.lengths == 0) | (clen == 0) | (lp.lengths != clen)
-    bad |= _row_any(_ids_out_of_range(_numpy(prompt.values, 0)), prompt.offsets)
-    bad |= _row_any(_ids_out_of_range(_numpy(comp.values, 0)), comp.offsets)
+    bad |= any_per_row(_ids_out_of_range(_numpy(prompt.values, 0)), prompt.offsets)
+    bad |= any_per_row(_ids_out_of_range(_numpy(comp.values, 0)), comp.offsets)
     lp_values = _numpy(lp.values, -1.0)
-    bad |= _row_any(~np.isfinite(lp_values) | (lp_values > 0) | (lp_values < -FLOAT32_MAX), lp.offsets)
+    bad |= any_per_row(~np.isfinite(lp_values) | (lp_values > 0) | (lp_values < -FLOAT32_MAX), lp.offsets)
     mask = flats["mask"]
     if mask.null is None or not mask.null.all():
         bad |= (mask.null is None or ~mask.null) & (mask.lengths != clen)
@@ -156,14 +150,14 @@ def _suspects(rows: Sequence[Located], flats: dict[str, _Flat]) -> np.ndarray:
         id_rows = pc.list_value_length(ids.values).to_numpy(zero_copy_only=False)
         lp_rows = pc.list_value_length(lps.values).to_numpy(zero_copy_only=False)
         if len(id_rows) == len(lp_rows):
-            bad |= _row_any(id_rows != lp_rows, ids.offsets)
+            bad |= any_per_row(id_rows != lp_rows, ids.offsets)
             inner = pc.list_flatten(ids.values)
-            per_position = _row_any(_ids_out_of_range(_numpy(inner, 0)), _inner_offsets(ids.values))
+            per_position = any_per_row(_ids_out_of_range(_numpy(inner, 0)), _inner_offsets(ids.values))
             head_lps = _numpy(pc.list_flatten(lps.values), 0.0)
-            per_position |= _row_any(
+            per_position |= any_per_row(
                 np.isfinite(head_lps) & (np.abs(head_lps) > FLOAT32_MAX), _inner_offsets(lps.values)
             )
-            bad |= _row_any(per_position, ids.offsets)
+            bad |= any_per_row(per_position, ids.offsets)
         else:
             bad |= heads
     return bad

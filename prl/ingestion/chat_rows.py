@@ -29,6 +29,7 @@ from prl.formats.base import TOKEN_ID_PREFIX, ParseOptions
 from prl.formats.fields import DERIVED_ID_PREFIX, FINISH_REASON_MAP
 from prl.ingestion.assemble import INT32_MAX
 from prl.ingestion.batch import _digests, _Flat, _floored, _list
+from prl.numerics.ragged import any_per_row, offsets_of
 from prl.schema import TIMESTAMP_MS, TRACES
 
 CHAT_FORMAT = "openai_chat"
@@ -61,23 +62,11 @@ def _lengths(lists: pa.Array) -> np.ndarray:
     return _np(pc.list_value_length(lists), 0).astype(np.int64)
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
-
-
-def _row_any(flags: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    counts = np.zeros(len(flags) + 1, dtype=np.int64)
-    np.cumsum(flags, out=counts[1:])
-    return counts[offsets[1:]] > counts[offsets[:-1]]
-
-
 def _bad_ids(lists: pa.Array, lengths: np.ndarray) -> np.ndarray:
     """bool[rows]: lists holding a null or an ID outside [0, 2^31)."""
     values = pc.list_flatten(lists)
     ids = _np(values, -1)
-    return _row_any((ids < 0) | (ids > INT32_MAX), _offsets(lengths))
+    return any_per_row((ids < 0) | (ids > INT32_MAX), offsets_of(lengths))
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:
@@ -109,7 +98,7 @@ def _spelled_wrong(tokens: pa.Array, t_len: np.ndarray, ids: pa.Array, c_len: np
     """bool[C]: choices whose entry tokens are all ``"token_id:N"`` (as many as the IDs) and not exactly the
     IDs so spelled; ``parse`` compares only those."""
     prefixed = _np(pc.starts_with(tokens, TOKEN_ID_PREFIX), False)
-    check = ok & (t_len == c_len) & (c_len > 0) & ~_row_any(~prefixed, _offsets(t_len))
+    check = ok & (t_len == c_len) & (c_len > 0) & ~any_per_row(~prefixed, offsets_of(t_len))
     if not check.any():
         return np.zeros(len(ok), dtype=bool)
     spelled = tokens.filter(pa.array(np.repeat(check, t_len)))
@@ -117,7 +106,7 @@ def _spelled_wrong(tokens: pa.Array, t_len: np.ndarray, ids: pa.Array, c_len: np
         TOKEN_ID_PREFIX, pc.cast(pc.list_flatten(ids).filter(pa.array(np.repeat(check, c_len))), pa.string()), ""
     )
     differs = ~_np(pc.equal(spelled, expected), False)
-    return check & _row_any(differs, _offsets(np.where(check, t_len, 0)))
+    return check & any_per_row(differs, offsets_of(np.where(check, t_len, 0)))
 
 
 def chat_rows(table: pa.Table, lines: np.ndarray, options: ParseOptions, uri: str, now_ms: int) -> ChatRows:
@@ -127,7 +116,7 @@ def chat_rows(table: pa.Table, lines: np.ndarray, options: ParseOptions, uri: st
     choices = _column(table, "choices")
     flat = pc.list_flatten(choices)
     parent = _np(pc.list_parent_indices(choices), 0).astype(np.int64)
-    first = _offsets(_lengths(choices))[:-1]
+    first = offsets_of(_lengths(choices))[:-1]
     ok = np.asarray(flat.is_valid()).copy()
 
     index = flat.field("index")
@@ -156,8 +145,8 @@ def chat_rows(table: pa.Table, lines: np.ndarray, options: ParseOptions, uri: st
     odd |= _np(pc.list_value_length(entries.field("top_logprobs")), 0) > 0
     lp = _np(values, -1.0)
     odd |= ~np.isfinite(lp) | (lp > 0) | (lp <= -EXACT_DOUBLE) | ((lp == 0) & np.signbit(lp))
-    t_offsets = _offsets(t_len)
-    ok &= ~_row_any(odd, t_offsets)
+    t_offsets = offsets_of(t_len)
+    ok &= ~any_per_row(odd, t_offsets)
     ok &= ~_spelled_wrong(tokens, t_len, ids, c_len, ok)
 
     accepted = _records_ok(table)
@@ -193,12 +182,14 @@ def _assemble(
     take = pa.array(record)
     prompt_lists = pc.take(_column(table, "prompt_token_ids"), take)
     prompt_len = _lengths(prompt_lists)
-    prompt = _Flat(_offsets(prompt_len), pc.list_flatten(prompt_lists), None)
+    prompt = _Flat(offsets_of(prompt_len), pc.list_flatten(prompt_lists), None)
     id_lists, c_len = ids
-    completion = _Flat(_offsets(c_len[keep]), pc.list_flatten(id_lists).filter(pa.array(np.repeat(keep, c_len))), None)
+    completion = _Flat(
+        offsets_of(c_len[keep]), pc.list_flatten(id_lists).filter(pa.array(np.repeat(keep, c_len))), None
+    )
     values, t_len = logprobs
     floored = _floored(values.filter(pa.array(np.repeat(keep, t_len))))
-    lp = _Flat(_offsets(t_len[keep]), floored, None)
+    lp = _Flat(offsets_of(t_len[keep]), floored, None)
     lp32 = floored.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
     digests, prompt_digests = _digests(
         {"prompt": prompt, "completion": completion, "logprobs": lp}, lp32, np.arange(rows)

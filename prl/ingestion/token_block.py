@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from prl.formats.base import TOKEN_ID_PREFIX
 from prl.formats.plain import Plain
 from prl.formats.vllm import CHAT_CONTENT_ENTRY
+from prl.numerics.ragged import any_per_row, offsets_of
 
 BLOCK_VALUES = 1 << 17
 """Token values (prompt and completion IDs, logprob entries) pending before a conversion: the records'
@@ -70,12 +71,6 @@ class Converted:
     first_row: int = 0
 
 
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
-
-
 def _as_ids(values: list[Any]) -> pa.Array | None:
     """int64 IDs when every value is an integer (inferred: floats, booleans, strings, nulls and integers
     beyond 64 bits do not come out int64 without nulls), else None."""
@@ -116,12 +111,6 @@ def _column(lists: list[list[Any]], bad: np.ndarray, as_arrow: Callable[[list[An
     return array
 
 
-def _row_any(flags: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    counts = np.zeros(len(flags) + 1, dtype=np.int64)
-    np.cumsum(flags, out=counts[1:])
-    return counts[offsets[1:]] > counts[offsets[:-1]]
-
-
 def _lengths(lists: list[list[Any]], bad: np.ndarray) -> np.ndarray:
     lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
     lengths[bad] = 0
@@ -143,7 +132,7 @@ def _refused(
         odd |= ~np.asarray(tokens.is_valid())
     heads = pc.fill_null(pc.list_value_length(entries.field("top_logprobs")), 0).to_numpy(zero_copy_only=False)
     odd |= heads > 0
-    refused = _row_any(odd, entry_offsets)
+    refused = any_per_row(odd, entry_offsets)
     check = np.fromiter((p.check_tokens for p in plains), dtype=bool, count=len(plains)) & ~refused
     if check.any():
         entry_lengths, completion_lengths = np.diff(entry_offsets), np.diff(completion_offsets)
@@ -152,9 +141,9 @@ def _refused(
         expected = pc.binary_join_element_wise(TOKEN_ID_PREFIX, pc.cast(ids, pa.string()), "")
         differs = np.asarray(pc.invert(pc.equal(spelled, expected)))
         prefixed = np.asarray(pc.starts_with(spelled, TOKEN_ID_PREFIX))
-        checked = _offsets(np.where(check, entry_lengths, 0))
+        checked = offsets_of(np.where(check, entry_lengths, 0))
         # parse compares only where every token is spelled "token_id:N"; text tokens are not compared
-        mismatch = _row_any(differs, checked) & ~_row_any(~prefixed, checked)
+        mismatch = any_per_row(differs, checked) & ~any_per_row(~prefixed, checked)
         refused |= mismatch
     return refused
 
@@ -191,7 +180,7 @@ def _misspelled(
     ids = completion.filter(pa.array(np.repeat(spelled_lengths > 0, np.diff(completion_offsets))))
     expected = pc.binary_join_element_wise(TOKEN_ID_PREFIX, pc.cast(ids, pa.string()), "")
     same = pc.fill_null(pc.equal(spelled, expected), False)
-    return _row_any(~np.asarray(same), spelled_offsets)
+    return any_per_row(~np.asarray(same), spelled_offsets)
 
 
 def convert(records: list[PendingRecord]) -> list[Converted]:
@@ -211,14 +200,14 @@ def convert(records: list[PendingRecord]) -> list[Converted]:
         spelled_tokens = None if chat else _column(spelled, bad, _as_strings)
         if (bad == before).all():
             break
-    prompt_offsets = _offsets(_lengths(prompts, bad))
-    completion_offsets = _offsets(_lengths(completions, bad))
-    value_offsets = _offsets(_lengths(values, bad))
+    prompt_offsets = offsets_of(_lengths(prompts, bad))
+    completion_offsets = offsets_of(_lengths(completions, bad))
+    value_offsets = offsets_of(_lengths(values, bad))
     if chat:
         bad |= _refused(plains, entries, value_offsets, completion, completion_offsets)
         logprobs = entries.field("logprob")
     else:
-        spelled_offsets = _offsets(_lengths(spelled, bad))
+        spelled_offsets = offsets_of(_lengths(spelled, bad))
         bad |= _misspelled(spelled_tokens, spelled_offsets, completion, completion_offsets)
         logprobs = entries
     block = TokenBlock(

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from prl.formats.vllm import CHAT_CONTENT_ENTRY
+from prl.numerics.ragged import any_per_row, offsets_of
 
 CHAT_CHUNK = "chat.completion.chunk"
 _CHOICE = pa.struct(
@@ -223,20 +224,6 @@ def _non_json_numbers(table: pa.Table, rows: list[memoryview]) -> np.ndarray:
     return np.array([(b"NaN" in t or b"Inf" in t) and _NON_FINITE.search(t) is not None for t in texts])
 
 
-def _ends(counts: list[int] | np.ndarray) -> np.ndarray:
-    """``[segments + 1]`` start offsets (int64) of consecutive segments of the given lengths, and the total."""
-    ends = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=ends[1:])
-    return ends
-
-
-def _any_per_segment(flags: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-    """``[segments]`` whether any flag is set within each ``[bounds[i], bounds[i+1])``."""
-    total = np.zeros(len(flags) + 1, dtype=np.int64)
-    np.cumsum(flags, out=total[1:])
-    return total[bounds[1:]] > total[bounds[:-1]]
-
-
 def _flags(array: pa.Array) -> np.ndarray:
     """A boolean array (nulls as False) as numpy."""
     return pc.fill_null(array, False).to_numpy(zero_copy_only=False)
@@ -244,20 +231,20 @@ def _flags(array: pa.Array) -> np.ndarray:
 
 def _join_table(table: pa.Table, counts: list[int], rows: list[memoryview]) -> list[JoinedStream | _Unjoined | None]:
     table = table.combine_chunks()
-    row_bounds = _ends(counts)
+    row_bounds = offsets_of(counts)
     ids = table.column("id").chunk(0)
     stream_ids = pc.take(ids, np.repeat(row_bounds[:-1], counts))  # each row's stream's first id
     other_id = _flags(pc.not_equal(ids, stream_ids)) | _flags(pc.is_null(stream_ids))
-    apart = _any_per_segment(other_id, row_bounds) | _non_json_numbers(table, rows)
+    apart = any_per_row(other_id, row_bounds) | _non_json_numbers(table, rows)
     bad_rows = ~_flags(pc.equal(table.column("object").chunk(0), CHAT_CHUNK))
     choice_lists = table.column("choices").chunk(0)
     per_row = pc.fill_null(pc.list_value_length(choice_lists), 0).to_numpy(zero_copy_only=False)
     bad_rows |= per_row > 1  # several choices: the exact join groups them by index
-    choice_bounds = _ends(per_row)
+    choice_bounds = offsets_of(per_row)
     choices = pc.list_flatten(choice_lists)
     bad_choices = _choice_flags(choices)
-    bad = _any_per_segment(bad_rows, row_bounds)
-    bad |= _any_per_segment(bad_choices, choice_bounds[row_bounds])
+    bad = any_per_row(bad_rows, row_bounds)
+    bad |= any_per_row(bad_choices, choice_bounds[row_bounds])
 
     stream_choices = choice_bounds[row_bounds]  # [streams + 1] choice offsets
     prompts = _Lists(table.column("prompt_token_ids").chunk(0), row_bounds)
@@ -298,10 +285,10 @@ class _Lists:
 
     def __init__(self, lists: pa.ListArray, bounds: np.ndarray) -> None:
         valid = _flags(pc.is_valid(lists))
-        self.offsets = _ends(pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False))
+        self.offsets = offsets_of(pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False))
         self.values = pc.list_flatten(lists)  # null lists hold no values
         self.bounds = bounds
-        self.present = _any_per_segment(valid, bounds)
+        self.present = any_per_row(valid, bounds)
         self.first_valid = _first_valid(valid, bounds)
 
     def joined(self, segment: int) -> pa.Array | None:

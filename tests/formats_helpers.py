@@ -88,3 +88,18 @@ def json_paths(obj: Any, prefix: tuple = (), width: int = 4) -> list[tuple]:
         for i, value in enumerate(obj[:width]):
             out.extend(json_paths(value, (*prefix, i), width))
     return out
+
+
+def mutate(obj: Any, path: tuple, value: Any, delete: bool) -> Any:
+    """``obj`` with the value at ``path`` (from :func:`json_paths`) set to ``value`` or deleted, in place; the
+    empty path gives ``value`` itself (a record that is not an object)."""
+    if not path:
+        return value
+    parent = obj
+    for part in path[:-1]:
+        parent = parent[part]
+    if delete:
+        del parent[path[-1]]
+    else:
+        parent[path[-1]] = value
+    return obj

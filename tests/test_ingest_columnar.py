@@ -24,7 +24,7 @@ from prl.ingestion.columnar import ColumnarRun, framed_items, takes
 from prl.ingestion.traces import ingest
 from prl.store.tables import Store
 from tests.delta_log import commit_infos
-from tests.formats_helpers import json_paths
+from tests.formats_helpers import json_paths, mutate
 from tests.records import vllm_chat
 
 PROMPT = [0, 128803, 3085, 128804]
@@ -73,19 +73,6 @@ def _record(i: int, choices: int = 1) -> dict[str, Any]:
         ([8, 1], [-1.5, None]),
     ]
     return vllm_chat(f"req-{i}", PROMPT, [completions[k % 2] for k in range(choices)])
-
-
-def _mutate(obj: Any, path: tuple, value: Any, delete: bool) -> Any:
-    if not path:
-        return value
-    parent = obj
-    for part in path[:-1]:
-        parent = parent[part]
-    if delete:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
-    return obj
 
 
 def _text(record: Any) -> bytes:
@@ -210,7 +197,7 @@ def test_mutated_records_store_the_same_on_both_roads(tmp_path_factory, monkeypa
         i = data.draw(st.integers(0, 5))
         record = copy.deepcopy(records[i])
         path = data.draw(st.sampled_from(json_paths(record)))
-        records[i] = _mutate(record, path, data.draw(SCALARS), data.draw(st.booleans()))
+        records[i] = mutate(record, path, data.draw(SCALARS), data.draw(st.booleans()))
     lines = [_text(r) for r in records]
     for _ in range(data.draw(st.integers(0, 2))):
         i = data.draw(st.integers(0, 5))

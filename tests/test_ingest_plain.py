@@ -19,7 +19,7 @@ from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.batch import check_and_assemble
 from prl.ingestion.collect import Collector, apply_options
 from prl.ingestion.token_block import TokenBlock
-from tests.formats_helpers import json_paths
+from tests.formats_helpers import json_paths, mutate
 from tests.records import vllm_chat, vllm_completion
 
 FMT = registry.per_record(registry.by_name("openai_chat"))
@@ -38,19 +38,6 @@ def _text_completion(i: int) -> dict[str, Any]:
     record = vllm_completion(f"cmpl-{i}", [0, 128803, 3085], [5, 6, 1], [-0.5, -9999.0, None])
     record["choices"].append({**copy.deepcopy(record["choices"][0]), "index": 1, "finish_reason": None})
     return record
-
-
-def _mutate(obj: Any, path: tuple, value: Any, delete: bool) -> Any:
-    if not path:
-        return obj
-    parent = obj
-    for part in path[:-1]:
-        parent = parent[part]
-    if delete:
-        del parent[path[-1]]
-    else:
-        parent[path[-1]] = value
-    return obj
 
 
 def _lines(records: list[Any]) -> list[bytes]:
@@ -124,7 +111,7 @@ def test_mutated_chat_records_read_as_parse_reads_them(data):
         i = data.draw(st.integers(0, 3))
         record = copy.deepcopy(records[i])
         path = data.draw(st.sampled_from(json_paths(record)))
-        records[i] = _mutate(record, path, data.draw(SCALARS), data.draw(st.booleans()))
+        records[i] = mutate(record, path, data.draw(SCALARS), data.draw(st.booleans()))
     _same(records)
 
 
@@ -136,7 +123,7 @@ def test_mutated_text_completions_among_chat_records_read_as_parse_reads_them(da
         i = data.draw(st.integers(0, 3))
         record = copy.deepcopy(records[i])
         path = data.draw(st.sampled_from(json_paths(record)))
-        records[i] = _mutate(record, path, data.draw(SCALARS), data.draw(st.booleans()))
+        records[i] = mutate(record, path, data.draw(SCALARS), data.draw(st.booleans()))
     _same(records, ParseOptions(finish_reason="stop"))
 
 

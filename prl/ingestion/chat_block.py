@@ -234,7 +234,7 @@ def parse_block(data: bytes) -> ParsedBlock:
         return ParsedBlock(BlockLines(data, starts, ends), np.zeros(0, np.int64), empty)
     read = np.concatenate([piece[0] for piece in pieces])
     table = pa.concat_tables([piece[1] for piece in pieces]) if len(pieces) > 1 else pieces[0][1]
-    if not data.isascii():
+    if not data.isascii() and not _valid_utf8(data):  # line by line only in a block holding invalid UTF-8
         valid = np.fromiter(
             (_valid_utf8(data[starts[i] : ends[i]]) for i in read.tolist()), dtype=bool, count=len(read)
         )

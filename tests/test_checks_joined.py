@@ -41,9 +41,14 @@ def _segments(
 
 def _same_outcomes(tok: CheckTokenizer, spelled: list[list[int]], rare: list[int] | None = None) -> list:
     ids32, s_N, e_N = _segments(tok, spelled, 3, rare)
-    joined = RoundTripper(tok)._outcomes(ids32, s_N, e_N)
+    counted = copy.copy(tok)
+    texts_encoded: list[int] = []
+    counted.encode_batch = lambda texts: texts_encoded.append(len(texts)) or tok.encode_batch(texts)  # type: ignore[method-assign]
+    joined = RoundTripper(counted)._outcomes(ids32, s_N, e_N)
     alone = RoundTripper(tok, joined=False)._outcomes(ids32, s_N, e_N)
     assert joined == alone
+    # most segments went to the tokenizer joined (2,000 segments: 32 joined texts, the rest one by one)
+    assert RoundTripper(counted).joiner is not None and 32 <= sum(texts_encoded) < 1000
     return joined
 
 

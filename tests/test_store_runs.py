@@ -109,3 +109,13 @@ def test_the_txn_reader_leaves_a_log_it_cannot_read_to_delta_rs(tmp_path, damage
         pq.write_table(pq.read_table(path).drop_columns(["txn"]), path)
     found = transactions(store, "rewards", opened)
     assert found.versions is None and found.table_version == 2
+
+
+def test_read_at_reads_the_pinned_snapshot_under_its_lock(tmp_path):
+    store = Store(str(tmp_path / "s"))
+    store.ensure("rewards")
+    version = store.version("rewards")
+    assert version is not None
+    seen = store.read_at("rewards", version, lambda table: (table.version(), store._pinned_lock.locked()))
+    assert seen == (version, True) and not store._pinned_lock.locked()
+    assert store.read_at("checks", 0, lambda table: table.version()) is None  # no such table yet

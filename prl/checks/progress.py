@@ -51,8 +51,12 @@ class Progress:
 def app_id(store: Store, fingerprint: str, sample_rate: float, traces_version: int | None = None) -> str:
     """The watermark's txn app id. Its traces table id is read from the traces table at ``traces_version`` (the
     snapshot the run checks, which :meth:`Store.version` opened: no request), else at its latest version."""
-    traces = store.latest("traces") if traces_version is None else store.at("traces", traces_version)
-    table_id = "" if traces is None else traces.metadata().id
+    if traces_version is None:
+        traces = store.latest("traces")
+        table_id = None if traces is None else str(traces.metadata().id)
+    else:
+        table_id = store.read_at("traces", traces_version, lambda table: str(table.metadata().id))
+    table_id = table_id or ""
     return f"prl.checks:{fingerprint}:{sample_rate!r}:{table_id}"
 
 

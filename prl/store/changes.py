@@ -39,10 +39,8 @@ def added_files(store: Store, table: str, after: int, upto: int) -> list[str] | 
 def snapshot_files(store: Store, table: str, version: int) -> list[str]:
     """Paths (relative to the table folder) of every data file of ``table`` at ``version`` (the snapshot
     :meth:`Store.version` opened, when it found that version: no request)."""
-    opened = store.at(table, version)
-    if opened is None:
-        return []
-    return [unquote(p) for p in pa.table(opened.get_add_actions()).column("path").to_pylist()]
+    paths = store.read_at(table, version, lambda opened: pa.table(opened.get_add_actions()).column("path").to_pylist())
+    return [] if paths is None else [unquote(p) for p in paths]
 
 
 def files_dataset(store: Store, table: str, paths: list[str]) -> ds.Dataset:

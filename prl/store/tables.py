@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -29,6 +29,8 @@ from prl.schema import TABLES
 from prl.store import holder
 from prl.store.s3lock import log_object
 from prl.store.writer import CommitResult, PendingCommit, describe_error, parquet_options, write_files
+
+T = TypeVar("T")
 
 __all__ = [
     "CommitResult",
@@ -213,6 +215,15 @@ class Store:
         if pinned is not None and pinned[0] == version:
             return pinned[1]
         return self.open(name, version)
+
+    def read_at(self, name: str, version: int, read: Callable[[DeltaTable], T]) -> T | None:
+        """``read(table)`` of the table at ``version`` (:meth:`at`; None when it does not exist), called under the
+        lock that keeps a pinned table to one thread at a time, as :meth:`dataset` uses it."""
+        table = self.at(name, version)
+        if table is None:
+            return None
+        with self._pinned_lock:
+            return read(table)
 
     def version(self, name: str) -> int | None:
         """The table's current version (None when it does not exist yet); the table opened at it is kept for

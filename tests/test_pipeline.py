@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import runpy
 import sys
 
 import polars as pl
@@ -279,17 +279,21 @@ def test_store_path_that_is_a_file_is_a_usage_error(tmp_path, data):
     assert res.exit_code == 2 and f"{tmp_path / 'store'} is a file" in json.loads(res.stdout)["error"]
 
 
-def test_demo_recipe_end_to_end(tmp_path):
-    """recipes/demo.toml over sample_data/ (every step, the real tokenizer), redirected to a temporary store."""
+def test_demo_recipe_end_to_end(tmp_path, monkeypatch, capsys):
+    """recipes/demo.toml over sample_data/ (every step, the real tokenizer), redirected to a temporary store.
+
+    The demo's reference model is built by ``scripts/make_demo_ref_model.py`` run as ``__main__`` in this process
+    (its own argv), so torch and transformers are imported once, for the build and the score-ref step alike."""
     from dataclasses import replace
 
     from prl.pipeline.recipe import StoreSection
     from tests.pipeline_helpers import REPO
 
     demo = load(os.path.join(REPO, "recipes", "demo.toml"))
-    subprocess.run(
-        [sys.executable, os.path.join(REPO, "scripts", "make_demo_ref_model.py"), str(tmp_path / "ref")], check=True
-    )
+    script = os.path.join(REPO, "scripts", "make_demo_ref_model.py")
+    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "ref")])
+    runpy.run_path(script, run_name="__main__")
+    assert capsys.readouterr().out.startswith(f"{tmp_path / 'ref'}: tiny Llama, vocabulary ")
     assert demo.score_ref is not None
     score_ref = replace(demo.score_ref, model=str(tmp_path / "ref"))
     demo = replace(demo, store=StoreSection(str(tmp_path / "store"), str(tmp_path / "shards")), score_ref=score_ref)

@@ -1,7 +1,11 @@
-"""``prl score-ref`` SIGKILLed after its first committed batch: the rerun scores exactly the rest, once each."""
+"""``prl score-ref`` SIGKILLed after its first committed batch: the rerun scores exactly the rest, once each.
+
+The killed run is a process of its own; the rerun runs the same command in this process (torch and the model's
+library are imported here already), its exit code and JSON summary read from the CLI runner."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -9,8 +13,10 @@ import time
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
-from tests.pipeline_helpers import prl_argv, prl_env, run_prl
+from prl.cli import app
+from tests.pipeline_helpers import prl_argv, prl_env
 from tests.score_helpers import Reference, build_tiny_model, traces_store
 
 pytest.importorskip("torch")
@@ -35,8 +41,9 @@ def test_sigkill_mid_run_then_rerun_finishes_without_duplicates(tmp_path):
         proc.wait()
     partial = store.read("ref_logprobs", columns=["sample_id"]).column("sample_id").to_pylist()
     assert 0 < len(partial) < len(samples)
-    rerun = run_prl(*args, "--json")
-    assert rerun.returncode == 0, rerun.stderr
+    rerun = CliRunner().invoke(app, [*args, "--json"])
+    assert rerun.exit_code == 0, rerun.output
+    assert json.loads(rerun.stdout)["scored"] == len(samples) - len(partial)
     table = store.read("ref_logprobs", columns=["sample_id", "ref_logprobs"])
     ids = table.column("sample_id").to_pylist()
     assert sorted(ids) == sorted(samples)  # every sample exactly once

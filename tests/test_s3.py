@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import json
 import multiprocessing
+import os
 import socket
 import subprocess
 import sys
@@ -19,13 +20,13 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from prl.errors import ExitCode, RetryableIOError
+from prl.errors import ExitCode, RetryableIOError, UsageError
 from prl.ingestion.side_tables import ingest_side_table
 from prl.ingestion.traces import ingest
 from prl.io.sources import _read_ahead, expand
 from prl.schema import REWARDS
 from prl.store.s3lock import S3Lock
-from prl.store.tables import Store, filesystem_for
+from prl.store.tables import Store, filesystem_for, storage_options
 from tests.delta_log import commit_infos
 from tests.records import sglang_generate, vllm_chat, vllm_completion
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
@@ -316,13 +317,36 @@ def test_bad_endpoint_is_retryable_and_prints_no_secret(s3, tmp_path):  # noqa: 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens here once the socket closes
-    env = {**environ_for(s3.endpoint), "AWS_ENDPOINT_URL": dead}
+    env = {**environ_for(s3.endpoint), "AWS_ENDPOINT_URL": dead, "AWS_MAX_ATTEMPTS": "1"}  # no retries to wait out
     local = tmp_path / "in.jsonl"
     local.write_bytes(jsonl(CHAT))
     as_source = run_cli([s3.url("in/"), "--store", str(tmp_path / "store")], env)
     assert_retryable_without_secrets(as_source, f"cannot list {s3.url('in/')}")
     as_store = run_cli([str(local), "--store", s3.url("store")], env)
     assert_retryable_without_secrets(as_store, "ingest lock", dead.removeprefix("http://"))
+
+
+def test_aws_max_attempts_bounds_delta_retries_too(monkeypatch, tmp_path):
+    """The standard ``AWS_MAX_ATTEMPTS`` (attempts, as boto3 counts them) becomes delta-rs' ``max_retries``
+    (retries: one fewer); unset, delta-rs keeps its own default; a value that is not a count ≥ 1 is refused."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    assert "max_retries" not in storage_options()
+    for attempts, retries in (("1", "0"), ("4", "3"), (" 10 ", "9")):
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", attempts)
+        assert storage_options()["max_retries"] == retries
+        assert Store("s3://bucket/store").options["max_retries"] == retries
+    for bad in ("0", "-1", "two", "1.5"):
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", bad)
+        with pytest.raises(UsageError, match=f"AWS_MAX_ATTEMPTS must be a whole number of attempts >= 1, not '{bad}'"):
+            storage_options()
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "two")
+    (tmp_path / "in.jsonl").write_bytes(jsonl(CHAT))
+    proc = run_cli([str(tmp_path / "in.jsonl"), "--store", "s3://bucket/store"], dict(os.environ))
+    assert proc.returncode == 2, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["exit_code"] == 2 and "AWS_MAX_ATTEMPTS" in summary["error"]
 
 
 def test_read_ahead_keeps_order_bounds_memory_and_raises_errors():

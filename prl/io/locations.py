@@ -12,6 +12,8 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from prl.errors import UsageError
+
 S3_SCHEME = "s3://"
 
 
@@ -23,6 +25,18 @@ def aws_endpoint() -> str | None:
 def aws_region() -> str | None:
     """The AWS region from the standard environment (``AWS_REGION``, then ``AWS_DEFAULT_REGION``)."""
     return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+def aws_max_retries() -> int | None:
+    """Retries after a failed S3 request from the standard ``AWS_MAX_ATTEMPTS`` (attempts, the first included, as
+    boto3 reads it): attempts − 1, or None when it is unset (each client's own default). A value that is not a
+    whole number ≥ 1 is a :class:`~prl.errors.UsageError`."""
+    raw = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"AWS_MAX_ATTEMPTS must be a whole number of attempts >= 1, not {raw!r}")
+    return int(raw) - 1
 
 
 def is_remote(uri: str) -> bool:

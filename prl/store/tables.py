@@ -24,7 +24,15 @@ from deltalake import DeltaTable, Field
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from prl.errors import RetryableIOError
-from prl.io.locations import aws_endpoint, aws_region, filesystem_for, is_remote, normalise_s3, resolved_location
+from prl.io.locations import (
+    aws_endpoint,
+    aws_max_retries,
+    aws_region,
+    filesystem_for,
+    is_remote,
+    normalise_s3,
+    resolved_location,
+)
 from prl.schema import TABLES
 from prl.store import holder
 from prl.store.s3lock import log_object
@@ -76,7 +84,8 @@ def _sized(dataset: ds.FileSystemDataset, folder: pafs.FileSystem, sizes: dict[s
 def storage_options() -> dict[str, str]:
     """Delta storage options from the standard AWS environment (never from flags; never printed).
 
-    Only non-secret switches are added here; credentials are read by the object store client itself from
+    Only non-secret switches are added here (endpoint, region, and the standard ``AWS_MAX_ATTEMPTS`` as
+    delta-rs' ``max_retries``, attempts − 1, so that one setting bounds boto3's and delta-rs' retries alike); credentials are read by the object store client itself from
     ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` / profiles.
 
     Concurrent writers on S3: a Delta commit is the creation of ``_delta_log/<version>.json``, which must fail
@@ -95,6 +104,9 @@ def storage_options() -> dict[str, str]:
     region = aws_region()
     if region:
         opts["AWS_REGION"] = region
+    retries = aws_max_retries()
+    if retries is not None:
+        opts["max_retries"] = str(retries)
     # S3 supports conditional writes (If-None-Match); delta-rs uses them for safe concurrent commits.
     opts.setdefault("conditional_put", "etag")
     return opts

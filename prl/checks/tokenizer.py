@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -110,12 +112,10 @@ class CheckTokenizer:
         with open(tok_file, "rb") as fh:
             raw = fh.read()
         if is_tiktoken_file(tok_file):
-            tokenizer, raw = _tiktoken(tok_file, raw, pattern or config.get("pat_str"), config)
+            raw, build = _tiktoken(tok_file, raw, pattern or config.get("pat_str"), config)
         else:
-            try:
-                tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
-            except Exception as exc:
-                raise UsageError(f"cannot load tokenizer {tok_file}: {exc}") from exc
+            build = _from_json(tok_file, raw)
+        digest = hashlib.sha256(raw).hexdigest()
         template = read_template(chat_template) if chat_template is not None else None
         if template is None:
             found = config.get("chat_template")
@@ -124,8 +124,8 @@ class CheckTokenizer:
             template = found if isinstance(found, str) else None
         return cls(
             path=tok_file,
-            tokenizer=tokenizer,
-            tokenizer_bytes_sha256=hashlib.sha256(raw).hexdigest(),
+            tokenizer=_loaded(digest, build),
+            tokenizer_bytes_sha256=digest,
             config=config,
             template=template,
             extra_stop_ids=tuple(int(i) for i in stop_token_ids),
@@ -251,14 +251,51 @@ def _read_config(folder: str) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def _tiktoken(path: str, raw: bytes, pattern: Any, config: dict[str, Any]) -> tuple[Tokenizer, bytes]:
-    """The tokenizer of a tiktoken file, and the bytes that identify it (file, pattern and special tokens)."""
+LOADED_TOKENIZERS = 2
+"""Tokenizers a process keeps built, by the digest of the bytes that identify them (:func:`_loaded`)."""
+_LOADED: OrderedDict[str, Tokenizer] = OrderedDict()
+_LOADED_LOCK = threading.Lock()
+
+
+def _loaded(digest: str, build: Callable[[], Tokenizer]) -> Tokenizer:
+    """The tokenizer whose identifying bytes have sha256 ``digest``: built by ``build`` the first time, then
+    the same object while it is among the :data:`LOADED_TOKENIZERS` used last. Building one from a 128 k
+    vocabulary costs about half a CPU second, more than a small check-tokens run; the checks only call a
+    tokenizer's encode and decode (nothing changes it once built), so runs in one process can share it."""
+    with _LOADED_LOCK:
+        found = _LOADED.get(digest)
+        if found is not None:
+            _LOADED.move_to_end(digest)
+            return found
+    tokenizer = build()
+    with _LOADED_LOCK:
+        _LOADED[digest] = tokenizer
+        while len(_LOADED) > LOADED_TOKENIZERS:
+            _LOADED.popitem(last=False)
+    return tokenizer
+
+
+def _from_json(path: str, raw: bytes) -> Callable[[], Tokenizer]:
+    """What builds the tokenizer of the ``tokenizer.json`` bytes ``raw`` (a :class:`UsageError` if they are
+    not one)."""
+
+    def build() -> Tokenizer:
+        try:
+            return Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as exc:
+            raise UsageError(f"cannot load tokenizer {path}: {exc}") from exc
+
+    return build
+
+
+def _tiktoken(path: str, raw: bytes, pattern: Any, config: dict[str, Any]) -> tuple[bytes, Callable[[], Tokenizer]]:
+    """The bytes that identify the tokenizer of a tiktoken file (file, pattern and special tokens), and what
+    builds it."""
     if not isinstance(pattern, str) or not pattern:
         raise UsageError(
             f"{path} is a tiktoken vocabulary: give its pre-tokenizer pattern (the model's pat_str) as pat_str "
             "in a tokenizer_config.json beside it"
         )
     specials = added_tokens_of(config)
-    tokenizer = bpe_tokenizer(path, pattern, specials)
     identity = raw + b"\0pattern\0" + pattern.encode() + b"\0specials\0" + json.dumps(specials, sort_keys=True).encode()
-    return tokenizer, identity
+    return identity, lambda: bpe_tokenizer(path, pattern, specials)

@@ -25,6 +25,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 SETTINGS = (
     ("OPENBLAS_NUM_THREADS", "1", "numpy"),
@@ -75,3 +76,27 @@ def collect_young() -> None:
     """Collect the objects made since the last collection (generations 0 and 1), then promote what lives on
     out of the young generations. Under :func:`young_collections` this is the only collection."""
     gc.collect(1)
+
+
+def release_free_memory() -> None:
+    """Hand the pages the allocators hold free back to the OS now, rather than when their delays run out: Arrow's
+    pool (:meth:`pyarrow.MemoryPool.release_unused`) and, where the C library is glibc, its malloc
+    (``malloc_trim(0)``, which returns the free pages in the middle of its heap too, as its own trimming never
+    does). A build calls it between its plan and its shard writing, so that the pages the plan freed are not
+    held beside the shards in flight. Neither changes an allocator's settings."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _malloc_trim() -> Any:
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows)."""
+    import ctypes
+
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)  # the symbols the process has loaded
+    except (OSError, TypeError):
+        return None

@@ -111,12 +111,11 @@ def test_plan_of_a_joined_store(tmp_path):
         "policy_step",
         "staleness",
         "ref_row",
-        "ref_len",
         "score",
         "shard",
     ]
     assert plan.ship["shard"].to_list() == [0] * 7 + [1] * 9 + [2] * 5 + [3] * 6
-    assert digest(plan.ship.to_dicts()) == "aa9437517b915d24"
+    assert digest(plan.ship.to_dicts()) == "e8f94b0cf0dd3722"
 
 
 def test_set_of_a_joined_store(tmp_path):

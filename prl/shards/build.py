@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 
 from prl.engines import Engine, get_engine
 from prl.errors import UsageError
+from prl.runtime import release_free_memory
 from prl.schema import SCHEMA_VERSION, SHARD
 from prl.shards.frontier import Frontier, TraceSource, new_backlog_name, options_digest, trace_source, write_frontier
 from prl.shards.gather import WORKERS
@@ -66,6 +67,9 @@ from prl.store.tables import Store
 
 IO_THREADS = 4
 """Threads that fsync and rename written files while the workers go on (they mostly wait on the disk)."""
+
+SIDE_SUMS = ("lp_sum", "lp_simple", "ref_sum", "ref_simple")
+"""Plan columns the scores alone read (:func:`prl.shards.scores.log_ratio_totals`): dropped before the shards."""
 
 
 def build_shards(
@@ -260,6 +264,9 @@ def _write_set(
         assert spills.ref is not None
         totals = log_ratio_totals(spills.traces, spills.ref, ship, bounds, options)
     scores = _scores(plan, options, totals)
+    plan.ship = ship = ship.drop(SIDE_SUMS, strict=False)  # summed into the totals: not held beside the shards
+    del totals
+    release_free_memory()  # what the plan and the scores freed goes back now, not beside the shards in flight
     expected = ship["sample_id"].to_arrow().cast(pa.string())
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
         samples = io.submit(_write_samples, os.path.join(staging.meta, SAMPLES_FILE), expected)

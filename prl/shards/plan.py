@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from prl.errors import UsageError
 from prl.numerics import advantages as adv
+from prl.runtime import release_free_memory
 from prl.shards.frontier import TraceSource
 from prl.shards.layout import set_ref
 from prl.shards.manifest import Manifest
@@ -137,9 +138,8 @@ class Plan:
 def plan_only(options: ShardOptions) -> list[str]:
     """Columns of the plan frame that only the filters and the drop counts read, left out of :attr:`Plan.ship`
     (they would be held per shipped sample while the shards are written)."""
-    return ["_file", "finish_reason", "mask_len", "_v", "verdict", "prefix_status", "_score_missing", "drop"] + [
-        f"r::{n}" for n in options.rewards
-    ]
+    only = ["_file", "finish_reason", "mask_len", "_v", "verdict", "prefix_status", "_score_missing", "drop", "ref_len"]
+    return only + [f"r::{n}" for n in options.rewards]
 
 
 def _samples_path(out: str, set_id: str) -> str:
@@ -187,8 +187,8 @@ def _read_inputs(
     ``source`` is a frontier's (not the whole traces table), the traces scan runs first and the side reads keep
     only rows of the samples it found.
 
-    The side reads do not run side by side: each sorts its table whole, and their working memory, which grows
-    with the samples read, would add up."""
+    The side reads do not run side by side: each sorts its table's keys whole, and their working memory, which
+    grows with the samples read, would add up."""
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
             traces_f = pool.submit(scan_traces, store, versions["traces"], options, trace_spill, exclude, source)
@@ -329,6 +329,7 @@ def make_plan(
     what the traces scan reads (:func:`prl.shards.frontier.trace_source`; default the whole table): a
     frontier's source leaves out rows shipped by the sets it accounts for, counted in ``source.shipped``."""
     inputs = _read_inputs(store, versions, options, shipped, trace_spill, ref_spill, source)
+    release_free_memory()  # what the scans and the side reads freed: not held beside the joins
     before = source.shipped if source is not None else 0
     seen_max = source.version_max if source is not None else None
     scan = "frontier" if source is not None and not source.whole else "whole"

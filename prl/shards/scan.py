@@ -10,7 +10,7 @@ read. A dry run spills nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -238,6 +238,18 @@ def scan_traces(
     return one_chunk(frames)
 
 
+def last_of_runs(rows: pl.DataFrame, by: Sequence[str | pl.Expr], run: list[str], keep: list[str]) -> pl.DataFrame:
+    """The last row of each run of equal ``run`` columns once ``rows`` are in ``by`` order (stable: rows that tie
+    on every key stay in their order), ``keep`` columns only, in that order (one row per distinct ``run``). The
+    order is worked out on the keys alone, and only the ``keep`` columns of the rows kept are gathered."""
+    order = rows.select(pl.arg_sort_by(list(by), maintain_order=True)).to_series()
+    keys = rows.select(run)[order]
+    same_next = pl.all_horizontal([pl.col(c) == pl.col(c).shift(-1) for c in run]).fill_null(False)
+    last = order.filter(~keys.select(same_next).to_series())
+    del keys
+    return rows.select(keep)[last]
+
+
 def _only(flt: ds.Expression | None, only: pa.Array | None) -> ds.Expression | None:
     """``flt`` and, with ``only``, "the row's sample is one of ``only``"."""
     if only is None:
@@ -256,15 +268,9 @@ def latest_rewards(store: Store, version: int | None, names: list[str], only: pa
     table = store.read("rewards", columns=cols, filter=_only(pc.field("name").isin(names), only), version=version)
     events = frame(table)
     del table
-    # the order is worked out on the keys, and only the three columns kept are gathered in it; the latest event of
-    # a (sample, name) is the last of its run
-    order = events.select(
-        pl.arg_sort_by(["sample_id", "name", "created_at", "ingested_at", "source_uri", "source_line"])
-    )
-    ordered = events.select("sample_id", "name", "value")[order.to_series()]
+    by = ["sample_id", "name", "created_at", "ingested_at", "source_uri", "source_line"]
+    latest = last_of_runs(events, by, ["sample_id", "name"], ["sample_id", "name", "value"])
     del events
-    same_next = (pl.col("sample_id") == pl.col("sample_id").shift(-1)) & (pl.col("name") == pl.col("name").shift(-1))
-    latest = ordered.filter(~same_next.fill_null(False))
     wide = latest.select("sample_id").unique()
     for name in names:
         part = latest.filter(pl.col("name") == name).select("sample_id", pl.col("value").alias(f"r::{name}"))
@@ -287,13 +293,11 @@ def latest_verdicts(
         version=version,
     )
     severity = {"ok": 0, "warn": 1, "drift": 2, "invalid": 3}
-    return (
-        frame(table)
-        .with_columns(pl.col("verdict").replace_strict(severity, default=4).alias("_sev"))
-        .sort(["sample_id", "checked_at", "_sev", "tokenizer_fingerprint"])
-        .unique(subset=["sample_id"], keep="last", maintain_order=True)
-        .select("sample_id", "verdict", "prefix_status")
-    )
+    checks = frame(table)
+    del table
+    sev = pl.col("verdict").replace_strict(severity, default=4, return_dtype=pl.Int8)
+    by = [pl.col("sample_id"), pl.col("checked_at"), sev, pl.col("tokenizer_fingerprint")]
+    return last_of_runs(checks, by, ["sample_id"], ["sample_id", "verdict", "prefix_status"])
 
 
 def _ref_filter(options: ShardOptions) -> ds.Expression | None:
@@ -331,12 +335,10 @@ def scan_refs(
     if not frames:
         empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64, "ref_sum": pl.Float64}
         return pl.DataFrame(schema={c: empty.get(c, pl.Boolean) for c in keep})
-    return (
-        frame(pa.concat_tables(frames))
-        .sort(["sample_id", "ingested_at", "source_uri", "source_line", "ref_row"])
-        .unique(subset=["sample_id"], keep="last", maintain_order=True)
-        .select(keep)
-    )
+    rows = frame(pa.concat_tables(frames))
+    frames.clear()
+    # ties on the keys are broken by scan row (``ref_row``, ascending), which the stable order keeps
+    return last_of_runs(rows, ["sample_id", "ingested_at", "source_uri", "source_line"], ["sample_id"], keep)
 
 
 __all__ = [

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import polars as pl
+import pyarrow as pa
 
 from prl.shards.scan import last_of_runs
 
 
 def test_the_last_row_of_each_run_in_key_order_wins_and_ties_keep_their_order():
-    rows = pl.DataFrame(
+    rows = pa.table(
         {
             "sample_id": ["b", "a", "b", "a", "c", "b"],
             "at": [2, 1, 2, 3, 0, 1],
@@ -20,26 +21,43 @@ def test_the_last_row_of_each_run_in_key_order_wins_and_ties_keep_their_order():
     assert latest.to_dict(as_series=False) == {"sample_id": ["a", "b", "c"], "value": [13, 12, 14]}
 
 
-def test_runs_of_several_columns_and_keys_given_as_expressions():
-    rows = pl.DataFrame(
-        {
-            "sample_id": ["s", "s", "s", "t"],
-            "name": ["x", "y", "x", "x"],
-            "verdict": ["warn", "ok", "ok", "ok"],
-            "value": [1.0, 2.0, 3.0, 4.0],
-        }
-    )
-    severity = pl.col("verdict").replace_strict({"ok": 0, "warn": 1}, return_dtype=pl.Int8)
-    by = [pl.col("sample_id"), pl.col("name"), severity]
-    latest = last_of_runs(rows, by, ["sample_id", "name"], ["sample_id", "name", "value"])
-    assert latest.to_dict(as_series=False) == {
-        "sample_id": ["s", "s", "t"],
-        "name": ["x", "y", "x"],
-        "value": [1.0, 2.0, 4.0],
-    }
+def test_runs_of_several_columns_nulls_first_across_chunks():
+    first = pa.table({"sample_id": ["s", "s"], "name": ["x", "y"], "at": [1, None], "value": [1.0, 2.0]})
+    second = pa.table({"sample_id": ["s", "t"], "name": ["x", "x"], "at": [None, 5], "value": [3.0, 4.0]})
+    rows = pa.concat_tables([first, second])
+    latest = last_of_runs(rows, ["sample_id", "name", "at"], ["sample_id", "name"], ["sample_id", "name", "value"])
+    # s/x: the null time sorts first, so the row at 1 is the latest
+    expected = {"sample_id": ["s", "s", "t"], "name": ["x", "y", "x"], "value": [1.0, 2.0, 4.0]}
+    assert latest.to_dict(as_series=False) == expected
 
 
 def test_no_rows_keep_the_columns_asked_for():
-    rows = pl.DataFrame(schema={"sample_id": pl.String, "at": pl.Int64, "value": pl.Float64})
+    rows = pa.table(
+        {"sample_id": pa.array([], pa.string()), "at": pa.array([], pa.int64()), "value": pa.array([], pa.float64())}
+    )
     latest = last_of_runs(rows, ["sample_id", "at"], ["sample_id"], ["sample_id", "value"])
     assert latest.schema == pl.Schema({"sample_id": pl.String, "value": pl.Float64}) and latest.height == 0
+
+
+def test_rewards_widen_to_one_row_per_sample_null_where_a_sample_has_no_such_name(tmp_path):
+    from prl.schema import REWARDS
+    from prl.shards.scan import latest_rewards
+    from prl.store.tables import Store
+    from tests.shards_fixtures import reward, table
+
+    store = Store(str(tmp_path / "store"))
+    events = [
+        reward("a", 1.0, at=0, line=0),
+        reward("a", 2.0, at=1, line=1),  # later: wins
+        reward("a", float("nan"), name="format", at=0, line=2),
+        reward("b", 0.5, name="format", at=0, line=3),
+        reward("c", 3.0, at=0, line=4),
+        reward("c", 4.0, at=0, line=5),  # ties on the time: the later source line wins
+    ]
+    store.commit("rewards", table(REWARDS, events).to_batches())
+    wide = latest_rewards(store, store.versions()["rewards"], ["reward", "format"]).sort("sample_id")
+    assert wide.columns == ["sample_id", "r::reward", "r::format"]
+    assert wide["sample_id"].to_list() == ["a", "b", "c"]
+    assert wide["r::reward"].to_list() == [2.0, None, 4.0]
+    formats = wide["r::format"].to_list()
+    assert formats[1:] == [0.5, None] and formats[0] != formats[0]  # NaN stays NaN, not null

@@ -10,7 +10,7 @@ read. A dry run spills nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import numpy as np
 import polars as pl
@@ -238,16 +238,61 @@ def scan_traces(
     return one_chunk(frames)
 
 
-def last_of_runs(rows: pl.DataFrame, by: Sequence[str | pl.Expr], run: list[str], keep: list[str]) -> pl.DataFrame:
-    """The last row of each run of equal ``run`` columns once ``rows`` are in ``by`` order (stable: rows that tie
-    on every key stay in their order), ``keep`` columns only, in that order (one row per distinct ``run``). The
-    order is worked out on the keys alone, and only the ``keep`` columns of the rows kept are gathered."""
-    order = rows.select(pl.arg_sort_by(list(by), maintain_order=True)).to_series()
-    keys = rows.select(run)[order]
-    same_next = pl.all_horizontal([pl.col(c) == pl.col(c).shift(-1) for c in run]).fill_null(False)
-    last = order.filter(~keys.select(same_next).to_series())
-    del keys
-    return rows.select(keep)[last]
+_NULLS_PER_KEY = int(pa.__version__.split(".")[0]) >= 25
+"""Whether pyarrow takes the null placement per sort key (from 25; earlier, one for all keys)."""
+
+
+def _ascending_nulls_first(by: list[str]) -> dict[str, object]:
+    """``sort_indices`` options: ``by`` ascending, nulls first (polars' default order)."""
+    if _NULLS_PER_KEY:
+        return {"sort_keys": [(k, "ascending", "at_start") for k in by]}
+    return {"sort_keys": [(k, "ascending") for k in by], "null_placement": "at_start"}
+
+
+def last_rows(rows: pa.Table, by: list[str], run: list[str]) -> pa.Array:
+    """Indices (uint64) of the last row of each run of equal ``run`` columns once ``rows`` are in ``by`` order
+    (ascending, nulls first; stable: rows that tie on every key stay in their order), in that order: one per
+    distinct ``run``. Arrow orders the key columns as they are (no copy of the table, no row encoding of the
+    keys)."""
+    order = pc.sort_indices(rows.select(by), **_ascending_nulls_first(by))  # type: ignore[arg-type]
+    n = len(order)
+    if n == 0:
+        return order
+    same_next: pa.Array | None = None
+    for name in run:
+        column = rows.column(name).take(order)
+        same = pc.fill_null(pc.equal(column.slice(0, n - 1), column.slice(1)), False)
+        same_next = same if same_next is None else pc.and_(same_next, same)
+        del column
+    assert same_next is not None
+    return pc.filter(order, pa.concat_arrays([pc.invert(same_next).combine_chunks(), pa.array([True])]))
+
+
+def last_of_runs(rows: pa.Table, by: list[str], run: list[str], keep: list[str]) -> pl.DataFrame:
+    """The ``keep`` columns of :func:`last_rows`, as polars: only the rows kept are gathered."""
+    return frame(rows.select(keep).take(last_rows(rows, by, run)))
+
+
+def _wide(latest: pa.Table, names: list[str]) -> pl.DataFrame:
+    """``sample_id`` and ``r::<name>`` per name from ``latest`` (sample_id, name, value: one row per sample and
+    name, in sample order): each row's sample is its run of ``sample_id``, so no join is needed."""
+    ids = latest.column("sample_id").combine_chunks()
+    n = len(ids)
+    starts = np.ones(n, dtype=bool)
+    if n > 1:
+        starts[1:] = pc.not_equal(ids.slice(1), ids.slice(0, n - 1)).to_numpy(zero_copy_only=False)
+    sample_L = np.cumsum(starts) - 1  # the wide row of each latest row
+    columns = {"sample_id": ids.filter(pa.array(starts))}
+    values = latest.column("value").combine_chunks().cast(pa.float64())
+    for name in names:
+        at = np.flatnonzero(pc.equal(latest.column("name"), name).to_numpy(zero_copy_only=False))
+        taken = values.take(pa.array(at))
+        present = np.zeros(int(starts.sum()), dtype=bool)  # null: no such row (or a null value)
+        present[sample_L[at]] = taken.is_valid().to_numpy(zero_copy_only=False)
+        column = np.zeros(len(present))
+        column[sample_L[at]] = taken.to_numpy(zero_copy_only=False)
+        columns[f"r::{name}"] = pa.array(column, mask=~present)
+    return frame(pa.table(columns))
 
 
 def _only(flt: ds.Expression | None, only: pa.Array | None) -> ds.Expression | None:
@@ -266,16 +311,10 @@ def latest_rewards(store: Store, version: int | None, names: list[str], only: pa
     if version is None:
         return out.with_columns([pl.lit(None, dtype=pl.Float64).alias(f"r::{n}") for n in names])
     table = store.read("rewards", columns=cols, filter=_only(pc.field("name").isin(names), only), version=version)
-    events = frame(table)
-    del table
     by = ["sample_id", "name", "created_at", "ingested_at", "source_uri", "source_line"]
-    latest = last_of_runs(events, by, ["sample_id", "name"], ["sample_id", "name", "value"])
-    del events
-    wide = latest.select("sample_id").unique()
-    for name in names:
-        part = latest.filter(pl.col("name") == name).select("sample_id", pl.col("value").alias(f"r::{name}"))
-        wide = wide.join(part, on="sample_id", how="left")
-    return wide
+    latest = table.select(["sample_id", "name", "value"]).take(last_rows(table, by, ["sample_id", "name"]))
+    del table
+    return _wide(latest, names)
 
 
 def latest_verdicts(
@@ -292,12 +331,11 @@ def latest_verdicts(
         filter=_only(flt, only),
         version=version,
     )
-    severity = {"ok": 0, "warn": 1, "drift": 2, "invalid": 3}
-    checks = frame(table)
-    del table
-    sev = pl.col("verdict").replace_strict(severity, default=4, return_dtype=pl.Int8)
-    by = [pl.col("sample_id"), pl.col("checked_at"), sev, pl.col("tokenizer_fingerprint")]
-    return last_of_runs(checks, by, ["sample_id"], ["sample_id", "verdict", "prefix_status"])
+    severity = ("ok", "warn", "drift", "invalid")
+    sev = pc.fill_null(pc.index_in(table["verdict"], value_set=pa.array(severity)), len(severity))
+    table = table.append_column("_sev", sev)  # ok, warn, drift, invalid: 0-3, anything else 4
+    by = ["sample_id", "checked_at", "_sev", "tokenizer_fingerprint"]
+    return last_of_runs(table, by, ["sample_id"], ["sample_id", "verdict", "prefix_status"])
 
 
 def _ref_filter(options: ShardOptions) -> ds.Expression | None:
@@ -335,7 +373,7 @@ def scan_refs(
     if not frames:
         empty = {"sample_id": pl.String, "ref_row": pl.Int64, "ref_len": pl.Int64, "ref_sum": pl.Float64}
         return pl.DataFrame(schema={c: empty.get(c, pl.Boolean) for c in keep})
-    rows = frame(pa.concat_tables(frames))
+    rows = pa.concat_tables(frames)
     frames.clear()
     # ties on the keys are broken by scan row (``ref_row``, ascending), which the stable order keeps
     return last_of_runs(rows, ["sample_id", "ingested_at", "source_uri", "source_line"], ["sample_id"], keep)

@@ -254,7 +254,7 @@ def last_rows(rows: pa.Table, by: list[str], run: list[str]) -> pa.Array:
     (ascending, nulls first; stable: rows that tie on every key stay in their order), in that order: one per
     distinct ``run``. Arrow orders the key columns as they are (no copy of the table, no row encoding of the
     keys)."""
-    order = pc.sort_indices(rows.select(by), **_ascending_nulls_first(by))  # type: ignore[arg-type]
+    order = pc.sort_indices(rows.select(by), **_ascending_nulls_first(by))
     n = len(order)
     if n == 0:
         return order

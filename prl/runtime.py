@@ -20,6 +20,7 @@ the same environment variables.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -92,6 +93,7 @@ def release_free_memory() -> None:
         trim(0)
 
 
+@functools.cache
 def _malloc_trim() -> Any:
     """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows)."""
     import ctypes

@@ -21,6 +21,7 @@ import pyarrow.dataset as ds
 from prl.checks.history import KEY_COLUMNS
 from prl.numerics import heads
 from prl.numerics import kl as klmod
+from prl.runtime import release_free_memory
 from prl.shards.frontier import TraceSource, relative_file, whole_snapshot
 from prl.shards.options import ShardOptions
 from prl.shards.spill import ScanSpill
@@ -28,6 +29,11 @@ from prl.store.tables import READAHEAD_BATCHES, READAHEAD_FILES, Store
 
 SCAN_BATCH_ROWS = 1024
 """Rows per scanned batch while spilling (eight times as many in a dry run, which keeps no token data)."""
+
+RELEASE_EVERY = 32
+"""A scan hands the pages its allocators hold free back to the OS every this many batches
+(:func:`prl.runtime.release_free_memory`): the token buffers of each batch are freed between the few scalars
+kept per row, and the free pages left between them would otherwise grow with the rows scanned."""
 
 
 HEAD_COLUMNS = ("topk_ids", "topk_logprobs")
@@ -136,11 +142,14 @@ def _scanned(
     every row whose sample is not in ``exclude`` are spilled as the batches go by."""
     row = 0
     batch_rows = SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8
-    for batch in store.scan(name, columns=columns, filter=filter, batch_size=batch_rows, version=version):
+    batches = store.scan(name, columns=columns, filter=filter, batch_size=batch_rows, version=version)
+    for i, batch in enumerate(batches):
         if spill is not None:
             _spill_rows(spill, batch, spill_columns, row, exclude)
         yield row, batch
         row += batch.num_rows
+        if i % RELEASE_EVERY == RELEASE_EVERY - 1:
+            release_free_memory()
 
 
 def _scanned_files(
@@ -154,7 +163,7 @@ def _scanned_files(
     """``(first scan row number, data file path, batch)`` of each part of ``source`` in turn (its rows that pass
     the part's filter), read as ``read`` says (the store's :attr:`~prl.store.tables.Store.scan_options`); with
     ``spill``, as :func:`_scanned`."""
-    row = 0
+    row = seen = 0
     batch_rows = SCAN_BATCH_ROWS if spill is not None else SCAN_BATCH_ROWS * 8
     for dataset, flt in source.parts:
         scanner = dataset.scanner(
@@ -173,6 +182,9 @@ def _scanned_files(
                 _spill_rows(spill, batch, spill_columns, row, exclude)
             yield row, tagged.fragment.path, batch
             row += batch.num_rows
+            seen += 1
+            if seen % RELEASE_EVERY == 0:
+                release_free_memory()
 
 
 def trace_spill_columns(options: ShardOptions) -> list[str]:

@@ -16,6 +16,10 @@ or ``GLIBC_TUNABLES`` tune it without any code).
 
 Library users can call :func:`set_process_defaults` themselves, before importing numpy, pyarrow or polars, or set
 the same environment variables.
+
+:func:`release_free_memory` hands the free pages of Arrow's pool and glibc's malloc back at once, whatever the
+settings: build-shards calls it every few dozen scanned batches, after its plan reads and before its shards, so
+pages freed by one step are not held beside the next one's.
 """
 
 from __future__ import annotations

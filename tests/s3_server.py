@@ -1,4 +1,5 @@
-"""A real S3 API for tests: ``moto_server`` in its own process on 127.0.0.1, one fresh bucket per test.
+"""A real S3 API for tests: moto's server in its own process on 127.0.0.1 (:mod:`tests.moto_s3`, which hands S3
+requests straight to moto's S3 app), one fresh bucket per test.
 
 Import the fixtures in a test module that needs them::
 
@@ -51,18 +52,25 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 30.0) 
 
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
-    """Run ``moto_server`` on a free local port; yields its ``http://127.0.0.1:PORT`` URL."""
+    """Run moto's server (:mod:`tests.moto_s3`) on a free local port; yields its ``http://127.0.0.1:PORT`` URL."""
+    with moto_process() as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def moto_process() -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`moto_server`, yielding its URL and its process."""
     for _ in range(3):  # the free port can be taken between probing and binding: try another
         port = _free_port()
         url = f"http://127.0.0.1:{port}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "moto_s3.py"), str(port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         try:
             if _wait_ready(url, proc):
-                yield url
+                yield url, proc
                 return
         finally:
             proc.terminate()

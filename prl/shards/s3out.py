@@ -43,7 +43,7 @@ from prl.io.locations import normalise_s3, split_s3
 from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
 from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, index_json, make_staging
-from prl.store.s3lock import CONDITION_FAILED, s3_client
+from prl.store.s3lock import CONDITION_FAILED, shared_s3_client
 
 try:
     import boto3
@@ -75,6 +75,8 @@ class S3Out:
         self.bucket, prefix = split_s3(self.uri)
         self.prefix = f"{prefix}/" if prefix else ""
         self._client: Any = None
+        self._manifests: dict[str, tuple[str, Manifest]] = {}
+        """The manifests read, by set id, with the ETag each was read at."""
 
     # --- keys and access -----------------------------------------------------------------------------------
     def key(self, *parts: str) -> str:
@@ -96,7 +98,7 @@ class S3Out:
     @property
     def client(self) -> Any:
         if self._client is None:
-            self._client = s3_client()
+            self._client = shared_s3_client()
         return self._client
 
     def _error(self, action: str, exc: Exception) -> Exception:
@@ -160,15 +162,18 @@ class S3Out:
                 raise self._error("deleting from", exc) from exc
 
     # --- reading sets --------------------------------------------------------------------------------------
-    def set_ids(self) -> list[str]:
-        """Ids of the complete sets (those whose manifest exists), sorted."""
+    def _listed_manifests(self) -> dict[str, str]:
+        """The complete sets (those whose manifest exists): set id → the manifest's ETag."""
         meta = self.key(META, "sets") + "/"
-        ids = {
-            obj["Key"][len(meta) :].split("/")[0]
+        return {
+            obj["Key"][len(meta) :].split("/")[0]: str(obj.get("ETag", ""))
             for obj in self._keys(meta)
             if obj["Key"].endswith(f"/{MANIFEST}") and obj["Key"][len(meta) :].count("/") == 1
         }
-        return sorted(ids)
+
+    def set_ids(self) -> list[str]:
+        """Ids of the complete sets (those whose manifest exists), sorted."""
+        return sorted(self._listed_manifests())
 
     def ref(self, set_id: str) -> SetRef:
         return SetRef(
@@ -182,18 +187,31 @@ class S3Out:
     def refs(self) -> list[SetRef]:
         return [self.ref(set_id) for set_id in self.set_ids()]
 
-    def manifest(self, set_id: str) -> Manifest:
-        """The manifest of set ``set_id``; :class:`ManifestError` when it is not valid."""
+    def manifest(self, set_id: str, etag: str = "") -> Manifest:
+        """The manifest of set ``set_id``; :class:`ManifestError` when it is not valid. With ``etag`` (the
+        manifest's, as a listing just gave it) a manifest this object already read with that ETag is not read
+        again: an ETag names the object's content."""
+        kept = self._manifests.get(set_id)
+        if etag and kept is not None and kept[0] == etag:
+            return kept[1]
         where = self.manifest_uri(set_id)
         try:
-            obj = json.loads(self.read(self.meta_key(set_id, MANIFEST)))
+            answer = self.client.get_object(Bucket=self.bucket, Key=self.meta_key(set_id, MANIFEST))
+            body = answer["Body"].read()
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error("reading", exc) from exc
+        try:
+            obj = json.loads(body)
         except ValueError as exc:
             raise ManifestError(f"{where}: not JSON: {exc}") from None
-        return Manifest.from_json(obj, where)
+        manifest = Manifest.from_json(obj, where)
+        self._manifests[set_id] = (str(answer.get("ETag", "")), manifest)
+        return manifest
 
     def existing_sets(self) -> list[Manifest]:
-        """Manifests of the complete sets, by set id."""
-        return [self.manifest(set_id) for set_id in self.set_ids()]
+        """Manifests of the complete sets, by set id (each read once per this object and manifest content: a
+        build lists them when it plans and again when it rewrites the index)."""
+        return [self.manifest(set_id, etag) for set_id, etag in sorted(self._listed_manifests().items())]
 
     def shipped_ids(self, prior: list[Manifest]) -> pa.Array | None:
         """The sample ids the sets ``prior`` shipped (one Arrow string array; None when there are none)."""

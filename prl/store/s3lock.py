@@ -60,31 +60,39 @@ def s3_client() -> Any:
     return boto3.client("s3", endpoint_url=aws_endpoint(), region_name=aws_region(), config=config)
 
 
-_log_clients: dict[tuple[str | None, ...], Any] = {}
-_log_clients_mutex = threading.Lock()
+_clients: dict[tuple[str | None, ...], Any] = {}
+_clients_mutex = threading.Lock()
 CLIENT_ENVIRONMENT = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
 """Variables besides the endpoint and region that decide what a client talks to as whom."""
 
 
-def _forget_log_clients() -> None:
+def _forget_clients() -> None:
     """In a forked child: no client (and no held mutex) of the parent's; it never shares their connections."""
-    global _log_clients_mutex
-    _log_clients.clear()
-    _log_clients_mutex = threading.Lock()
+    global _clients_mutex
+    _clients.clear()
+    _clients_mutex = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_log_clients)
+os.register_at_fork(after_in_child=_forget_clients)
+
+
+def shared_s3_client() -> Any:
+    """The :func:`s3_client` of this process for the current environment (endpoint, region, profile, key id),
+    made on first use: making a client costs more CPU than most requests (botocore builds its S3 model and
+    endpoint rules anew), and boto3 clients are safe to share between threads. A forked child makes its own."""
+    environment = (aws_endpoint(), aws_region(), *(os.environ.get(name) for name in CLIENT_ENVIRONMENT))
+    with _clients_mutex:
+        client = _clients.get(environment)
+        if client is None:
+            client = _clients[environment] = s3_client()
+    return client
 
 
 def log_object(store_uri: str, key: str) -> bytes | None:
     """The body of object ``key`` under the ``s3://`` store at ``store_uri`` in one GET (None when there is no
-    such object), through one client per process and environment (endpoint, region, profile). A failed request
-    is an :class:`OSError`, as the filesystems' are."""
-    environment = (aws_endpoint(), aws_region(), *(os.environ.get(name) for name in CLIENT_ENVIRONMENT))
-    with _log_clients_mutex:
-        client = _log_clients.get(environment)
-        if client is None:
-            client = _log_clients[environment] = s3_client()
+    such object), through :func:`shared_s3_client`. A failed request is an :class:`OSError`, as the
+    filesystems' are."""
+    client = shared_s3_client()
     bucket, prefix = split_s3(store_uri)
     try:
         return bytes(client.get_object(Bucket=bucket, Key=f"{prefix}/{key}" if prefix else key)["Body"].read())
@@ -133,8 +141,9 @@ class S3Lock:
 
     @property
     def client(self) -> Any:
+        """The process's client for the environment as it was when the lock first needed one."""
         if self._client is None:
-            self._client = s3_client()
+            self._client = shared_s3_client()
         return self._client
 
     def _body(self) -> bytes:

@@ -16,7 +16,7 @@ from prl.errors import LockedError, LockLostError
 from prl.schema import REWARDS
 from prl.store import holder, locks
 from prl.store.locks import LocalLock, lock_for
-from prl.store.s3lock import S3Lock
+from prl.store.s3lock import S3Lock, shared_s3_client
 from prl.store.tables import Store, filesystem_for
 from tests.s3_server import moto_endpoint, s3  # noqa: F401
 from tests.shards_fixtures import reward, table
@@ -271,3 +271,22 @@ def test_a_commit_through_another_spelling_is_checked_too(store_uri, tmp_path):
         with pytest.raises(LockLostError):
             alias.commit("rewards", reward_batch("a:0"))
     assert store.version("rewards") is None
+
+
+@pytest.mark.s3
+def test_one_s3_client_serves_a_process_per_environment_and_a_forked_child_makes_its_own(s3, monkeypatch):  # noqa: F811
+    client = shared_s3_client()
+    locks_client = [S3Lock(s3.url("store"), step).client for step in ("ingest", "build-shards")]
+    assert locks_client == [client, client] and shared_s3_client() is client
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a client of its own, never the parent's connections
+        os.write(write, b"own" if shared_s3_client() is not client else b"parent's")
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 16) == b"own"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{sock.getsockname()[1]}")
+    other = shared_s3_client()
+    assert other is not client and other.meta.endpoint_url == os.environ["AWS_ENDPOINT_URL"]

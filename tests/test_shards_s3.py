@@ -29,6 +29,7 @@ from prl.shards.options import ShardOptions
 from prl.shards.s3out import S3Out
 from prl.shards.verify import verify_shards
 from prl.store.tables import Store
+from tests.faulty_proxy import FaultyProxy
 from tests.pipeline_helpers import prl_env
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 from tests.shards_fixtures import random_store, reward, table, trace, verdict
@@ -119,6 +120,28 @@ def test_a_second_run_ships_nothing_and_new_samples_ship_once(s3, tmp_path):  # 
     index = json.loads(s3.client.get_object(Bucket=s3.bucket, Key="out/.prl/index.json")["Body"].read())
     assert [s["set_id"] for s in index["sets"]] == [first.set_id, second.set_id]
     assert verify_shards(out).exit_code == 0
+
+
+def test_an_s3_out_reads_a_manifest_once_per_content_and_again_when_it_changes(s3, tmp_path, monkeypatch):  # noqa: F811
+    store = random_store(str(tmp_path / "store"), 6, 2)
+    first = build_shards(store, s3.url("out"), options=OPTIONS)
+    store.commit("traces", table_of_new_samples())
+    store.commit("rewards", rewards_of_new_samples())
+    store.commit("checks", verdicts_of_new_samples())
+    second = build_shards(store, s3.url("out"), options=OPTIONS)
+    key = f"out/.prl/sets/{first.set_id}/manifest.json"
+    body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+    with FaultyProxy(s3.endpoint) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        out = S3Out(s3.url("out"))
+        listed = [out.existing_sets() for _ in range(2)]
+        s3.put(key, json.dumps(json.loads(body)).encode())  # the same manifest, other bytes: another ETag
+        listed.append(out.existing_sets())
+    reads = [line.split()[1] for line in proxy.requests if line.startswith("GET ") and "manifest.json" in line]
+    first_key, second_key = (f"/{s3.bucket}/out/.prl/sets/{i}/manifest.json" for i in (first.set_id, second.set_id))
+    assert [[m.set_id for m in sets] for sets in listed] == [sorted([first.set_id, second.set_id])] * 3
+    assert reads == [*sorted([first_key, second_key]), first_key]
+    assert listed[0] == listed[1] == listed[2]  # the manifest read again is the same manifest
 
 
 NEW = ["n0:0", "n1:0"]

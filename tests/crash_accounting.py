@@ -13,21 +13,29 @@ Each check raises :class:`AssertionError` naming what is wrong:
   left (for an ``s3://`` OUT, none on local disk either), nothing visible without a manifest (an ``s3://`` OUT
   is mirrored to a local folder object by object first);
 - no lock of the store left.
+
+Each cycle's accounting reads a table's rows from the data files its snapshot names, only those committed since
+the last accounting from the store (:func:`snapshot_rows`); the final accounting reads every table whole.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from prl.io.locations import split_s3
+from prl.schema import TABLES
 from prl.shards.layout import SetRef, find_sets
 from prl.shards.s3out import S3Out
 from prl.shards.verify import VerifyResult, verify_set, verify_shards
@@ -53,6 +61,11 @@ class Paths:
         return str(self.root / "in" / "rewards")
 
     @property
+    def rows(self) -> Path:
+        """Local copies of the rows of the table data files the accounting has read (:func:`snapshot_rows`)."""
+        return self.root / "rows"
+
+    @property
     def mirror(self) -> Path:
         """A local copy of an ``s3://`` OUT, object by object."""
         return self.root / "out-mirror"
@@ -74,48 +87,79 @@ def assert_same(found: list[Any], expected: list[Any], what: str) -> None:
     )
 
 
-def _quarantined(store: Store, table: str) -> pl.DataFrame:
-    """Quarantine's rows of ``table``, read from the snapshot whose version was just looked up (one open)."""
-    version = store.version("quarantine")
-    if version is None:
-        return pl.DataFrame({"quarantine_id": [], "table": [], "source_uri": [], "source_line": []})
-    columns = ["quarantine_id", "table", "source_uri", "source_line"]
-    rows = pl.from_arrow(store.read("quarantine", columns=columns, version=version))
-    assert isinstance(rows, pl.DataFrame)
+def snapshot_rows(store: Store, name: str, columns: list[str], cache: Path | None) -> pl.DataFrame:
+    """``columns`` of every row of table ``name`` at its latest version (empty when it does not exist), read
+    data file by data file from the files its snapshot names. With ``cache`` (a local folder) the rows of a data
+    file read before (the same path and size: a Delta data file is written once, never changed) come from the
+    copy kept there, so an accounting reads only the files committed since the last one; without it the whole
+    table is read through polars' own Delta reader."""
+    if cache is None:
+        return read_table(store, name, columns)
+    table = store.open(name)
+    schema = pa.schema([TABLES[name].field(c) for c in columns])
+    if table is None:
+        empty = pl.from_arrow(schema.empty_table())
+        assert isinstance(empty, pl.DataFrame)
+        return empty
+    adds = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
+    parts = []
+    for add in adds:
+        path, size = unquote(add["path"]), add["size_bytes"]
+        digest = hashlib.blake2b(json.dumps([name, path, size, columns]).encode(), digest_size=12).hexdigest()
+        kept = cache / f"{digest}.parquet"
+        if kept.exists():
+            parts.append(pq.read_table(kept))
+            continue
+        file = f"{store.table_path(name)}/{path}"  # its size given: no HEAD for it
+        fragment = ds.ParquetFileFormat().make_fragment(file, filesystem=store.fs, file_size=size)
+        rows = fragment.to_table(columns=columns).cast(schema)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(rows, f"{kept}.part")
+        os.replace(f"{kept}.part", kept)
+        parts.append(rows)
+    found = pl.from_arrow(pa.concat_tables(parts) if parts else schema.empty_table())
+    assert isinstance(found, pl.DataFrame)
+    return found
+
+
+def _quarantined(store: Store, table: str, cache: Path | None) -> pl.DataFrame:
+    """Quarantine's rows of ``table`` (:func:`snapshot_rows`)."""
+    rows = snapshot_rows(store, "quarantine", ["quarantine_id", "table", "source_uri", "source_line"], cache)
     assert rows["quarantine_id"].n_unique() == rows.height, (
         f"quarantine ids twice: {_twice(rows['quarantine_id'].to_list())}"
     )
     return rows.filter(pl.col("table") == table)
 
 
-def account_traces(store: Store, data: TraceInput) -> None:
-    rows = read_table(store, "traces", ["sample_id", "source_uri", "source_line"])
+def account_traces(store: Store, data: TraceInput, cache: Path | None) -> None:
+    rows = snapshot_rows(store, "traces", ["sample_id", "source_uri", "source_line"], cache)
     assert_same(list(rows.iter_rows()), data.expected_rows(), "traces")
-    bad = _quarantined(store, "traces")
+    bad = _quarantined(store, "traces", cache)
     assert_same(list(zip(bad["source_uri"], bad["source_line"])), sorted(data.expected_bad), "quarantined traces")
 
 
-def account_rewards(store: Store, data: RewardInput) -> None:
-    rows = read_table(store, "rewards", ["source_uri", "source_line", "sample_id", "name", "value", "event_id"])
+def account_rewards(store: Store, data: RewardInput, cache: Path | None) -> None:
+    columns = ["source_uri", "source_line", "sample_id", "name", "value", "event_id"]
+    rows = snapshot_rows(store, "rewards", columns, cache)
     assert rows["event_id"].null_count() == 0, "rows without an event id"
     assert rows["event_id"].n_unique() == rows.height, f"event ids twice: {_twice(rows['event_id'].to_list())}"
     found = list(rows.select("source_uri", "source_line", "sample_id", "name", "value").iter_rows())
     assert_same(found, data.expected_events(), "reward events")
-    bad = _quarantined(store, "rewards")
+    bad = _quarantined(store, "rewards", cache)
     assert_same(list(zip(bad["source_uri"], bad["source_line"])), data.expected_bad(), "quarantined reward lines")
 
 
-def account_checks(store: Store, data: TraceInput) -> None:
-    checked = read_table(store, "checks", ["sample_id"])["sample_id"].to_list()
+def account_checks(store: Store, data: TraceInput, cache: Path | None) -> None:
+    checked = snapshot_rows(store, "checks", ["sample_id"], cache)["sample_id"].to_list()
     assert_same(checked, sorted(data.expected_good), "checks")
 
 
 def mirror_s3(uri: str, local: Path) -> None:
     """Make ``local`` an exact copy of the objects under ``uri``: changed ones (by ETag, noted in a folder beside
     it) fetched again, gone ones removed."""
-    from prl.store.s3lock import s3_client
+    from prl.store.s3lock import shared_s3_client
 
-    client = s3_client()
+    client = shared_s3_client()
     bucket, prefix = split_s3(uri)
     tags = local.with_name(local.name + "-etags")
     seen: set[Path] = set()
@@ -211,22 +255,25 @@ def held_locks(p: Paths) -> list[str]:
     if not p.store.startswith("s3://"):
         locks = Path(p.store) / "_locks"
         return sorted(n for n in os.listdir(locks) if n.endswith(".lock")) if locks.exists() else []
-    from prl.store.s3lock import s3_client
+    from prl.store.s3lock import shared_s3_client
 
     bucket, prefix = split_s3(p.store)
-    listed = s3_client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/_locks/")
+    listed = shared_s3_client().list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/_locks/")
     return sorted(obj["Key"] for obj in listed.get("Contents", []))
 
 
 def account(command: str, p: Paths, traces: TraceInput, rewards: RewardInput, final: bool = False) -> None:
-    """The accounting of ``command``'s own output (of every table its set-up wrote too when ``final``)."""
+    """The accounting of ``command``'s own output (of every table its set-up wrote too when ``final``). The
+    table rows of data files read by an earlier accounting come from its copies (:func:`snapshot_rows`), except
+    in the final one, which reads every file."""
     store = Store(p.store)
+    cache = None if final else p.rows
     if command == "ingest" or (final and command != "rewards"):
-        account_traces(store, traces)
+        account_traces(store, traces, cache)
     if command == "rewards":
-        account_rewards(store, rewards)
+        account_rewards(store, rewards, cache)
     if command == "check":
-        account_checks(store, traces)
+        account_checks(store, traces, cache)
     if command == "shards":
         account_shards(p, traces, final)
     assert not held_locks(p), f"locks left: {held_locks(p)}"

@@ -20,7 +20,7 @@ then the command, killed at a random instant (or finishing first); a child rerun
 checks the accounting
 (:mod:`tests.crash_accounting`). Every :data:`MAINTAIN_EVERY` cycles ``prl maintain`` compacts the store.
 A kill counts as ``after_write`` when the store or OUT changed between its start
-and its death. At the end the unfinished line is finished, and a last rerun checks every table.
+and its death (on S3: a commit, or a write to OUT, :func:`s3_state`). At the end the unfinished line is finished, and a last rerun checks every table.
 """
 
 from __future__ import annotations
@@ -46,8 +46,10 @@ import prl.shards.build
 import prl.store.maintain
 from prl.checks.tokenizer import CheckTokenizer
 from prl.io.locations import split_s3
+from prl.schema import TABLES
 from prl.shards.options import ShardOptions
-from prl.store.s3lock import s3_client
+from prl.store.index import INDEX_TABLES
+from prl.store.s3lock import s3_client, shared_s3_client
 from tests.crash_accounting import Paths, account
 from tests.crash_inputs import RewardInput, TraceInput
 
@@ -75,6 +77,24 @@ def _check(p: Paths) -> None:
 def _shards(p: Paths) -> None:
     options = ShardOptions(target_tokens=400, seed=1, require_checks=False)
     prl.shards.build.build_shards(p.store, p.out, options=options)
+
+
+MARK = os.environ.get("PRL_CRASH_MARK", "")
+"""When set, an ``http://`` URL: each phase of a cycle begins with a GET of ``MARK/__phase__/NAME`` (phases
+``killed-setup``, ``killed-run``, ``rerun-setup``, ``rerun-run``, ``accounting``, ``maintain``, ``final``), so that a
+counting proxy there can split the S3 requests (and its server's CPU) by phase (``bench/bench_s3_kills.py``)."""
+
+
+def mark(phase: str) -> None:
+    """Tell the proxy at :data:`MARK` that ``phase`` begins (nothing when unset)."""
+    if MARK:
+        import urllib.error
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(f"{MARK}/__phase__/{phase}", timeout=10).close()
+        except urllib.error.HTTPError:
+            pass
 
 
 RUN: dict[str, Callable[[Paths], None]] = {"ingest": _ingest, "rewards": _rewards, "check": _check, "shards": _shards}
@@ -106,17 +126,47 @@ def preload_tokenizer() -> None:
     prl.checks.run.CheckTokenizer = _Preloaded  # type: ignore[misc,assignment]
 
 
-def state(p: Paths) -> list[str]:
-    """What the store and OUT hold, as names (locks left out): any commit or published file changes it."""
+def state(p: Paths, known: list[str]) -> list[str]:
+    """What the store and OUT hold, as names (locks left out): any commit or published file changes it. On S3
+    the names of :func:`s3_state` (``known``: a state taken before)."""
+    if p.store.startswith("s3://"):
+        return s3_state(p, known)
     names = []
     for where in (p.store, p.out):
-        if where.startswith("s3://"):
-            bucket, prefix = split_s3(where)
-            pages = s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
-            names += [o["Key"] for page in pages for o in page.get("Contents", []) if "/_locks/" not in o["Key"]]
-        else:
-            for root, _, files in os.walk(where):
-                names += [os.path.join(root, f) for f in files if "_locks" not in root]
+        for root, _, files in os.walk(where):
+            names += [os.path.join(root, f) for f in files if "_locks" not in root]
+    return sorted(names)
+
+
+def _listed(bucket: str, prefix: str, delimiter: str = "", after: str = "") -> list[str]:
+    """Keys (with their ETags) and common prefixes under ``prefix`` of ``bucket``."""
+    extra = {"Delimiter": delimiter} if delimiter else {}
+    extra |= {"StartAfter": after} if after else {}
+    pages = shared_s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, **extra)
+    found = []
+    for page in pages:
+        found += [f"{o['Key']} {o['ETag']}" for o in page.get("Contents", [])]
+        found += [c["Prefix"] for c in page.get("CommonPrefixes", [])]
+    return found
+
+
+def s3_state(p: Paths, known: list[str]) -> list[str]:
+    """What changes when a run commits to the store or writes to OUT, listed without listing every object: a
+    listing of every object makes the S3 server describe each one, which costs more than the runs once the
+    bucket holds some thousand objects. Per table of the store, its log entries (every commit adds one): those
+    of ``known`` (a state taken before) and the ones listed after the newest of them; in OUT, its folders (a
+    set's parts going up makes one), those of its sets' meta and the objects of ``OUT/.prl`` by name and ETag
+    (the index, the frontier). A killed run that wrote data files of a table but never committed them leaves
+    it unchanged."""
+    bucket, store = split_s3(p.store)
+    names = [name for name in known if "/_delta_log/0" in name]
+    for table in (*TABLES, *INDEX_TABLES):
+        log = f"{store}/{table}/_delta_log/"
+        newest = max((name.split(" ")[0] for name in names if name.startswith(log)), default="")
+        names += [name for name in _listed(bucket, log, after=newest) if name not in names]
+    _, out = split_s3(p.out)
+    for prefix in (f"{out}/", f"{out}/.prl/", f"{out}/.prl/sets/"):
+        names += _listed(bucket, prefix, delimiter="/")
     return sorted(names)
 
 
@@ -145,12 +195,14 @@ def _child(work: Callable[[], None], report: Path, cpu: dict[str, float], what: 
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
-def _killed_run(command: str, p: Paths, delay: float, note: Path) -> Callable[[], None]:
+def _killed_run(command: str, p: Paths, delay: float, note: Path, known: list[str]) -> Callable[[], None]:
     def work() -> None:
+        mark("killed-setup")
         for step in SETUP[command]:
             step(p)
-        before = state(p)
+        before = state(p, known)
         _write(note, {"state": before})
+        mark("killed-run")
         timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGKILL))
         timer.daemon = True
         started = time.perf_counter()
@@ -162,19 +214,24 @@ def _killed_run(command: str, p: Paths, delay: float, note: Path) -> Callable[[]
     return work
 
 
-def _rerun(command: str, p: Paths, setup: bool, data: tuple[TraceInput, RewardInput], note: Path) -> Callable[[], None]:
+def _rerun(
+    command: str, p: Paths, setup: bool, data: tuple[TraceInput, RewardInput], note: Path, known: list[str]
+) -> Callable[[], None]:
     """Rerun to completion (the set-up too when the input changed since the killed run's), then the accounting;
     ``note`` gets the store's state before the rerun and the rerun's seconds. The killed run's locks never hold
     the rerun up: locally the kernel dropped them, and on S3 their holder ran on this host and is gone (a lock
     left in the way is a failure, :class:`~prl.errors.LockedError`)."""
 
     def work() -> None:
-        before = state(p)
+        mark("rerun-setup")
+        before = state(p, known)
         for step in SETUP[command] if setup else []:
             step(p)
+        mark("rerun-run")
         began = time.perf_counter()
         RUN[command](p)
         seconds = time.perf_counter() - began
+        mark("accounting")
         account(command, p, *data)
         _write(note, {"before": before, "seconds": seconds})
 
@@ -183,6 +240,7 @@ def _rerun(command: str, p: Paths, setup: bool, data: tuple[TraceInput, RewardIn
 
 def _final(command: str, p: Paths, data: tuple[TraceInput, RewardInput]) -> Callable[[], None]:
     def work() -> None:
+        mark("final")
         for step in [*SETUP[command], RUN[command]]:
             step(p)
         account(command, p, *data, final=True)
@@ -202,6 +260,8 @@ class Cycles:
         self.window = 0.3  # seconds: a whole run's duration, where kills are aimed
         self.first = 0.0
         self.last: dict[str, Any] = {}
+        self.known: list[str] = []
+        """The store's state as last taken (:func:`state`)."""
         self.counts = {"killed": 0, "after_write": 0, "finished": 0, "cycles": 0}
         self.cpu: dict[str, float] = {}
 
@@ -220,11 +280,13 @@ class Cycles:
         message, or None."""
         self.counts["cycles"] += 1
         if self.counts["cycles"] % MAINTAIN_EVERY == 0:
+            mark("maintain")
             if _child(lambda: prl.store.maintain.maintain(self.p.store), self.report, self.cpu, "maintain") != 0:
                 return self._fail("maintain failed")
         self._grow()
         delay = self.rng.uniform(0.0, 1.1 * self.window) if delay is None else delay
-        status = _child(_killed_run(self.command, self.p, delay, self.note), self.report, self.cpu, "killed")
+        killed_work = _killed_run(self.command, self.p, delay, self.note, self.known)
+        status = _child(killed_work, self.report, self.cpu, "killed")
         killed = self.last = json.loads(self.note.read_text())
         if status == 0:  # a whole run's duration, measured
             self.counts["finished"] += 1
@@ -234,10 +296,12 @@ class Cycles:
         else:
             return self._fail(f"killed run ended with {status}")
         setup = self._finish() if self.rng.random() < 0.5 else False  # the rerun sees the line finished
-        rerun_work = _rerun(self.command, self.p, setup, (self.traces, self.rewards), self.note)
+        data = (self.traces, self.rewards)
+        rerun_work = _rerun(self.command, self.p, setup, data, self.note, killed["state"])
         if _child(rerun_work, self.report, self.cpu, "rerun") != 0:
             return self._fail("rerun or accounting failed")
         rerun = json.loads(self.note.read_text())
+        self.known = rerun["before"]
         if status == -signal.SIGKILL:
             self.counts["killed"] += 1
             wrote = rerun["before"] != killed["state"]

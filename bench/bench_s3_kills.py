@@ -2,7 +2,7 @@
 
 Starts a local ``moto_server`` and runs the harness for each command with ``--kills K`` into a fresh bucket, as
 ``tests/test_crash_kills.py`` does. Prints, per command: the wall seconds, the CPU seconds of the harness and its
-children and of the moto server, and the seconds per kill cycle. With ``--counted`` the harness talks to the
+children and of the moto server, and the seconds per kill cycle (and the harness's progress every 10 kills). With ``--counted`` the harness talks to the
 server through the counting proxy of the tests (:class:`tests.faulty_proxy.FaultyProxy`, no faults), which
 opens one connection per request, and marks each phase of a cycle (:data:`tests.crash_harness.MARK`): the
 requests of each phase by method (LIST is a GET of a bucket listing), the server's CPU seconds and the wall
@@ -128,7 +128,9 @@ def run_command(
     summary = json.loads(lines[-1]) if lines else {}
     if proc.returncode != 0 or not summary:
         raise SystemExit(f"{command} failed: {summary.get('error') or proc.stderr[-4000:]}")
+    progress = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith('{"killed"')]
     result = {
+        "progress": [[step["killed"], step["cycles"], step["seconds"]] for step in progress],
         "wall_s": round(wall, 1),
         "harness_cpu_s": round(harness, 1),
         "server_cpu_s": round(server, 1),
@@ -156,6 +158,8 @@ def show(command: str, result: dict) -> None:
         f"server CPU {result['server_cpu_s']:>6} s  {result['cycles']} cycles, {result['wall_per_cycle_s']} s each"
         + (f", {result['requests']} requests" if "requests" in result else "")
     )
+    if result["progress"]:
+        print(f"    [kills, cycles, seconds] every 10 kills: {result['progress']}")
     if "phases" not in result:
         return
     print(f"    {'phase':<14}" + "".join(f"{k.split('_')[0][:7]:>9}" for k in SHOWN))

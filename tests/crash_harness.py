@@ -19,8 +19,9 @@ left unfinished and finished later); a child runs the set-up the command needs (
 then the command, killed at a random instant (or finishing first); a child reruns the command to completion and
 checks the accounting
 (:mod:`tests.crash_accounting`). Every :data:`MAINTAIN_EVERY` cycles ``prl maintain`` compacts the store.
-A kill counts as ``after_write`` when the store or OUT changed between its start
-and its death (on S3: a commit, or a write to OUT, :func:`s3_state`). At the end the unfinished line is finished, and a last rerun checks every table.
+A kill counts as ``after_write`` when the store or OUT changed between its start and its death (on S3: a
+commit, or a write to OUT, :func:`s3_state`). At the end the unfinished line is finished, and a last rerun
+checks every table.
 """
 
 from __future__ import annotations

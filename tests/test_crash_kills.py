@@ -6,10 +6,16 @@ shipped twice, no lock left (see :mod:`tests.crash_harness`, which forks the run
 kill cycle costs the runs, not an interpreter start). The same for every command on an ``s3://`` store and OUT
 (moto server), with the default stale time (300 s): each kill there leaves its S3 lock behind, and the rerun
 takes it over at once because its holder ran on this host and is gone (:mod:`prl.store.liveness`), never by
-waiting. A kill cycle on S3 costs most of its time in the moto server's CPU, which follows the requests the
-runs make (a build-shards cycle with its set-up runs about 470 requests, a cycle of the other commands fewer):
-4 to 9 s a cycle on two busy cores, so the S3 variant runs 10 kills per command by default, what the suite's
-time allows; ``PRL_CRASH_S3_KILLS=100`` runs the hundred. ``PRL_CRASH_KILLS``, ``PRL_CRASH_S3_KILLS`` and ``PRL_KILL_SEED`` set the counts and the seed."""
+waiting. A kill cycle on S3 costs the server's CPU (about 2.5 ms a request; :mod:`tests.moto_s3`) and the
+runs' own, both following the requests the runs make (Delta log reads, which grow with the commits since the
+last ``prl maintain``, and for build-shards OUT's sets): measured with ``bench/bench_s3_kills.py``, 1.4 to 3 s a
+cycle on two busy cores early on, about twice that by the hundredth kill, and some 140 to 150 cycles for 100
+kills (runs that finish before their kill are cycles too). The 100 kills of one command take 4 to 17 min there,
+about 38 min for the four, far more than the suite's whole time; so the S3 variant runs 12 kills per command by
+default (3.7 min for the four on two busy cores, against 3.3 min for 10 kills before the cycles were made
+cheaper; 10 kills take 1.9 min now), and
+``PRL_CRASH_S3_KILLS=100`` runs the hundred, each followed by a rerun and a full accounting as here.
+``PRL_CRASH_KILLS``, ``PRL_CRASH_S3_KILLS`` and ``PRL_KILL_SEED`` set the counts and the seed."""
 
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from tests.pipeline_helpers import prl_env
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 
 KILLS = int(os.environ.get("PRL_CRASH_KILLS", "100"))
-S3_KILLS = int(os.environ.get("PRL_CRASH_S3_KILLS", "10"))
+S3_KILLS = int(os.environ.get("PRL_CRASH_S3_KILLS", "12"))
 SEED = int(os.environ.get("PRL_KILL_SEED", "20261201"))
 COMMANDS = ["ingest", "rewards", "check", "shards"]
 

@@ -96,18 +96,10 @@ def phases(proxy: MarkingProxy, end: tuple[int, float, float]) -> tuple[dict[str
 def run_command(
     command: str, kills: int, seed: int, endpoint: str, pid: int, work: Path, counted: bool, dump: Path | None
 ) -> dict:
-    import boto3
-
-    from tests.s3_server import CREDENTIALS, environ_for
+    from tests.s3_server import client_for, environ_for
 
     bucket = f"prl-kills-{command}-{'counted' if counted else 'direct'}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name=CREDENTIALS["AWS_REGION"],
-        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-    )
+    client = client_for(endpoint)
     client.create_bucket(Bucket=bucket)
     root = work / bucket
     root.mkdir(parents=True)

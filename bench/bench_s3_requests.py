@@ -150,19 +150,11 @@ def main() -> None:
     parser.add_argument("--dump", type=Path, help="write each counted run's request lines into this folder")
     args = parser.parse_args()
 
-    import boto3
-
-    from tests.s3_server import CREDENTIALS, moto_server
+    from tests.s3_server import client_for, moto_server
 
     runs: list[dict[str, dict]] = []
     with moto_server() as endpoint, tempfile.TemporaryDirectory(prefix="prl-bench-s3req-") as tmp:
-        client = boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name=CREDENTIALS["AWS_REGION"],
-            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        )
+        client = client_for(endpoint)
         for attempt in range(args.repeats):
             for counted in (True, False) if args.direct else (True,):
                 bucket = f"prl-bench-{attempt}-{'counted' if counted else 'direct'}"

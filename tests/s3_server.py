@@ -128,6 +128,20 @@ def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> S3:
     return S3(moto_endpoint, bucket, client)
 
 
+def client_for(endpoint: str) -> Any:
+    """A boto3 S3 client of the test server at ``endpoint``, with the test credentials (whatever the
+    environment holds)."""
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=CREDENTIALS["AWS_REGION"],
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
 def environ_for(endpoint: str) -> dict[str, str]:
     """The environment of a child process that talks to the test server."""
     env = {k: v for k, v in os.environ.items() if k not in CLEARED}

@@ -103,6 +103,9 @@ def _malloc_trim() -> Any:
     import ctypes
 
     try:
-        return getattr(ctypes.CDLL(None), "malloc_trim", None)  # the symbols the process has loaded
+        trim = getattr(ctypes.CDLL(None), "malloc_trim", None)  # the symbols the process has loaded
     except (OSError, TypeError):
         return None
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int  # int malloc_trim(size_t pad)
+    return trim

@@ -281,12 +281,22 @@ def test_one_s3_client_serves_a_process_per_environment_and_a_forked_child_makes
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: a client of its own, never the parent's connections
-        os.write(write, b"own" if shared_s3_client() is not client else b"parent's")
-        os._exit(0)
+        try:
+            os.write(write, b"own" if shared_s3_client() is not client else b"parent's")
+        finally:
+            os._exit(0)  # never back into the test runner, however the child fares
+    os.close(write)  # a child that dies before writing ends the read with nothing
     os.waitpid(pid, 0)
     assert os.read(read, 16) == b"own"
+    os.close(read)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{sock.getsockname()[1]}")
     other = shared_s3_client()
     assert other is not client and other.meta.endpoint_url == os.environ["AWS_ENDPOINT_URL"]
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "rotated")  # new credentials under the same key id: a new client
+    assert shared_s3_client() is not other
+    assert other.meta.config.retries["total_max_attempts"] == 4  # AWS_MAX_ATTEMPTS unset: the default
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    once = shared_s3_client()
+    assert once.meta.config.retries["total_max_attempts"] == 1

@@ -261,7 +261,9 @@ def _loaded(digest: str, build: Callable[[], Tokenizer]) -> Tokenizer:
     """The tokenizer whose identifying bytes have sha256 ``digest``: built by ``build`` the first time, then
     the same object while it is among the :data:`LOADED_TOKENIZERS` used last. Building one from a 128 k
     vocabulary costs about half a CPU second, more than a small check-tokens run; the checks only call a
-    tokenizer's encode and decode (nothing changes it once built), so runs in one process can share it."""
+    tokenizer's encode and decode (nothing changes it once built), so runs in one process can share it. A
+    library user who changes a loaded :attr:`CheckTokenizer.tokenizer` (adds tokens, sets truncation) changes it
+    for every load of the same bytes in the process: copy it first."""
     with _LOADED_LOCK:
         found = _LOADED.get(digest)
         if found is not None:

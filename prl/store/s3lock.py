@@ -25,6 +25,7 @@ Credentials come from the standard AWS chain (environment, profile, instance rol
 from __future__ import annotations
 
 import email.utils
+import hashlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prl.errors import LockedError, RetryableIOError, UsageError
-from prl.io.locations import aws_endpoint, aws_region, split_s3
+from prl.io.locations import aws_endpoint, aws_max_retries, aws_region, split_s3
 from prl.store import holder, liveness
 
 try:
@@ -52,18 +53,35 @@ CONDITION_FAILED = {"PreconditionFailed", "ConditionalRequestConflict", "412", "
 GONE = {"NoSuchKey", "404"}
 
 
+DEFAULT_ATTEMPTS = 4
+"""Attempts per request of prl's own S3 client (locks, log reads, S3 OUTs) where ``AWS_MAX_ATTEMPTS`` is unset."""
+
+
 def s3_client() -> Any:
-    """A boto3 S3 client for the standard AWS environment (``AWS_ENDPOINT_URL[_S3]``, ``AWS_REGION``)."""
+    """A boto3 S3 client for the standard AWS environment (``AWS_ENDPOINT_URL[_S3]``, ``AWS_REGION``), making
+    ``AWS_MAX_ATTEMPTS`` attempts per request (:data:`DEFAULT_ATTEMPTS` where it is unset; an explicit retry
+    setting would otherwise override the variable)."""
     if boto3 is None:  # pragma: no cover - depends on the installation
         raise UsageError("s3:// stores need boto3 for their locks: pip install 'prl[s3]'")
-    config = Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=10, read_timeout=30)
+    retries = aws_max_retries()
+    attempts = DEFAULT_ATTEMPTS if retries is None else retries + 1
+    config = Config(retries={"total_max_attempts": attempts, "mode": "standard"}, connect_timeout=10, read_timeout=30)
     return boto3.client("s3", endpoint_url=aws_endpoint(), region_name=aws_region(), config=config)
 
 
 _clients: dict[tuple[str | None, ...], Any] = {}
 _clients_mutex = threading.Lock()
-CLIENT_ENVIRONMENT = ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE")
-"""Variables besides the endpoint and region that decide what a client talks to as whom."""
+CLIENT_ENVIRONMENT = (
+    "AWS_PROFILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_MAX_ATTEMPTS",
+)
+"""Variables besides the endpoint and region that decide what a client talks to as whom, and how often it tries."""
+SECRET_ENVIRONMENT = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+"""Credentials that also decide it: a client is kept per digest of their values (never the values themselves),
+so a rotated secret or session token gets a new client."""
 
 
 def _forget_clients() -> None:
@@ -80,7 +98,8 @@ def shared_s3_client() -> Any:
     """The :func:`s3_client` of this process for the current environment (endpoint, region, profile, key id),
     made on first use: making a client costs more CPU than most requests (botocore builds its S3 model and
     endpoint rules anew), and boto3 clients are safe to share between threads. A forked child makes its own."""
-    environment = (aws_endpoint(), aws_region(), *(os.environ.get(name) for name in CLIENT_ENVIRONMENT))
+    secrets = hashlib.sha256("\0".join(os.environ.get(name, "") for name in SECRET_ENVIRONMENT).encode()).hexdigest()
+    environment = (aws_endpoint(), aws_region(), *(os.environ.get(name) for name in CLIENT_ENVIRONMENT), secrets)
     with _clients_mutex:
         client = _clients.get(environment)
         if client is None:

@@ -63,5 +63,8 @@ def test_a_hundred_sigkills_lose_and_duplicate_nothing(tmp_path, command):
 def test_sigkills_on_an_s3_store_and_out_lose_and_duplicate_nothing(s3, tmp_path, command):  # noqa: F811
     env = {k: v for k, v in environ_for(s3.endpoint).items() if k != "PRL_LOCK_STALE_AFTER"}
     env["TMPDIR"] = str(tmp_path)
-    run_harness(command, tmp_path, S3_KILLS, env, "--bucket", s3.bucket, after_write=S3_KILLS // 20)
+    # kills that land after a write: 7-37 of 100 on S3 (build-shards the fewest), so at the default 12 a floor
+    # would fail by chance; the local hundred and `make crash` (PRL_CRASH_S3_KILLS=100: at least 5) hold one
+    floor = S3_KILLS // 20 if S3_KILLS >= 100 else 0
+    run_harness(command, tmp_path, S3_KILLS, env, "--bucket", s3.bucket, after_write=floor)
     assert s3.keys("store/_locks/") == []

@@ -6,8 +6,10 @@ writer thread; any failure of a write or a close ends it at once and surfaces in
 :meth:`PendingCommit.commit` adds them in one Delta commit, after checking that the locks this process holds
 on the store are still its own (:func:`prl.store.holder.ensure_held`). Every commit carries a unique
 ``prl.commit_id``: when a commit call fails (a connection dropped before S3's answer, delta-rs meeting its own
-commit on a retry), the Delta log is searched for it, and a commit found there is this run's and counts as done;
-any other failure is retryable (exit 5), a rerun resumes.
+commit on a retry), the Delta log is searched for it, and a commit found there is this run's and counts as done.
+A commit refused because another writer changed the table's metadata meanwhile (``prl maintain`` setting a table
+property) is made once more against the table brought up to date; any other failure is retryable (exit 5), a
+rerun resumes.
 """
 
 from __future__ import annotations
@@ -35,9 +37,14 @@ from prl.schema import TABLES, float_leaves, leaf_paths
 from prl.store import holder
 
 if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
     from prl.store.tables import Store
 
 log = logging.getLogger(__name__)
+
+METADATA_CHANGED = "Metadata changed since last commit"
+"""What delta-rs says when a commit meets a metadata commit made since the version it was made against."""
 
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 """Uncompressed Arrow bytes after which a data file is closed and a new one begun."""
@@ -112,7 +119,13 @@ class PendingCommit:
         actions: list[AddAction | RemoveAction] = [*self.adds]
         version: int | None
         try:
-            table.create_write_transaction(actions, "append", TABLES[self.table], commit_properties=props)
+            try:
+                table.create_write_transaction(actions, "append", TABLES[self.table], commit_properties=props)
+            except DeltaError as exc:
+                if not self._metadata_changed_since(table, exc):
+                    raise
+                read_version = table.version()  # brought up to date: the commit is made against it once more
+                table.create_write_transaction(actions, "append", TABLES[self.table], commit_properties=props)
         except (OSError, DeltaError) as exc:
             version = self._own_commit_after(exc, commit_id)
         else:
@@ -129,6 +142,17 @@ class PendingCommit:
                     f"{describe_error(exc)}"
                 ) from exc
         return CommitResult(self.table, version, self.rows, len(self.adds), self.bytes)
+
+    def _metadata_changed_since(self, table: DeltaTable, exc: DeltaError) -> bool:
+        """Whether ``exc`` is delta-rs refusing the commit because another writer changed the table's metadata
+        since ``table``'s version (``prl maintain`` setting a table property, another prl adding a nullable
+        column) while every column of this table's files is still in the table: then ``table`` is brought up to
+        date and the same files can be committed against it. An append conflicts with nothing else here."""
+        if METADATA_CHANGED not in str(exc):
+            return False
+        table.update_incremental()
+        have = {f.name for f in table.schema().fields}
+        return all(f.name in have for f in TABLES[self.table])
 
     def _own_commit_after(self, exc: OSError | DeltaError, commit_id: str) -> int:
         """The version of this run's commit when it landed although the call failed; else the failure as

@@ -20,7 +20,9 @@
    a conditional put (:mod:`prl.shards.s3out`). ``OUT/.prl/index.json`` is rewritten; a rebuild then retires the
    sets it replaces.
 
-Memory is bounded by one shard per worker thread plus a few scalars per sample, never by the table's token data.
+Memory is bounded by one shard per worker thread plus a few scalars per sample, never by the table's token data;
+while the shards are written, the shipped rows' own values wait on disk (:mod:`prl.shards.shiprows`) and only
+their scores stay in memory.
 The set id is derived from the source table versions, the options, the earlier sets whose samples were skipped and
 the Parquet writer (:data:`prl.shards.writer.WRITER`); nothing in a set depends on the clock, so building the same
 inputs again with the same pyarrow yields the same bytes.
@@ -51,12 +53,13 @@ from prl.shards.gather import WORKERS
 from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, Totals
 from prl.shards.merge_build import merged_statistics, planned_merged, unit_index, unit_scores
 from prl.shards.options import ShardOptions
-from prl.shards.parts import PartJob, PartWritten, RowIndex, Spills
+from prl.shards.parts import PartJob, PartWritten, Spills
 from prl.shards.plan import Plan, make_plan
 from prl.shards.publish import Staging, publish_file, write_json
 from prl.shards.result import ShardResult
 from prl.shards.rewards import resolve_rewards
 from prl.shards.scores import LogRatioTotals, Scores, compute_scores, log_ratio_totals
+from prl.shards.shiprows import ShipRows
 from prl.shards.spill import ScanSpill
 from prl.shards.statistics import build_statistics, heads_info, kl_statistics, sampling_summary
 from prl.shards.target import OutTarget, out_target
@@ -67,9 +70,6 @@ from prl.store.tables import Store
 
 IO_THREADS = 4
 """Threads that fsync and rename written files while the workers go on (they mostly wait on the disk)."""
-
-SIDE_SUMS = ("lp_sum", "lp_simple", "ref_sum", "ref_simple")
-"""Plan columns the scores alone read (:func:`prl.shards.scores.log_ratio_totals`): dropped before the shards."""
 
 
 def build_shards(
@@ -195,14 +195,16 @@ def _build(
             if result.all_dropped:
                 result.status = "all_dropped"
             target.discard(staging, nothing_shipped=True)
-            _advance_frontier(store, target.uri, versions, options, plan, [m.set_id for m in sources.prior])
+            _advance_frontier(store, target.uri, versions, options, plan, 0, [m.set_id for m in sources.prior])
             result.statistics = build_statistics(plan, None, options)
             return result
         spills = Spills(trace_spill, ref_spill, spill_dir)
+        shipped = plan.ship.height  # the shipped frame goes while the shards are written
         manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id, engine)
         final = target.publish(staging, set_id, _lock_check(store))
         target.retire(replaces)
-        _advance_frontier(store, target.uri, versions, options, plan, [*(m.set_id for m in sources.prior), set_id])
+        sets = [*(m.set_id for m in sources.prior), set_id]
+        _advance_frontier(store, target.uri, versions, options, plan, shipped, sets)
     except BaseException:
         target.discard(staging)
         raise
@@ -220,10 +222,11 @@ def _advance_frontier(
     versions: dict[str, int | None],
     options: ShardOptions,
     plan: Plan,
+    shipped: int,
     sets: list[str],
 ) -> None:
-    """After a build of ``out`` completed: the frontier for the next one (:mod:`prl.shards.frontier`); nothing
-    when ``out`` holds no set yet (a first build that shipped nothing leaves no folder and no objects)."""
+    """After a build of ``out`` completed, ``shipped`` samples shipped: the frontier for the next one
+    (:mod:`prl.shards.frontier`); nothing when ``out`` holds no set yet (a first build that shipped nothing leaves no folder and no objects)."""
     traces_version = versions.get("traces")
     if traces_version is None or plan.backlog is None or not sets:
         return
@@ -231,7 +234,7 @@ def _advance_frontier(
         traces_version=traces_version,
         options=options_digest(options),
         sets=tuple(sets),
-        shipped=plan.already_shipped + plan.ship.height,
+        shipped=plan.already_shipped + shipped,
         version_max=plan.version_max,
         backlog=new_backlog_name(),
     )
@@ -255,7 +258,11 @@ def _write_set(
     set_id: str,
     engine: Engine,
 ) -> Manifest:
-    """Score, write every shard and the sample-id file into ``staging``, then its manifest; returns the manifest."""
+    """Score, write every shard and the sample-id file into ``staging``, then its manifest; returns the manifest.
+
+    Everything the manifest reads of the shipped rows is taken before the shards are written; the parts' own
+    values go to a file (:class:`prl.shards.shiprows.ShipRows`), and the shipped frame and the spills' row arrays
+    are let go, so that only the scores are held per sample beside the shards in flight."""
     ship = plan.ship
     shard_N = ship["shard"].to_numpy()
     bounds = np.searchsorted(shard_N, np.arange(int(shard_N[-1]) + 2))  # shards are runs of the final order
@@ -264,24 +271,31 @@ def _write_set(
         assert spills.ref is not None
         totals = log_ratio_totals(spills.traces, spills.ref, ship, bounds, options)
     scores = _scores(plan, options, totals)
-    plan.ship = ship = ship.drop(SIDE_SUMS, strict=False)  # summed into the totals: not held beside the shards
     del totals
-    release_free_memory()  # what the plan and the scores freed goes back now, not beside the shards in flight
+    statistics = build_statistics(plan, scores, options)
+    shipped, groups = ship.height, int(ship["group_id"].n_unique())
+    heads, sampling = heads_info(ship, plan.k), sampling_summary(ship)
     expected = ship["sample_id"].to_arrow().cast(pa.string())
+    units_N = unit_index(ship) if options.merge_turns else None
+    rows = ShipRows.write(os.path.join(spills.folder, "ship.arrow"), ship, bounds, spills.traces, spills.ref, units_N)
+    plan.ship = ship = ship.clear()  # in the file now: not held beside the shards in flight
+    del units_N, shard_N
+    for spill in (spills.traces, spills.ref):
+        if spill is not None:
+            spill.forget_rows()
+    release_free_memory()  # what the plan and the scores freed goes back now, not beside the shards in flight
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
         samples = io.submit(_write_samples, os.path.join(staging.meta, SAMPLES_FILE), expected)
-        units_N = unit_index(ship) if options.merge_turns else None
-        index = RowIndex.of(plan, spills.ref is not None)
-        job = PartJob(staging.parts, spills, index, ship, bounds, scores, options, plan.k, units_N)
+        del expected  # the writer's alone: freed once written
+        job = PartJob(staging.parts, spills, rows, bounds, scores, options, plan.k, options.merge_turns)
         written = _write_shards(job, io, engine)
         samples_entry = samples.result()
     shutil.rmtree(spills.folder, ignore_errors=True)  # gone already, unless a shard failed
-    statistics = build_statistics(plan, scores, options)
     if options.kl != "none":
         statistics["kl"] = kl_statistics(options, scores, written.kl_sum, written.kl_tokens)
     statistics["unsafe_masked"] = {"tokens": written.unsafe_tokens, "samples": written.unsafe_samples}
     if options.merge_turns:
-        statistics["merged_turns"] = merged_statistics(ship.height, written.entries, written.unmerged_tokens)
+        statistics["merged_turns"] = merged_statistics(shipped, written.entries, written.unmerged_tokens)
     manifest = Manifest(
         set_id=set_id,
         schema_version=SCHEMA_VERSION,
@@ -296,16 +310,16 @@ def _write_set(
         samples=samples_entry,
         totals=Totals(
             rows=sum(e.rows for e in written.entries),
-            groups=int(ship["group_id"].n_unique()),
+            groups=groups,
             tokens=sum(e.tokens or 0 for e in written.entries),
             completion_tokens=sum(e.completion_tokens or 0 for e in written.entries),
             shards=len(written.entries),
         ),
-        heads=heads_info(ship, plan.k),
+        heads=heads,
         statistics=statistics,
         drops=plan.drops,
         conventions=_conventions(options),
-        sampling=sampling_summary(ship),
+        sampling=sampling,
     )
     write_json(os.path.join(staging.meta, MANIFEST), manifest.to_json())
     return manifest

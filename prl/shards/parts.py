@@ -1,7 +1,7 @@
 """One part of a shard set: gather its rows from the spills, assemble its table and write it (one file, hashed).
 
-:class:`PartJob` holds everything the parts of one build share (the spills, where each shipped sample sits in
-them, the plan rows, the scores and the options); :meth:`PartJob.write` makes part ``s`` and returns its
+:class:`PartJob` holds everything the parts of one build share (the spills, the file of the shipped rows' plan
+values and places in the spills, :class:`prl.shards.shiprows.ShipRows`, the scores and the options); :meth:`PartJob.write` makes part ``s`` and returns its
 :class:`PartWritten` (manifest entry and counts), the table itself already on disk. Every value in a part
 depends only on its own samples, so the bytes do not depend on which thread, process or machine writes it: the
 local engine runs :meth:`PartJob.write` on threads (:mod:`prl.shards.build`), the Ray engine runs
@@ -23,10 +23,10 @@ from prl.shards.gather import INPUT_IDS, mask_column
 from prl.shards.manifest import FileEntry
 from prl.shards.merge_build import assemble_merged_shard, kl_totals
 from prl.shards.options import ShardOptions
-from prl.shards.plan import Plan
 from prl.shards.publish import publish_file
 from prl.shards.scan import HEAD_COLUMNS
 from prl.shards.scores import Scores
+from prl.shards.shiprows import ShipRows, located, part_meta
 from prl.shards.spill import ScanSpill
 from prl.shards.writer import write_shard
 
@@ -40,29 +40,14 @@ class Spills:
     folder: str
 
 
-@dataclass(frozen=True)
-class RowIndex:
-    """Where each shipped sample (final order) sits in the spills, and whether it has a completion mask."""
+@dataclass
+class PartRows:
+    """Part ``s``'s rows as gathered: their token columns from the spills, their plan values
+    (:func:`prl.shards.shiprows.part_meta`) and with ``merge_turns`` their merged units (int64, final order)."""
 
-    rows_N: np.ndarray
-    ref_rows_N: np.ndarray | None
-    has_mask_N: np.ndarray
-
-    @classmethod
-    def of(cls, plan: Plan, with_ref: bool) -> RowIndex:
-        ship = plan.ship
-        ref_rows_N = ship["ref_row"].to_numpy() if with_ref else None
-        return cls(ship["row"].to_numpy(), ref_rows_N, ship["has_mask"].to_numpy())
-
-    def gather(self, spills: Spills, k: int | None, lo: int, hi: int) -> Gathered:
-        """The spilled columns of the shipped rows ``lo:hi`` of the final order (heads only when ``k`` is set)."""
-        rows_N = self.rows_N[lo:hi]
-        traces = spills.traces.flat(rows_N, [INPUT_IDS, "completion_logprobs", *mask_column(self.has_mask_N[lo:hi])])
-        nested = spills.traces.gather(rows_N, list(HEAD_COLUMNS)) if k is not None else None
-        ref = None
-        if spills.ref is not None and self.ref_rows_N is not None:
-            ref = spills.ref.flat(self.ref_rows_N[lo:hi], ["ref_logprobs"])["ref_logprobs"]
-        return Gathered(traces, nested, ref)
+    gathered: Gathered
+    meta: pl.DataFrame
+    units_N: np.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -115,36 +100,48 @@ def part_name(s: int) -> str:
 @dataclass
 class PartJob:
     """What every part of one build needs. Part ``s`` holds the shipped rows ``bounds_S1[s]:bounds_S1[s + 1]``
-    of the final order (``ship``: the plan's shipped rows) and is written into ``folder``; with ``merge_turns``,
-    ``units_N`` gives each shipped turn's merged unit (:func:`prl.shards.merge_build.unit_index`)."""
+    of the final order (their plan values and spill places: ``rows``, batch ``s``) and is written into
+    ``folder``; with ``merged`` (``merge_turns``), ``rows`` gives each shipped turn's merged unit
+    (:func:`prl.shards.merge_build.unit_index`) and the scores are per unit."""
 
     folder: str
     spills: Spills
-    index: RowIndex
-    ship: pl.DataFrame
+    rows: ShipRows
     bounds_S1: np.ndarray
     scores: Scores
     options: ShardOptions
     k: int | None
-    units_N: np.ndarray | None = None
+    merged: bool = False
 
     @property
     def parts(self) -> int:
         return len(self.bounds_S1) - 1
 
-    def gather(self, s: int) -> Gathered:
-        """Part ``s``'s rows, read from the spills."""
-        return self.index.gather(self.spills, self.k, int(self.bounds_S1[s]), int(self.bounds_S1[s + 1]))
+    def gather(self, s: int) -> PartRows:
+        """Part ``s``'s rows: its batch of ``rows`` and what it locates in the spills (heads only when ``k`` is
+        set)."""
+        batch = self.rows.read(s)
+        located_t = located(batch, "t.")
+        has_mask = batch.column("has_mask").to_numpy(zero_copy_only=False)
+        traces = self.spills.traces.flat_at(located_t, [INPUT_IDS, "completion_logprobs", *mask_column(has_mask)])
+        nested = None
+        if self.k is not None:
+            nested = self.spills.traces.take_at(located_t["spill_row"], list(HEAD_COLUMNS))
+        ref = None
+        if self.spills.ref is not None:
+            ref = self.spills.ref.flat_at(located(batch, "r."), ["ref_logprobs"])["ref_logprobs"]
+        units_N = batch.column("unit").to_numpy() if self.merged else None
+        return PartRows(Gathered(traces, nested, ref), part_meta(batch), units_N)
 
-    def write(self, s: int, rows: Gathered) -> PartWritten:
+    def write(self, s: int, rows: PartRows) -> PartWritten:
         """Assemble part ``s`` from its gathered ``rows`` and write it to ``<folder>/<name>.tmp`` (not fsynced,
         not renamed: :func:`prl.shards.publish.publish_file` does both)."""
         lo, hi = int(self.bounds_S1[s]), int(self.bounds_S1[s + 1])
-        meta = self.ship.slice(lo, hi - lo)
-        if self.units_N is None:
-            assembled = assemble_shard(rows, meta, slice(lo, hi), self.scores, self.options, self.k)
+        meta = rows.meta
+        if rows.units_N is None:
+            assembled = assemble_shard(rows.gathered, meta, slice(lo, hi), self.scores, self.options, self.k)
         else:
-            merged = assemble_merged_shard(rows, meta, self.units_N[lo:hi], self.scores, self.options, self.k)
+            merged = assemble_merged_shard(rows.gathered, meta, rows.units_N, self.scores, self.options, self.k)
             kl_sum, kl_n = kl_totals(merged.table)
             unsafe = (merged.unsafe_tokens, merged.unsafe_rows)
             assembled = Assembled(merged.table, kl_sum, kl_n, *unsafe, merged.rows.unmerged_tokens)
@@ -172,4 +169,4 @@ class PartJob:
         return written.to_row()
 
 
-__all__ = ["PartJob", "PartWritten", "RowIndex", "Spills", "part_name"]
+__all__ = ["PartJob", "PartRows", "PartWritten", "Spills", "part_name"]

@@ -6,9 +6,11 @@ for lists of fixed-width values or bools, :meth:`ScanSpill.gather` for anything 
 
 A list column of fixed-width values (token ids, logprobs, masks) is spilled as raw files: its values back to back
 (``<path>.<column>.values``; bools one byte each) and, once a null value has been seen, one validity byte per
-value (``.valid``). Where each row's values start is kept in memory (8 bytes per row and column), so a shard reads
-exactly the bytes of its rows, with one ``preadv`` per run of rows that follow each other, and nothing else: its
-cost and memory follow the rows gathered, never the size of the spill. Other columns (the heads: lists of lists)
+value (``.valid``). Where each row's values start is kept in memory (8 bytes per row and column) until the rows
+to gather are located (:meth:`ScanSpill.locate`; the build then keeps the places on disk and lets the spill's
+row arrays go: :meth:`ScanSpill.forget_rows`), so a shard reads exactly the bytes of its rows, with one
+``preadv`` per run of rows that follow each other, and nothing else: its cost and memory follow the rows
+gathered, never the size of the spill. Other columns (the heads: lists of lists)
 go to one Arrow IPC file (``<path>``), read through a mapping whose pages are dropped as the rows are copied.
 """
 
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -231,12 +233,6 @@ class ScanSpill:
             raise RuntimeError(f"rows missing from spill file {self.path}")
         return spill_N
 
-    def _locate(self, rows_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(batch_N, index_N)``: the IPC file's batch holding each scan row and its index there."""
-        spill_N = self._spill_rows(rows_N)
-        batch_N = np.searchsorted(self.starts_B1, spill_N, side="right") - 1
-        return batch_N, spill_N - self.starts_B1[batch_N]
-
     @contextmanager
     def _mapped(self) -> Iterator[tuple[pa.ipc.RecordBatchFileReader, Callable[[], None]]]:
         """The IPC file, memory-mapped read-only, with a reader over it and a function that drops the mapped
@@ -259,22 +255,52 @@ class ScanSpill:
                 except BufferError:  # a view still lives (an error on the way): the mapping closes when it goes
                     pass
 
+    def locate(self, rows_N: np.ndarray, columns: Sequence[str]) -> dict[str, np.ndarray]:
+        """Where the rows with scan row numbers ``rows_N`` sit in the spill, in that order: ``spill_row`` (int64)
+        and, per flat column of ``columns``, ``<column>:start`` and ``<column>:len`` (int64: the row's first value
+        and value count) and, when a spilled row of the column is null, ``<column>:valid`` (bool). What
+        :meth:`flat_at` and :meth:`take_at` read, so that once the rows to gather are located the spill's own row
+        arrays can go (:meth:`forget_rows`)."""
+        spill_N = self._spill_rows(rows_N)
+        out = {"spill_row": spill_N}
+        for name in columns:
+            column = self.raw[name]
+            out[f"{name}:start"] = start = column.starts_S1[spill_N]
+            out[f"{name}:len"] = column.starts_S1[spill_N + 1] - start
+            if column.row_valid_S is not None:
+                out[f"{name}:valid"] = column.row_valid_S[spill_N]
+        return out
+
+    def forget_rows(self) -> None:
+        """Drop the per-row arrays kept in memory (scan row numbers, row starts, row validity): from here on
+        rows are read only through what :meth:`locate` returned."""
+        self.rows_S = np.zeros(0, dtype=np.int64)
+        for column in self.raw.values():
+            column.starts_S1 = np.zeros(1, dtype=np.int64)
+            column.row_valid_S = None
+
     def flat(self, rows_N: np.ndarray, columns: Sequence[str | tuple[str, ...]]) -> dict[object, FlatList]:
         """Each of ``columns`` (lists of fixed-width values or bools) for the rows with scan row numbers ``rows_N``,
         in that order, keyed by the column; a tuple of columns of one value type is gathered as their row-wise
         concatenation (``part_lengths`` in order). The values are read straight from the spill files into their
         place in the result (:func:`_read_into`); nothing else is read."""
-        spill_N = self._spill_rows(rows_N)
+        names = [n for spec in columns for n in ((spec,) if isinstance(spec, str) else spec)]
+        return self.flat_at(self.locate(rows_N, list(dict.fromkeys(names))), columns)
+
+    def flat_at(
+        self, located: Mapping[str, np.ndarray], columns: Sequence[str | tuple[str, ...]]
+    ) -> dict[object, FlatList]:
+        """:meth:`flat` of the rows ``located`` (:meth:`locate`, or a slice of each of its arrays)."""
         out: dict[object, FlatList] = {}
         for spec in columns:
             names = (spec,) if isinstance(spec, str) else tuple(spec)
-            out[spec] = self._flat_one([self.raw[name] for name in names], spill_N)
+            out[spec] = self._flat_one([self.raw[name] for name in names], names, located)
         return out
 
-    def _flat_one(self, parts: list[_RawColumn], spill_N: np.ndarray) -> FlatList:
-        starts = [p.starts_S1[spill_N] for p in parts]
-        lengths = [p.starts_S1[spill_N + 1] - start for p, start in zip(parts, starts, strict=True)]
-        offsets = np.zeros(len(spill_N) + 1, dtype=np.int64)
+    def _flat_one(self, parts: list[_RawColumn], names: tuple[str, ...], located: Mapping[str, np.ndarray]) -> FlatList:
+        starts = [np.asarray(located[f"{n}:start"], dtype=np.int64) for n in names]
+        lengths = [np.asarray(located[f"{n}:len"], dtype=np.int64) for n in names]
+        offsets = np.zeros(len(starts[0]) + 1, dtype=np.int64)
         np.cumsum(np.sum(lengths, axis=0), out=offsets[1:])
         dtype = parts[0].dtype
         size = dtype.itemsize
@@ -289,8 +315,8 @@ class ScanSpill:
                     _read_into(fd, valid.view(np.uint8), start, start + length, dest)
             dest += length
         row_valid = None
-        if len(parts) == 1 and parts[0].row_valid_S is not None:
-            row_valid = parts[0].row_valid_S[spill_N]
+        if len(parts) == 1 and f"{names[0]}:valid" in located:
+            row_valid = np.asarray(located[f"{names[0]}:valid"], dtype=bool)
             row_valid = None if row_valid.all() else row_valid
         return FlatList(
             values.view(bool) if dtype == np.uint8 and pa.types.is_boolean(parts[0].value_type) else values,
@@ -307,29 +333,36 @@ class ScanSpill:
         schema = pa.schema([self.schema.field(c) for c in columns])
         if len(rows_N) == 0:
             return schema.empty_table()
+        located = self.locate(rows_N, [c for c in columns if c in self.raw])
         nested = [c for c in columns if c not in self.raw]
-        taken = self._take(rows_N, nested) if nested else None
-        flat = self.flat(rows_N, [c for c in columns if c in self.raw])
+        taken = self.take_at(located["spill_row"], nested) if nested else None
+        flat = self.flat_at(located, [c for c in columns if c in self.raw])
         arrays = [
             flat[c].to_arrow(self.raw[c].value_type) if c in self.raw else taken.column(c)  # type: ignore[union-attr]
             for c in columns
         ]
         return pa.Table.from_arrays(arrays, schema=schema)
 
-    def _take(self, rows_N: np.ndarray, columns: list[str]) -> pa.Table:
-        """``columns`` (of the IPC file) of the rows ``rows_N``, in that order."""
-        batch_N, index_N = self._locate(rows_N)
+    def take_at(self, spill_N: np.ndarray, columns: list[str]) -> pa.Table:
+        """``columns`` (of the IPC file) of the spill rows ``spill_N`` (:meth:`locate`'s ``spill_row``), in that
+        order."""
+        assert self.schema is not None, "gather from an empty spill"
+        schema = pa.schema([self.schema.field(c) for c in columns])
+        if len(spill_N) == 0:
+            return schema.empty_table()
+        spill_N = np.asarray(spill_N, dtype=np.int64)
+        batch_N = np.searchsorted(self.starts_B1, spill_N, side="right") - 1
+        index_N = spill_N - self.starts_B1[batch_N]
         by_batch = np.argsort(batch_N, kind="stable")
         bounds = np.flatnonzero(np.diff(batch_N[by_batch])) + 1
         pieces = []
         with self._mapped() as (reader, drop_pages):
-            for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(rows_N)])), strict=True):
+            for lo, hi in zip(np.concatenate(([0], bounds)), np.concatenate((bounds, [len(spill_N)])), strict=True):
                 sel = by_batch[lo:hi]
                 b = int(batch_N[sel[0]])
                 pieces.append(reader.get_batch(b).select(columns).take(pa.array(index_N[sel])))
                 drop_pages()  # the rows are copied: memory stays bounded by one batch
             del reader  # every view of the mapping (the pieces are copies)
-        schema = pa.schema([self.schema.field(c) for c in columns])  # type: ignore[union-attr]
         table = pa.Table.from_batches(pieces, schema=schema).combine_chunks()
         return table if len(pieces) == 1 else table.take(pa.array(np.argsort(by_batch)))
 

@@ -1,0 +1,104 @@
+"""The per-row values the parts of a build read, on disk in final order while the parts are written.
+
+Once the plan and the scores are made, every shipped row's plan values that a part writes (ids, version, sampling
+settings: :data:`PART_COLUMNS`), its merged unit (``merge_turns``) and where its token columns sit in the spills
+(:meth:`prl.shards.spill.ScanSpill.locate`) go to one Arrow IPC file, one record batch per part (parts are runs
+of the final order). A part reads back its own batch and nothing else (:meth:`ShipRows.read`), so while the
+parts are written the build holds no per-sample data but the scores: memory does not grow with the samples
+shipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from prl.shards.gather import INPUT_IDS
+from prl.shards.spill import ScanSpill
+
+PART_COLUMNS = (
+    "sample_id",
+    "group_id",
+    "policy_version",
+    "policy_step",
+    "policy_version_spans",
+    "staleness",
+    "temperature",
+    "top_p",
+    "top_k",
+    "logprobs_mode",
+)
+"""Plan columns a part writes (those in the plan's shipped frame), as they are."""
+
+TRACE_FLAT = (*INPUT_IDS, "completion_logprobs", "completion_mask")
+"""Flat trace spill columns a part gathers (the mask only where one of its rows has one)."""
+
+
+def _located(prefix: str, spill: ScanSpill, rows_N: np.ndarray, columns: tuple[str, ...]) -> dict[str, pa.Array]:
+    """:meth:`ScanSpill.locate` of ``rows_N`` as Arrow columns, names prefixed with ``prefix``."""
+    return {
+        f"{prefix}{k}": pa.array(v) for k, v in spill.locate(rows_N, [c for c in columns if c in spill.raw]).items()
+    }
+
+
+@dataclass(frozen=True)
+class ShipRows:
+    """The file (``path``) of the shipped rows' part values; batch ``s`` holds part ``s``'s rows."""
+
+    path: str
+
+    @classmethod
+    def write(
+        cls,
+        path: str,
+        ship: pl.DataFrame,
+        bounds_S1: np.ndarray,
+        traces: ScanSpill,
+        ref: ScanSpill | None,
+        units_N: np.ndarray | None = None,
+    ) -> ShipRows:
+        """Write the part values of ``ship`` (the plan's shipped rows, final order; part ``s`` is the rows
+        ``bounds_S1[s]:bounds_S1[s + 1]``): the :data:`PART_COLUMNS` it has, ``has_mask``, ``unit`` (with
+        ``units_N``) and each row's place in ``traces`` (``t.`` columns) and ``ref`` (``r.`` columns, from
+        ``ref_row``)."""
+        columns = {c: ship.get_column(c).to_arrow() for c in PART_COLUMNS if c in ship.columns}
+        columns["has_mask"] = ship.get_column("has_mask").to_arrow()
+        if units_N is not None:
+            columns["unit"] = pa.array(np.asarray(units_N, dtype=np.int64))
+        columns |= _located("t.", traces, ship.get_column("row").to_numpy(), TRACE_FLAT)
+        if ref is not None:
+            columns |= _located("r.", ref, ship.get_column("ref_row").to_numpy(), ("ref_logprobs",))
+        table = pa.table(columns)
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            for lo, hi in zip(bounds_S1[:-1].tolist(), bounds_S1[1:].tolist(), strict=True):
+                writer.write_batch(table.slice(lo, hi - lo).combine_chunks().to_batches()[0])
+        return cls(path)
+
+    def read(self, s: int) -> pa.RecordBatch:
+        """Part ``s``'s rows (read into memory; the file is not mapped)."""
+        with pa.OSFile(self.path, "rb") as source:
+            return pa.ipc.open_file(source).get_batch(s)
+
+
+def located(batch: pa.RecordBatch, prefix: str) -> dict[str, np.ndarray]:
+    """The spill places of ``batch`` (:meth:`ShipRows.read`) under ``prefix`` (``t.`` or ``r.``), as
+    :meth:`ScanSpill.flat_at` reads them."""
+    n = len(prefix)
+    return {
+        name[n:]: batch.column(name).to_numpy(zero_copy_only=False)
+        for name in batch.schema.names
+        if name.startswith(prefix)
+    }
+
+
+def part_meta(batch: pa.RecordBatch) -> pl.DataFrame:
+    """The :data:`PART_COLUMNS` of ``batch``, as polars (what the assembly reads as the part's plan rows)."""
+    out = pl.from_arrow(batch.select([c for c in PART_COLUMNS if c in batch.schema.names]))
+    assert isinstance(out, pl.DataFrame)
+    return out
+
+
+__all__ = ["PART_COLUMNS", "ShipRows", "located", "part_meta"]

@@ -64,16 +64,21 @@ def frame(table: pa.Table) -> pl.DataFrame:
 
 
 def one_chunk(frames: list[pa.Table]) -> pl.DataFrame:
-    """The tables of ``frames`` (one per scanned batch; the list is emptied) as one polars frame of one chunk per
-    column, made a column at a time, each column of batches freed once copied. Left in chunks, the frame would
-    be copied whole, into one chunk, by the first operation that adds a column of one chunk to it (the plan's
-    joins), while the scan's chunks still live."""
-    batches = frame(pa.concat_tables(frames))
-    frames.clear()
+    """The tables of ``frames`` (one per scanned batch, one schema; the list is emptied) as one polars frame of one
+    chunk per column, made a column at a time: each column's batches are let go once it is converted, so that
+    the batches and the frame are never both held whole. Left in chunks, the frame would be copied whole, into
+    one chunk, by the first operation that adds a column of one chunk to it (the plan's joins)."""
+    schema = frames[0].schema
     columns = []
-    for name in batches.columns:
-        columns.append(batches.get_column(name).rechunk())
-        batches = batches.drop(name)
+    for name in schema.names:
+        chunks = [chunk for table in frames for chunk in table.column(name).chunks]
+        frames[:] = [table.drop_columns([name]) for table in frames]
+        series = pl.from_arrow(pa.chunked_array(chunks, type=schema.field(name).type))
+        del chunks
+        assert isinstance(series, pl.Series)
+        columns.append(series.rechunk().alias(name))
+        del series
+    frames.clear()
     return pl.DataFrame(columns)
 
 
@@ -247,7 +252,9 @@ def scan_traces(
         frames.append(pa.table(cols))  # one conversion to polars at the end, not one per batch
     if not frames:
         return pl.DataFrame()
-    return one_chunk(frames)
+    out = one_chunk(frames)
+    release_free_memory()  # the batches' columns, freed as they were converted
+    return out
 
 
 _NULLS_PER_KEY = int(pa.__version__.split(".")[0]) >= 25

@@ -65,16 +65,20 @@ def frame(table: pa.Table) -> pl.DataFrame:
 
 def one_chunk(frames: list[pa.Table]) -> pl.DataFrame:
     """The tables of ``frames`` (one per scanned batch, one schema; the list is emptied) as one polars frame of one
-    chunk per column, made a column at a time: each column's batches are let go once it is converted, so that
-    the batches and the frame are never both held whole. Left in chunks, the frame would be copied whole, into
+    chunk per column, made a column at a time: each column's batches are let go once it is combined into one
+    Arrow chunk, which is let go once converted, so that the batches and the frame are never both held whole. Left in chunks, the frame would be copied whole, into
     one chunk, by the first operation that adds a column of one chunk to it (the plan's joins)."""
     schema = frames[0].schema
     columns = []
     for name in schema.names:
         chunks = [chunk for table in frames for chunk in table.column(name).chunks]
         frames[:] = [table.drop_columns([name]) for table in frames]
-        series = pl.from_arrow(pa.chunked_array(chunks, type=schema.field(name).type))
+        column: pa.ChunkedArray | pa.Array = pa.chunked_array(chunks, type=schema.field(name).type)
         del chunks
+        if not pa.types.is_dictionary(column.type):  # (the batches' dictionaries differ: polars unifies them)
+            column = column.combine_chunks()  # converted once, from one chunk: polars makes no copy to rechunk
+        series = pl.from_arrow(column)
+        del column
         assert isinstance(series, pl.Series)
         columns.append(series.rechunk().alias(name))
         del series

@@ -186,3 +186,38 @@ def test_batches_whose_lists_are_all_empty(tmp_path):
     for spec in ("ids", "lp", "mask"):
         assert flat[spec].values_T.tolist() == [] and flat[spec].offsets_N1.tolist() == [0, 0, 0, 0]
     assert flat["mask"].values_T.dtype == np.bool_ and flat["lp"].values_T.dtype == np.float32
+
+
+def test_located_rows_are_gathered_after_the_spill_forgets_its_own(tmp_path):
+    rows = [
+        {"ids": [1, 2], "more": [3], "lp": [-0.5, None], "mask": None, "heads": [[1]]},
+        {"ids": [], "more": [4, 5], "lp": [-1.0], "mask": [True, False], "heads": None},
+        {"ids": [6], "more": [], "lp": [], "mask": None, "heads": [[2, 3]]},
+    ]
+    spill, kept = spill_of(tmp_path, rows, [1], [True, False, True])
+    assert kept == [0, 2]
+    rows_N = np.array([2, 0, 2])
+    located = spill.locate(rows_N, ["ids", "more", "mask"])
+    assert {k: v.tolist() for k, v in located.items()} == {
+        "spill_row": [1, 0, 1],  # the second scan row was never spilled
+        "ids:start": [2, 0, 2],
+        "ids:len": [1, 2, 1],
+        "more:start": [1, 0, 1],
+        "more:len": [0, 1, 0],
+        "mask:start": [0, 0, 0],
+        "mask:len": [0, 0, 0],
+        "mask:valid": [False, False, False],
+    }
+    before = spill.flat(rows_N, [("ids", "more"), "mask"])
+    spill.forget_rows()
+    assert spill.rows_S.tolist() == [] and spill.raw["ids"].starts_S1.tolist() == [0]
+    after = spill.flat_at(located, [("ids", "more"), "mask"])
+    assert after[("ids", "more")].values_T.tolist() == [6, 1, 2, 3, 6] == before[("ids", "more")].values_T.tolist()
+    assert [p.tolist() for p in after[("ids", "more")].part_lengths] == [[1, 2, 1], [0, 1, 0]]
+    assert after["mask"].row_valid_N.tolist() == [False, False, False] == before["mask"].row_valid_N.tolist()
+    assert spill.take_at(located["spill_row"], ["heads"]).to_pylist() == [
+        {"heads": [[2, 3]]},
+        {"heads": [[1]]},
+        {"heads": [[2, 3]]},
+    ]
+    assert spill.take_at(np.zeros(0, dtype=np.int64), ["heads"]).num_rows == 0

@@ -61,3 +61,59 @@ def test_rewards_widen_to_one_row_per_sample_null_where_a_sample_has_no_such_nam
     assert wide["r::reward"].to_list() == [2.0, None, 4.0]
     formats = wide["r::format"].to_list()
     assert formats[1:] == [0.5, None] and formats[0] != formats[0]  # NaN stays NaN, not null
+
+
+def test_verdicts_keep_the_prefix_status_only_when_asked(tmp_path):
+    from prl.schema import CHECKS
+    from prl.shards.scan import latest_verdicts
+    from prl.store.tables import Store
+    from tests.shards_fixtures import table, verdict
+
+    store = Store(str(tmp_path / "store"))
+    checks = [verdict("a", "warn", at=0), {**verdict("a", "ok", at=1), "prefix_status": "CLEAN"}, verdict("b", "drift")]
+    store.commit("checks", table(CHECKS, checks).to_batches())
+    version = store.versions()["checks"]
+    both = latest_verdicts(store, version, None).sort("sample_id")
+    assert both.to_dict(as_series=False) == {
+        "sample_id": ["a", "b"],
+        "verdict": ["ok", "drift"],
+        "prefix_status": ["CLEAN", None],
+    }
+    assert latest_verdicts(store, version, None, prefix=False).sort("sample_id").to_dict(as_series=False) == {
+        "sample_id": ["a", "b"],
+        "verdict": ["ok", "drift"],
+    }
+    assert latest_verdicts(store, None, None, prefix=False).columns == ["sample_id", "verdict"]
+
+
+def test_batches_become_one_frame_of_one_chunk_per_column():
+    from prl.shards.scan import one_chunk
+
+    def batch(ids: list[str], path: str, spans: list) -> pa.Table:
+        n = len(ids)
+        return pa.table(
+            {
+                "sample_id": ids,
+                "_file": pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int32()), pa.array([path])),
+                "len": pa.array(range(n), pa.int64()),
+                "spans": pa.array(spans, pa.list_(pa.struct([("version", pa.string()), ("start", pa.int32())]))),
+            }
+        )
+
+    frames = [batch(["a", "b"], "f1", [None, [{"version": "v", "start": 1}]]), batch(["c"], "f2", [[]])]
+    out = one_chunk(frames)
+    assert frames == []
+    assert out.columns == ["sample_id", "_file", "len", "spans"]
+    assert isinstance(out.schema["_file"], pl.Categorical)
+    assert [out.schema[c] for c in ("sample_id", "len", "spans")] == [
+        pl.String,
+        pl.Int64,
+        pl.List(pl.Struct({"version": pl.String, "start": pl.Int32})),
+    ]
+    assert out.with_columns(pl.col("_file").cast(pl.String)).to_dict(as_series=False) == {
+        "sample_id": ["a", "b", "c"],
+        "_file": ["f1", "f1", "f2"],
+        "len": [0, 1, 0],
+        "spans": [None, [{"version": "v", "start": 1}], []],
+    }
+    assert all(out.get_column(c).n_chunks() == 1 for c in out.columns)

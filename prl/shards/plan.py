@@ -215,7 +215,7 @@ def _read_sides(
     """``(rewards, verdicts, refs)``: the latest rewards and verdicts and the winning reference rows (None
     without KL), read in turn."""
     rewards = latest_rewards(store, versions["rewards"], list(options.rewards), only)
-    verdicts = latest_verdicts(store, versions["checks"], options.tokenizer_fingerprint, only)
+    verdicts = latest_verdicts(store, versions["checks"], options.tokenizer_fingerprint, only, options.merge_turns)
     refs = None
     if options.kl != "none":
         refs = scan_refs(store, versions["ref_logprobs"], options, ref_spill, exclude, only)

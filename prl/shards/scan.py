@@ -341,16 +341,21 @@ def latest_rewards(store: Store, version: int | None, names: list[str], only: pa
 
 
 def latest_verdicts(
-    store: Store, version: int | None, fingerprint: str | None, only: pa.Array | None = None
+    store: Store,
+    version: int | None,
+    fingerprint: str | None,
+    only: pa.Array | None = None,
+    prefix: bool = True,
 ) -> pl.DataFrame:
-    """``sample_id``, ``verdict``: the latest check per sample (``fingerprint``'s only, when given), of the samples
-    ``only`` names (default: every sample)."""
+    """``sample_id``, ``verdict`` and with ``prefix`` ``prefix_status`` (what merging turns reads): the latest check
+    per sample (``fingerprint``'s only, when given), of the samples ``only`` names (default: every sample)."""
+    keep = ["sample_id", "verdict", "prefix_status"] if prefix else ["sample_id", "verdict"]
     if version is None:
-        return pl.DataFrame(schema={"sample_id": pl.String, "verdict": pl.String, "prefix_status": pl.String})
+        return pl.DataFrame(schema={c: pl.String for c in keep})
     flt = pc.field("tokenizer_fingerprint") == fingerprint if fingerprint else None
     table = store.read(
         "checks",
-        columns=["sample_id", "verdict", "prefix_status", "checked_at", "tokenizer_fingerprint"],
+        columns=[*keep, "checked_at", "tokenizer_fingerprint"],
         filter=_only(flt, only),
         version=version,
     )
@@ -358,7 +363,7 @@ def latest_verdicts(
     sev = pc.fill_null(pc.index_in(table["verdict"], value_set=pa.array(severity)), len(severity))
     table = table.append_column("_sev", sev)  # ok, warn, drift, invalid: 0-3, anything else 4
     by = ["sample_id", "checked_at", "_sev", "tokenizer_fingerprint"]
-    return last_of_runs(table, by, ["sample_id"], ["sample_id", "verdict", "prefix_status"])
+    return last_of_runs(table, by, ["sample_id"], keep)
 
 
 def _ref_filter(options: ShardOptions) -> ds.Expression | None:

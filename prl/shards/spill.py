@@ -118,7 +118,9 @@ class _RawColumn:
         self._values: BinaryIO | None = open(self.values_path, "wb")  # noqa: SIM115 (closed by close())
         self._valid: BinaryIO | None = None
         self._lengths: list[np.ndarray] = []
-        self._row_valid: list[np.ndarray] = []
+        """Each batch's row lengths (int32: a list column's offsets are int32)."""
+        self._row_valid: list[np.ndarray | int] = []
+        """Each batch's row validity, or its row count when no row is null."""
         self.count = 0
         """Values written so far."""
         self.starts_S1 = np.zeros(1, dtype=np.int64)
@@ -150,10 +152,8 @@ class _RawColumn:
         assert self._values is not None, "write after close"
         self._values.write(np.ascontiguousarray(data).view(np.uint8).data)
         self.count += len(values)
-        self._lengths.append(
-            pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        )
-        self._row_valid.append(column.is_valid().to_numpy(zero_copy_only=False))
+        self._lengths.append(pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False))
+        self._row_valid.append(column.is_valid().to_numpy(zero_copy_only=False) if column.null_count else len(column))
 
     def close(self) -> None:
         """Close the files (the column then travels to other processes as its paths and row starts)."""
@@ -164,11 +164,14 @@ class _RawColumn:
             self._valid.close()
             self._valid = None
         if self._lengths:
-            lengths = np.concatenate(self._lengths)
-            self.starts_S1 = np.concatenate(([0], np.cumsum(lengths)))
-            row_valid = np.concatenate(self._row_valid)
-            self.row_valid_S = None if row_valid.all() else row_valid
-            self._lengths, self._row_valid = [], []
+            self.starts_S1 = np.zeros(sum(len(n) for n in self._lengths) + 1, dtype=np.int64)
+            np.cumsum(np.concatenate(self._lengths), dtype=np.int64, out=self.starts_S1[1:])
+            self._lengths = []
+            if any(isinstance(v, np.ndarray) for v in self._row_valid):
+                self.row_valid_S = np.concatenate(
+                    [v if isinstance(v, np.ndarray) else np.ones(v, dtype=bool) for v in self._row_valid]
+                )
+            self._row_valid = []
 
 
 class ScanSpill:

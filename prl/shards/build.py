@@ -275,7 +275,7 @@ def _write_set(
     statistics = build_statistics(plan, scores, options)
     shipped, groups = ship.height, int(ship["group_id"].n_unique())
     heads, sampling = heads_info(ship, plan.k), sampling_summary(ship)
-    expected = ship["sample_id"].to_arrow().cast(pa.string())
+    samples_entry = _write_samples(os.path.join(staging.meta, SAMPLES_FILE), ship["sample_id"].to_arrow())
     units_N = unit_index(ship) if options.merge_turns else None
     rows = ShipRows.write(os.path.join(spills.folder, "ship.arrow"), ship, bounds, spills.traces, spills.ref, units_N)
     plan.ship = ship = ship.clear()  # in the file now: not held beside the shards in flight
@@ -285,11 +285,8 @@ def _write_set(
             spill.forget_rows()
     release_free_memory()  # what the plan and the scores freed goes back now, not beside the shards in flight
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
-        samples = io.submit(_write_samples, os.path.join(staging.meta, SAMPLES_FILE), expected)
-        del expected  # the writer's alone: freed once written
         job = PartJob(staging.parts, spills, rows, bounds, scores, options, plan.k, options.merge_turns)
         written = _write_shards(job, io, engine)
-        samples_entry = samples.result()
     shutil.rmtree(spills.folder, ignore_errors=True)  # gone already, unless a shard failed
     if options.kl != "none":
         statistics["kl"] = kl_statistics(options, scores, written.kl_sum, written.kl_tokens)
@@ -357,7 +354,10 @@ def _conventions(options: ShardOptions) -> dict[str, object]:
 
 
 def _write_samples(path: str, sample_ids: pa.Array) -> FileEntry:
-    """Write the set's sorted sample ids (fsynced, renamed into place)."""
+    """Write the set's sorted sample ids (fsynced, renamed into place). The build writes them before its shards, so
+    that the sort and the writer's dictionary (both as long as the samples) are freed before the shards' buffers
+    are taken, not held beside them."""
+    sample_ids = sample_ids.cast(pa.string())
     size, sha256 = write_sample_ids(sample_ids.take(pc.sort_indices(sample_ids)), f"{path}.tmp")
     publish_file(f"{path}.tmp", path)
     return FileEntry(os.path.basename(path), len(sample_ids), size, sha256)

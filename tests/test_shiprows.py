@@ -6,7 +6,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from prl.shards.shiprows import ShipRows, located, part_meta
+from prl.shards.scores import Scores
+from prl.shards.shiprows import ShipRows, located, part_meta, part_scores
 from prl.shards.spill import ScanSpill
 
 TRACES = pa.schema(
@@ -53,8 +54,16 @@ def test_each_part_reads_its_rows_values_and_places(tmp_path):
             "score": [1.0, 0.0, 2.0],
         }
     )
-    rows = ShipRows.write(str(tmp_path / "ship.arrow"), ship, np.array([0, 1, 3]), traces, ref, np.array([0, 1, 1]))
+    scores = Scores(np.array([1.0, 0.5]), np.array([0.25, -0.25]), np.array([1, 2], dtype=np.int32), 0.125, 1, 0)
+    units_N = np.array([0, 1, 1])  # scores per unit
+    rows = ShipRows.write(str(tmp_path / "ship.arrow"), ship, np.array([0, 1, 3]), traces, ref, scores, units_N)
     first, second = rows.read(0), rows.read(1)
+    unit_scores, units = part_scores(second, 0.125)
+    assert units.tolist() == [0, 0]  # from 0 in each part
+    assert (unit_scores.reward_N.tolist(), unit_scores.advantage_N.tolist()) == ([0.5], [-0.25])
+    assert unit_scores.group_size_N.tolist() == [2] and unit_scores.group_size_N.dtype == np.int32
+    assert unit_scores.mean_d == 0.125
+    assert part_scores(first, 0.125)[0].reward_N.tolist() == [1.0]
     assert first.num_rows == 1 and second.num_rows == 2
     assert part_meta(second).to_dicts() == [
         {"sample_id": "s0", "group_id": "g0", "policy_version": None, "staleness": None, "temperature": 0.5},
@@ -90,6 +99,16 @@ def test_each_part_reads_its_rows_values_and_places(tmp_path):
 
 def test_without_units_or_ref_the_file_has_neither(tmp_path):
     traces, _ = spills(tmp_path)
-    ship = pl.DataFrame({"row": [1], "sample_id": ["s1"], "group_id": ["g0"], "has_mask": [True]})
-    batch = ShipRows.write(str(tmp_path / "ship.arrow"), ship, np.array([0, 1]), traces, None).read(0)
-    assert [n for n in batch.schema.names if not n.startswith("t.")] == ["sample_id", "group_id", "has_mask"]
+    ship = pl.DataFrame({"row": [1, 2], "sample_id": ["s1", "s2"], "group_id": ["g0", "g0"], "has_mask": [True, False]})
+    scores = Scores(np.array([1.0, 2.0]), np.array([-0.5, 0.5]), np.array([2, 2], dtype=np.int32), 0.0, 0, 0)
+    batch = ShipRows.write(str(tmp_path / "ship.arrow"), ship, np.array([0, 2]), traces, None, scores).read(0)
+    assert [n for n in batch.schema.names if not n.startswith("t.")] == [
+        "sample_id",
+        "group_id",
+        "has_mask",
+        "s.reward",
+        "s.advantage",
+        "s.group_size",
+    ]
+    row_scores, units = part_scores(batch, 0.0)
+    assert units is None and row_scores.advantage_N.tolist() == [-0.5, 0.5]

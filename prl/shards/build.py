@@ -21,8 +21,7 @@
    sets it replaces.
 
 Memory is bounded by one shard per worker thread plus a few scalars per sample, never by the table's token data;
-while the shards are written, the shipped rows' own values wait on disk (:mod:`prl.shards.shiprows`) and only
-their scores stay in memory.
+while the shards are written, the shipped rows' own values and scores wait on disk (:mod:`prl.shards.shiprows`).
 The set id is derived from the source table versions, the options, the earlier sets whose samples were skipped and
 the Parquet writer (:data:`prl.shards.writer.WRITER`); nothing in a set depends on the clock, so building the same
 inputs again with the same pyarrow yields the same bytes.
@@ -262,7 +261,7 @@ def _write_set(
 
     Everything the manifest reads of the shipped rows is taken before the shards are written; the parts' own
     values go to a file (:class:`prl.shards.shiprows.ShipRows`), and the shipped frame and the spills' row arrays
-    are let go, so that only the scores are held per sample beside the shards in flight."""
+    are let go, so that nothing is held per sample beside the shards in flight."""
     ship = plan.ship
     shard_N = ship["shard"].to_numpy()
     bounds = np.searchsorted(shard_N, np.arange(int(shard_N[-1]) + 2))  # shards are runs of the final order
@@ -277,19 +276,21 @@ def _write_set(
     heads, sampling = heads_info(ship, plan.k), sampling_summary(ship)
     samples_entry = _write_samples(os.path.join(staging.meta, SAMPLES_FILE), ship["sample_id"].to_arrow())
     units_N = unit_index(ship) if options.merge_turns else None
-    rows = ShipRows.write(os.path.join(spills.folder, "ship.arrow"), ship, bounds, spills.traces, spills.ref, units_N)
+    path = os.path.join(spills.folder, "ship.arrow")
+    rows = ShipRows.write(path, ship, bounds, spills.traces, spills.ref, scores, units_N)
     plan.ship = ship = ship.clear()  # in the file now: not held beside the shards in flight
-    del units_N, shard_N
+    mean_d = scores.mean_d
+    del units_N, shard_N, scores
     for spill in (spills.traces, spills.ref):
         if spill is not None:
             spill.forget_rows()
     release_free_memory()  # what the plan and the scores freed goes back now, not beside the shards in flight
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
-        job = PartJob(staging.parts, spills, rows, bounds, scores, options, plan.k, options.merge_turns)
+        job = PartJob(staging.parts, spills, rows, bounds, mean_d, options, plan.k)
         written = _write_shards(job, io, engine)
     shutil.rmtree(spills.folder, ignore_errors=True)  # gone already, unless a shard failed
     if options.kl != "none":
-        statistics["kl"] = kl_statistics(options, scores, written.kl_sum, written.kl_tokens)
+        statistics["kl"] = kl_statistics(options, mean_d, written.kl_sum, written.kl_tokens)
     statistics["unsafe_masked"] = {"tokens": written.unsafe_tokens, "samples": written.unsafe_samples}
     if options.merge_turns:
         statistics["merged_turns"] = merged_statistics(shipped, written.entries, written.unmerged_tokens)

@@ -26,7 +26,7 @@ from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file
 from prl.shards.scan import HEAD_COLUMNS
 from prl.shards.scores import Scores
-from prl.shards.shiprows import ShipRows, located, part_meta
+from prl.shards.shiprows import ShipRows, located, part_meta, part_scores
 from prl.shards.spill import ScanSpill
 from prl.shards.writer import write_shard
 
@@ -43,10 +43,12 @@ class Spills:
 @dataclass
 class PartRows:
     """Part ``s``'s rows as gathered: their token columns from the spills, their plan values
-    (:func:`prl.shards.shiprows.part_meta`) and with ``merge_turns`` their merged units (int64, final order)."""
+    (:func:`prl.shards.shiprows.part_meta`), their scores and with ``merge_turns`` their merged units
+    (:func:`prl.shards.shiprows.part_scores`)."""
 
     gathered: Gathered
     meta: pl.DataFrame
+    scores: Scores
     units_N: np.ndarray | None
 
 
@@ -100,18 +102,17 @@ def part_name(s: int) -> str:
 @dataclass
 class PartJob:
     """What every part of one build needs. Part ``s`` holds the shipped rows ``bounds_S1[s]:bounds_S1[s + 1]``
-    of the final order (their plan values and spill places: ``rows``, batch ``s``) and is written into
-    ``folder``; with ``merged`` (``merge_turns``), ``rows`` gives each shipped turn's merged unit
-    (:func:`prl.shards.merge_build.unit_index`) and the scores are per unit."""
+    of the final order (their plan values, scores and spill places: ``rows``, batch ``s``) and is written into
+    ``folder``; with ``merge_turns``, ``rows`` gives each shipped turn's merged unit
+    (:func:`prl.shards.merge_build.unit_index`). ``mean_d``: the batch mean log ratio (:class:`Scores`)."""
 
     folder: str
     spills: Spills
     rows: ShipRows
     bounds_S1: np.ndarray
-    scores: Scores
+    mean_d: float
     options: ShardOptions
     k: int | None
-    merged: bool = False
 
     @property
     def parts(self) -> int:
@@ -130,18 +131,18 @@ class PartJob:
         ref = None
         if self.spills.ref is not None:
             ref = self.spills.ref.flat_at(located(batch, "r."), ["ref_logprobs"])["ref_logprobs"]
-        units_N = batch.column("unit").to_numpy() if self.merged else None
-        return PartRows(Gathered(traces, nested, ref), part_meta(batch), units_N)
+        scores, units_N = part_scores(batch, self.mean_d)
+        return PartRows(Gathered(traces, nested, ref), part_meta(batch), scores, units_N)
 
     def write(self, s: int, rows: PartRows) -> PartWritten:
         """Assemble part ``s`` from its gathered ``rows`` and write it to ``<folder>/<name>.tmp`` (not fsynced,
         not renamed: :func:`prl.shards.publish.publish_file` does both)."""
-        lo, hi = int(self.bounds_S1[s]), int(self.bounds_S1[s + 1])
         meta = rows.meta
         if rows.units_N is None:
-            assembled = assemble_shard(rows.gathered, meta, slice(lo, hi), self.scores, self.options, self.k)
+            every = slice(0, meta.height)
+            assembled = assemble_shard(rows.gathered, meta, every, rows.scores, self.options, self.k)
         else:
-            merged = assemble_merged_shard(rows.gathered, meta, rows.units_N, self.scores, self.options, self.k)
+            merged = assemble_merged_shard(rows.gathered, meta, rows.units_N, rows.scores, self.options, self.k)
             kl_sum, kl_n = kl_totals(merged.table)
             unsafe = (merged.unsafe_tokens, merged.unsafe_rows)
             assembled = Assembled(merged.table, kl_sum, kl_n, *unsafe, merged.rows.unmerged_tokens)

@@ -1,10 +1,10 @@
 """The per-row values the parts of a build read, on disk in final order while the parts are written.
 
 Once the plan and the scores are made, every shipped row's plan values that a part writes (ids, version, sampling
-settings: :data:`PART_COLUMNS`), its merged unit (``merge_turns``) and where its token columns sit in the spills
+settings: :data:`PART_COLUMNS`), its scores, its merged unit (``merge_turns``) and where its token columns sit in the spills
 (:meth:`prl.shards.spill.ScanSpill.locate`) go to one Arrow IPC file, one record batch per part (parts are runs
-of the final order). A part reads back its own batch and nothing else (:meth:`ShipRows.read`), so while the
-parts are written the build holds no per-sample data but the scores: memory does not grow with the samples
+of the final order), with their scores. A part reads back its own batch and nothing else (:meth:`ShipRows.read`),
+so while the parts are written the build holds no per-sample data: memory does not grow with the samples
 shipped.
 """
 
@@ -17,6 +17,7 @@ import polars as pl
 import pyarrow as pa
 
 from prl.shards.gather import INPUT_IDS
+from prl.shards.scores import Scores
 from prl.shards.spill import ScanSpill
 
 PART_COLUMNS = (
@@ -58,14 +59,20 @@ class ShipRows:
         bounds_S1: np.ndarray,
         traces: ScanSpill,
         ref: ScanSpill | None,
+        scores: Scores,
         units_N: np.ndarray | None = None,
     ) -> ShipRows:
         """Write the part values of ``ship`` (the plan's shipped rows, final order; part ``s`` is the rows
-        ``bounds_S1[s]:bounds_S1[s + 1]``): the :data:`PART_COLUMNS` it has, ``has_mask``, ``unit`` (with
-        ``units_N``) and each row's place in ``traces`` (``t.`` columns) and ``ref`` (``r.`` columns, from
+        ``bounds_S1[s]:bounds_S1[s + 1]``): the :data:`PART_COLUMNS` it has, ``has_mask``, each row's scores
+        (``s.`` columns; with ``units_N``, each row's unit, ``unit``, and its unit's scores: ``scores`` are then
+        per unit), and each row's place in ``traces`` (``t.`` columns) and ``ref`` (``r.`` columns, from
         ``ref_row``)."""
         columns = {c: ship.get_column(c).to_arrow() for c in PART_COLUMNS if c in ship.columns}
         columns["has_mask"] = ship.get_column("has_mask").to_arrow()
+        per_row = slice(None) if units_N is None else np.asarray(units_N, dtype=np.int64)
+        columns["s.reward"] = pa.array(scores.reward_N[per_row])
+        columns["s.advantage"] = pa.array(scores.advantage_N[per_row])
+        columns["s.group_size"] = pa.array(scores.group_size_N[per_row])
         if units_N is not None:
             columns["unit"] = pa.array(np.asarray(units_N, dtype=np.int64))
         columns |= _located("t.", traces, ship.get_column("row").to_numpy(), TRACE_FLAT)
@@ -94,6 +101,21 @@ def located(batch: pa.RecordBatch, prefix: str) -> dict[str, np.ndarray]:
     }
 
 
+def part_scores(batch: pa.RecordBatch, mean_d: float) -> tuple[Scores, np.ndarray | None]:
+    """``(scores, units_N)`` of a part's ``batch``: its rows' scores (the batch mean log ratio ``mean_d`` beside
+    them) and no units; with merged turns, the scores of its units in order and each row's unit among them (from
+    0: a unit's turns are one run of rows, never split between parts). The singleton counts are the build's
+    business, not a part's: 0."""
+    reward, advantage = batch.column("s.reward").to_numpy(), batch.column("s.advantage").to_numpy()
+    group_size = batch.column("s.group_size").to_numpy()
+    if "unit" not in batch.schema.names:
+        return Scores(reward, advantage, group_size, mean_d, 0, 0), None
+    units_N = batch.column("unit").to_numpy()
+    units_N = units_N - units_N[0] if len(units_N) else units_N
+    first = np.flatnonzero(np.diff(units_N, prepend=-1))  # the first turn of each unit
+    return Scores(reward[first], advantage[first], group_size[first], mean_d, 0, 0), units_N
+
+
 def part_meta(batch: pa.RecordBatch) -> pl.DataFrame:
     """The :data:`PART_COLUMNS` of ``batch``, as polars (what the assembly reads as the part's plan rows)."""
     out = pl.from_arrow(batch.select([c for c in PART_COLUMNS if c in batch.schema.names]))
@@ -101,4 +123,4 @@ def part_meta(batch: pa.RecordBatch) -> pl.DataFrame:
     return out
 
 
-__all__ = ["PART_COLUMNS", "ShipRows", "located", "part_meta"]
+__all__ = ["PART_COLUMNS", "ShipRows", "located", "part_meta", "part_scores"]

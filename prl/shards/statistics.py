@@ -104,7 +104,7 @@ def build_statistics(plan: Plan, scores: Scores | None, options: ShardOptions) -
     return stats
 
 
-def kl_statistics(options: ShardOptions, scores: Scores, kl_tok_sum: float, kl_tok_n: int) -> dict[str, Any]:
+def kl_statistics(options: ShardOptions, mean_d: float, kl_tok_sum: float, kl_tok_n: int) -> dict[str, Any]:
     """The ``kl`` entry of a build's statistics: estimator, placement, β, mean per-token KL of the shipped valid
     tokens and the batch mean log ratio (with ``kl`` in ``reward`` / ``advantages``)."""
     return {
@@ -113,7 +113,7 @@ def kl_statistics(options: ShardOptions, scores: Scores, kl_tok_sum: float, kl_t
         "coef": options.kl_coef,
         "mean_per_token": kl_tok_sum / kl_tok_n if kl_tok_n else None,
         "tokens": kl_tok_n,
-        "mean_log_ratio": scores.mean_d if options.kl in ("reward", "advantages") else None,
+        "mean_log_ratio": mean_d if options.kl in ("reward", "advantages") else None,
     }
 
 

@@ -274,7 +274,8 @@ def _write_set(
     statistics = build_statistics(plan, scores, options)
     shipped, groups = ship.height, int(ship["group_id"].n_unique())
     heads, sampling = heads_info(ship, plan.k), sampling_summary(ship)
-    samples_entry = _write_samples(os.path.join(staging.meta, SAMPLES_FILE), ship["sample_id"].to_arrow())
+    samples_path = os.path.join(staging.meta, SAMPLES_FILE)
+    samples_entry = _write_samples(samples_path, ship["sample_id"].to_arrow())
     units_N = unit_index(ship) if options.merge_turns else None
     path = os.path.join(spills.folder, "ship.arrow")
     rows = ShipRows.write(path, ship, bounds, spills.traces, spills.ref, scores, units_N)
@@ -286,8 +287,10 @@ def _write_set(
             spill.forget_rows()
     release_free_memory()  # what the plan and the scores freed goes back now, not beside the shards in flight
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
+        sealed = io.submit(publish_file, f"{samples_path}.tmp", samples_path)  # fsynced beside the shards
         job = PartJob(staging.parts, spills, rows, bounds, mean_d, options, plan.k)
         written = _write_shards(job, io, engine)
+        sealed.result()
     shutil.rmtree(spills.folder, ignore_errors=True)  # gone already, unless a shard failed
     if options.kl != "none":
         statistics["kl"] = kl_statistics(options, mean_d, written.kl_sum, written.kl_tokens)
@@ -355,12 +358,12 @@ def _conventions(options: ShardOptions) -> dict[str, object]:
 
 
 def _write_samples(path: str, sample_ids: pa.Array) -> FileEntry:
-    """Write the set's sorted sample ids (fsynced, renamed into place). The build writes them before its shards, so
-    that the sort and the writer's dictionary (both as long as the samples) are freed before the shards' buffers
-    are taken, not held beside them."""
+    """Write the set's sorted sample ids to ``<path>.tmp`` (not fsynced, not renamed:
+    :func:`prl.shards.publish.publish_file` does both). The build writes them before its shards, so that the sort
+    and the writer's dictionary (both as long as the samples) are freed before the shards' buffers are taken, not
+    held beside them."""
     sample_ids = sample_ids.cast(pa.string())
     size, sha256 = write_sample_ids(sample_ids.take(pc.sort_indices(sample_ids)), f"{path}.tmp")
-    publish_file(f"{path}.tmp", path)
     return FileEntry(os.path.basename(path), len(sample_ids), size, sha256)
 
 

@@ -15,10 +15,11 @@ default): below that, fewer shards than workers are in memory at once, so peak R
 not the store, and the growth from such a size (marked ``"below_steady_state": true``) counts the shard buffers
 too. The defaults (8 and 32 M tokens) take a minute or two on a small machine;
 the README's numbers come from
-``python bench/bench_shards_memory.py --tokens 5e6,50e6,200e6`` (about 2 GB of store on disk): 437 / 556 /
-671 MB peak at 5 / 50 / 200 M tokens with prl's settings, 402 bytes per sample from 100 k to 400 k samples, on
-the shared 2-core machine while other jobs ran (a size's peak moves by up to 90 MB from run to run there: the
-allocators hand pages back on timers).
+``python bench/bench_shards_memory.py --tokens 5e6,50e6,200e6`` (about 2 GB of store on disk): 430 / 577 /
+631 and 425 / 550 / 592 MB peak at 5 / 50 / 200 M tokens with prl's settings, 189 and 147 bytes per sample from
+100 k to 400 k samples (the code before, in the same alternating rounds: 410 / 609 / 668 and 431 / 581 / 665 MB,
+206 and 293 bytes per sample), on the shared 2-core machine while other jobs ran (a size's peak moves by up to
+90 MB from run to run there: the allocators hand pages back on timers).
 
 Prints one JSON object.
 """

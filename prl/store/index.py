@@ -34,7 +34,7 @@ from deltalake import CommitProperties, Transaction, WriterProperties, write_del
 
 from prl.errors import RetryableIOError
 from prl.store.changes import added_files, files_dataset, snapshot_files
-from prl.store.tables import Store, describe_error
+from prl.store.tables import TABLE_PROPERTIES, Store, describe_error
 
 INDEX_TABLE = "_index/traces_keys"
 KEYS = pa.schema(
@@ -219,6 +219,7 @@ class SampleIndex:
                 reader,
                 mode="overwrite" if overwrite else "append",
                 storage_options=self.store.options or None,
+                configuration=TABLE_PROPERTIES if table is None else None,  # a new index table's
                 commit_properties=props,
                 writer_properties=WriterProperties(compression="ZSTD", max_row_group_size=ROW_GROUP_ROWS),
             )

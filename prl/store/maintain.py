@@ -7,7 +7,9 @@ For every table of the store (and the sample index), in turn:
    its commit adds the new files with ``dataChange: false``, so readers of new data and prl's watermarks, which
    follow ``dataChange`` adds, see no new rows);
 2. **checkpoint**: a Parquet checkpoint of the log, so opening a table reads one file instead of replaying every
-   commit, and commit files past Delta's log retention (30 days) are cleaned up;
+   commit, and commit files past Delta's log retention (30 days) are cleaned up; a table created before prl set
+   its table properties (:data:`prl.store.tables.TABLE_PROPERTIES`: a checkpoint every 10 commits) gets them
+   first, in one metadata commit (a writer committing at that instant fails with a retryable error, exit 5);
 3. **vacuum**: data files that no version within ``retention_hours`` references are deleted: the files compaction
    replaced, and files a killed run wrote but never committed (``full`` vacuum: files the log never named, once
    older than the window). A reader pinned at any version inside the window finds every file it needs.
@@ -30,7 +32,7 @@ from prl.errors import ExitCode, RetryableIOError, UsageError
 from prl.schema import TABLES, float_leaves
 from prl.store.index import INDEX_TABLES, ROW_GROUP_ROWS
 from prl.store.locks import holding
-from prl.store.tables import Store, describe_error
+from prl.store.tables import TABLE_PROPERTIES, Store, describe_error
 
 DEFAULT_RETENTION_HOURS = 168
 """Delta's own default: a reader may stay pinned at a version for a week."""
@@ -54,6 +56,8 @@ class TableMaintenance:
     files_after: int
     files_compacted: int = 0
     files_written: int = 0
+    properties_set: bool = False
+    """Whether this run set prl's table properties (a table created by an older prl)."""
     checkpointed: bool = False
     files_vacuumed: int = 0
 
@@ -134,6 +138,17 @@ def _compact(table: DeltaTable, name: str, target_mb: int, props: CommitProperti
     return table.optimize.compact(target_size=target, writer_properties=data_writer(name), commit_properties=props)
 
 
+def _set_properties(table: DeltaTable, props: CommitProperties) -> bool:
+    """Give ``table`` the properties of :data:`TABLE_PROPERTIES` it lacks or holds with another value (one
+    commit); whether it needed any."""
+    have = table.metadata().configuration
+    wanted = {key: value for key, value in TABLE_PROPERTIES.items() if have.get(key) != value}
+    if not wanted:
+        return False
+    table.alter.set_table_properties(wanted, raise_if_not_exists=False, commit_properties=props)
+    return True
+
+
 def data_writer(name: str) -> WriterProperties:
     """How compaction writes a data table's files: zstd, row groups of :data:`DATA_ROW_GROUP_ROWS` rows, and the
     top-level floating-point columns byte-stream-split without a dictionary as prl's own writer does (delta-rs
@@ -160,6 +175,9 @@ def _maintain_table(
         out.files_compacted = int(metrics.get("numFilesRemoved", 0))
         out.files_written = int(metrics.get("numFilesAdded", 0))
         table = store.open(name) or table
+        if _set_properties(table, props):
+            out.properties_set = True
+            table = store.open(name) or table
         table.create_checkpoint()
         table.cleanup_metadata()
         out.checkpointed = True

@@ -41,6 +41,8 @@ from prl.store.writer import CommitResult, PendingCommit, describe_error, parque
 T = TypeVar("T")
 
 __all__ = [
+    "CHECKPOINT_INTERVAL",
+    "TABLE_PROPERTIES",
     "CommitResult",
     "PendingCommit",
     "Store",
@@ -52,6 +54,15 @@ __all__ = [
     "parquet_options",
     "storage_options",
 ]
+
+CHECKPOINT_INTERVAL = 10
+"""Commits between two Delta checkpoints, which delta-rs writes after the commit whose version + 1 is a multiple
+of it (versions 9, 19, …). Opening a table reads its last checkpoint and replays every commit since, and delta-rs
+reads each of those commit files twice per open: with its default of 100 an open on S3 costs up to ~200 GETs
+before ``prl maintain`` checkpoints again, with 10 at most ~30 (a checkpoint read is ~12 GETs); a commit that
+writes a checkpoint costs ~40 requests instead of 7, once in 10 commits. Spark's default is 10 too."""
+TABLE_PROPERTIES = {"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
+"""The Delta table properties prl creates its tables with (and ``prl maintain`` sets on older tables)."""
 
 READAHEAD_FILES = 2
 READAHEAD_BATCHES = 4
@@ -336,6 +347,7 @@ class Store:
                 mode="ignore",
                 storage_options=self._options or None,
                 name=name,
+                configuration=TABLE_PROPERTIES,
             )
         except (OSError, DeltaError) as exc:
             table = self.open(name)  # another process created it first

@@ -29,7 +29,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, WriterProperties, write_deltalake
 
 from prl.errors import RetryableIOError
@@ -242,10 +241,13 @@ class SampleIndex:
         if table is None:
             self._files = {}
             return
-        paths = [unquote(p) for p in pa.table(table.get_add_actions()).column("path").to_pylist()]
+        added = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
+        sizes = {unquote(a["path"]): int(a["size_bytes"]) for a in added}
         root = self.store.table_path(self.spec.index_table)
         columns = list(self.spec.schema.names[1:])
-        self._files = {p: self._files.get(p) or _KeyFile.load(self.store, f"{root}/{p}", columns) for p in paths}
+        self._files = {
+            p: self._files.get(p) or _KeyFile.load(self.store, f"{root}/{p}", size, columns) for p, size in sizes.items()
+        }
 
     # --- lookups -----------------------------------------------------------------------------------------
     def lookup(self, sample_ids: list[str]) -> dict[str, str]:
@@ -261,7 +263,7 @@ class SampleIndex:
         wanted = set(sample_ids)
         for entry in self._files.values():
             assert entry is not None
-            for sid, digest in entry.rows_for(self.store, keys):
+            for sid, digest in entry.rows_for(keys):
                 if sid in wanted:
                     found[sid] = digest
         return found
@@ -272,7 +274,8 @@ class _KeyFile:
     """One index file: its keys sorted (``keys_K``), each key's row (``rows_K``; None when the file is sorted
     by key already, as prl writes and maintains them), and row-group starts."""
 
-    path: str
+    fragment: ds.ParquetFileFragment
+    """The file, its size (from the Delta log) and footer known: reading it asks the store for neither again."""
     keys_K: np.ndarray
     rows_K: np.ndarray | None
     group_starts: np.ndarray
@@ -280,18 +283,19 @@ class _KeyFile:
     """The id and value columns."""
 
     @classmethod
-    def load(cls, store: Store, path: str, columns: list[str]) -> _KeyFile:
-        with store.fs.open_input_file(path) as fh:
-            parquet = pq.ParquetFile(fh)
-            keys = parquet.read(columns=["key"]).column("key").to_numpy()
-            sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.metadata.num_row_groups)]
-        starts = np.concatenate(([0], np.cumsum(sizes)))
+    def load(cls, store: Store, path: str, size: int, columns: list[str]) -> _KeyFile:
+        """The keys of the index file at ``path`` (in :attr:`Store.fs`) of ``size`` bytes: on S3 one GET of its
+        footer and one of its key column (no HEAD for the size, and the footer is not read again by lookups)."""
+        fragment = ds.ParquetFileFormat().make_fragment(path, filesystem=store.fs, file_size=size)
+        fragment.ensure_complete_metadata()
+        keys = fragment.to_table(columns=["key"]).column("key").to_numpy()
+        starts = np.concatenate(([0], np.cumsum([group.num_rows for group in fragment.row_groups])))
         if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):  # per-commit files and maintained ones
-            return cls(path, keys, None, starts, columns)
+            return cls(fragment, keys, None, starts, columns)
         order = np.argsort(keys, kind="stable")
-        return cls(path, keys[order], order.astype(np.int32), starts, columns)
+        return cls(fragment, keys[order], order.astype(np.int32), starts, columns)
 
-    def rows_for(self, store: Store, probe_N: np.ndarray) -> list[tuple[str, str]]:
+    def rows_for(self, probe_N: np.ndarray) -> list[tuple[str, str]]:
         """(id, value) of this file's rows whose key is in ``probe_N``."""
         if not len(self.keys_K):
             return []
@@ -305,8 +309,7 @@ class _KeyFile:
         spans = [np.arange(a, b) for a, b in zip(lo, hi, strict=True)]
         rows = np.unique(np.concatenate(spans) if self.rows_K is None else self.rows_K[np.concatenate(spans)])
         groups = np.unique(np.searchsorted(self.group_starts, rows, side="right") - 1)
-        with store.fs.open_input_file(self.path) as fh:
-            table = pq.ParquetFile(fh).read_row_groups(groups.tolist(), columns=self.columns)
+        table = self.fragment.subset(row_group_ids=groups.tolist()).to_table(columns=self.columns)
         offsets = np.concatenate(([0], np.cumsum(np.diff(self.group_starts)[groups])))
         local = np.concatenate(
             [

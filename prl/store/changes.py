@@ -45,7 +45,10 @@ def snapshot_files(store: Store, table: str, version: int) -> list[str]:
 
 def files_dataset(store: Store, table: str, paths: list[str]) -> ds.Dataset:
     """A pyarrow dataset over some data files of ``table`` (paths relative to the table folder), read as the
-    store's streaming scans read (:attr:`Store.scan_options`)."""
+    store's streaming scans read (:attr:`Store.scan_options`). A file of the snapshot the store holds is read
+    at the size its log gives (:meth:`Store.known_sizes`: on S3 no HEAD for it); a missing file fails the scan."""
     root = store.table_path(table)
+    sizes = store.known_sizes(table)
     parquet = ds.ParquetFileFormat(default_fragment_scan_options=store.scan_options)
-    return ds.dataset([f"{root}/{p}" for p in paths], schema=TABLES[table], format=parquet, filesystem=store.fs)
+    fragments = [parquet.make_fragment(f"{root}/{p}", filesystem=store.fs, file_size=sizes.get(p)) for p in paths]
+    return ds.FileSystemDataset(fragments, TABLES[table], parquet, store.fs)

@@ -246,7 +246,8 @@ class SampleIndex:
         root = self.store.table_path(self.spec.index_table)
         columns = list(self.spec.schema.names[1:])
         self._files = {
-            p: self._files.get(p) or _KeyFile.load(self.store, f"{root}/{p}", size, columns) for p, size in sizes.items()
+            p: self._files.get(p) or _KeyFile.load(self.store, f"{root}/{p}", size, columns)
+            for p, size in sizes.items()
         }
 
     # --- lookups -----------------------------------------------------------------------------------------

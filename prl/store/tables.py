@@ -133,6 +133,9 @@ class Store:
     _pinned: dict[str, tuple[int, DeltaTable]] = field(default_factory=dict, repr=False, compare=False)
     """The table last opened by :meth:`version` per name, with its version: scans of that version reuse it."""
     _pinned_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _sizes: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
+    """Bytes of each data file of a table's snapshot, by (name, version) and path: read from a table this store
+    opened, kept for the store's life (a version's files never change)."""
     _runs: threading.local = field(default_factory=threading.local, repr=False, compare=False)
     """Per thread, a stack of the tables each :meth:`one_run` block keeps (name → table at its latest version as
     last seen)."""
@@ -280,8 +283,30 @@ class Store:
         folder = pafs.SubTreeFileSystem(self.table_path(name), self.fs)
         with self._pinned_lock:  # a DeltaTable object is used by one thread at a time
             dataset = table.to_pyarrow_dataset(filesystem=folder)
-            files = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
-        return _sized(dataset, folder, {unquote(f["path"]): f["size_bytes"] for f in files})
+        return _sized(dataset, folder, self._file_sizes(name, table))
+
+    def _file_sizes(self, name: str, table: DeltaTable) -> dict[str, int]:
+        """Bytes of each data file of ``table``'s snapshot (path relative to the table folder, decoded), from its
+        add actions; read once per table version."""
+        with self._pinned_lock:
+            key = (name, table.version())
+            sizes = self._sizes.get(key)
+            if sizes is None:
+                files = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
+                sizes = self._sizes[key] = {unquote(f["path"]): int(f["size_bytes"]) for f in files}
+        return sizes
+
+    def known_sizes(self, name: str) -> dict[str, int]:
+        """Bytes of each data file of the snapshot of ``name`` this store holds (:meth:`_file_sizes`): the one
+        :meth:`version` pinned, else inside a run the kept table as last seen; empty when it holds none. No
+        request: reading a file of known size skips asking the store for it (on S3 a HEAD per file)."""
+        with self._pinned_lock:
+            pinned = self._pinned.get(name)
+        table = pinned[1] if pinned is not None else None
+        stack = self._runs.__dict__.get("stack")
+        if table is None and stack:
+            table = stack[-1].get(name)
+        return {} if table is None else self._file_sizes(name, table)
 
     def scan(
         self,

@@ -118,3 +118,17 @@ def test_added_files_skip_rewrites_and_say_when_the_log_is_gone(store, write_tra
     (tmp := f"{store.table_path('traces')}/_delta_log/{0:020d}.json")
     shutil.move(tmp, tmp + ".gone")
     assert added_files(store, "traces", -1, version) is None
+
+
+@pytest.mark.parametrize("whole_file_bytes", [1 << 20, 0])  # files read whole, or as footer and key column
+def test_lookups_answer_the_same_whichever_way_index_files_are_read(store, write_trace, monkeypatch, whole_file_bytes):
+    monkeypatch.setattr(index_module, "WHOLE_FILE_BYTES", whole_file_bytes)
+    ingest([str(write_trace("a.jsonl", records("a", 3)))], store)
+    ingest([str(write_trace("b.jsonl", records("b", 2)))], store)
+    idx = SampleIndex(store)
+    idx.refresh()
+    assert [entry.whole for entry in idx._files.values()] == [whole_file_bytes > 0] * 2
+    digests = index_rows(store)
+    assert idx.lookup(["a2#0", "b0#0", "nope#0"]) == {"a2#0": digests["a2#0"], "b0#0": digests["b0#0"]}
+    again = ingest([str(write_trace("c.jsonl", records("a", 1) + records("c", 1)))], store)
+    assert (again.samples, again.already_present) == (1, 1)

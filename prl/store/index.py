@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, WriterProperties, write_deltalake
 
 from prl.errors import RetryableIOError
@@ -47,6 +48,9 @@ KEYS = pa.schema(
 ROW_GROUP_ROWS = 16_384
 """Rows per row group of an index file: the key statistics of a sorted file prune to about this many rows."""
 READ_BATCH = 65_536
+WHOLE_FILE_BYTES = 1 << 20
+"""Index files up to this size are read whole, in one request (on S3 one GET costs more than a MiB more of
+transfer); a larger one is read as its footer and its key column."""
 
 
 def sample_keys(sample_ids: Iterable[str]) -> np.ndarray:
@@ -243,11 +247,9 @@ class SampleIndex:
             return
         added = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
         sizes = {unquote(a["path"]): int(a["size_bytes"]) for a in added}
-        root = self.store.table_path(self.spec.index_table)
-        columns = list(self.spec.schema.names[1:])
+        name, columns = self.spec.index_table, list(self.spec.schema.names[1:])
         self._files = {
-            p: self._files.get(p) or _KeyFile.load(self.store, f"{root}/{p}", size, columns)
-            for p, size in sizes.items()
+            p: self._files.get(p) or _KeyFile.load(self.store, name, p, size, columns) for p, size in sizes.items()
         }
 
     # --- lookups -----------------------------------------------------------------------------------------
@@ -264,7 +266,7 @@ class SampleIndex:
         wanted = set(sample_ids)
         for entry in self._files.values():
             assert entry is not None
-            for sid, digest in entry.rows_for(keys):
+            for sid, digest in entry.rows_for(self.store, keys):
                 if sid in wanted:
                     found[sid] = digest
         return found
@@ -275,8 +277,15 @@ class _KeyFile:
     """One index file: its keys sorted (``keys_K``), each key's row (``rows_K``; None when the file is sorted
     by key already, as prl writes and maintains them), and row-group starts."""
 
+    table: str
+    file: str
+    """The index table, and the file's path in its folder (as its log names it, decoded)."""
     fragment: ds.ParquetFileFragment
-    """The file, its size (from the Delta log) and footer known: reading it asks the store for neither again."""
+    """The file at the size the Delta log gives (a file over :data:`WHOLE_FILE_BYTES`: its footer read), so
+    that reading its row groups asks the store for neither again (on S3, no HEAD)."""
+    whole: bool
+    """Read whole (a file of up to :data:`WHOLE_FILE_BYTES`), its row groups too."""
+    metadata: pq.FileMetaData
     keys_K: np.ndarray
     rows_K: np.ndarray | None
     group_starts: np.ndarray
@@ -284,19 +293,34 @@ class _KeyFile:
     """The id and value columns."""
 
     @classmethod
-    def load(cls, store: Store, path: str, size: int, columns: list[str]) -> _KeyFile:
-        """The keys of the index file at ``path`` (in :attr:`Store.fs`) of ``size`` bytes: on S3 one GET of its
-        footer and one of its key column (no HEAD for the size, and the footer is not read again by lookups)."""
+    def load(cls, store: Store, table: str, file: str, size: int, columns: list[str]) -> _KeyFile:
+        """The keys of index file ``file`` of ``table`` (``size`` bytes). On S3 a file of up to
+        :data:`WHOLE_FILE_BYTES` (the per-commit files of small runs) is one GET,
+        a larger one a GET of its footer and one of its key column."""
+        path = f"{store.table_path(table)}/{file}"
         fragment = ds.ParquetFileFormat().make_fragment(path, filesystem=store.fs, file_size=size)
-        fragment.ensure_complete_metadata()
-        keys = fragment.to_table(columns=["key"]).column("key").to_numpy()
-        starts = np.concatenate(([0], np.cumsum([group.num_rows for group in fragment.row_groups])))
+        whole = size <= WHOLE_FILE_BYTES
+        if whole:
+            parquet = pq.ParquetFile(_whole(store, table, file))
+            keys, metadata = parquet.read(columns=["key"]).column("key").to_numpy(), parquet.metadata
+        else:
+            fragment.ensure_complete_metadata()
+            keys, metadata = fragment.to_table(columns=["key"]).column("key").to_numpy(), fragment.metadata
+        sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+        starts = np.concatenate(([0], np.cumsum(sizes)))
         if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):  # per-commit files and maintained ones
-            return cls(fragment, keys, None, starts, columns)
+            return cls(table, file, fragment, whole, metadata, keys, None, starts, columns)
         order = np.argsort(keys, kind="stable")
-        return cls(fragment, keys[order], order.astype(np.int32), starts, columns)
+        return cls(table, file, fragment, whole, metadata, keys[order], order.astype(np.int32), starts, columns)
 
-    def rows_for(self, probe_N: np.ndarray) -> list[tuple[str, str]]:
+    def read_groups(self, store: Store, groups: list[int]) -> pa.Table:
+        """The id and value columns of row groups ``groups`` (on S3 one GET: of the whole file when it is small)."""
+        if self.whole:
+            parquet = pq.ParquetFile(_whole(store, self.table, self.file), metadata=self.metadata)
+            return parquet.read_row_groups(groups, columns=self.columns)
+        return self.fragment.subset(row_group_ids=groups).to_table(columns=self.columns)
+
+    def rows_for(self, store: Store, probe_N: np.ndarray) -> list[tuple[str, str]]:
         """(id, value) of this file's rows whose key is in ``probe_N``."""
         if not len(self.keys_K):
             return []
@@ -310,7 +334,7 @@ class _KeyFile:
         spans = [np.arange(a, b) for a, b in zip(lo, hi, strict=True)]
         rows = np.unique(np.concatenate(spans) if self.rows_K is None else self.rows_K[np.concatenate(spans)])
         groups = np.unique(np.searchsorted(self.group_starts, rows, side="right") - 1)
-        table = self.fragment.subset(row_group_ids=groups.tolist()).to_table(columns=self.columns)
+        table = self.read_groups(store, groups.tolist())
         offsets = np.concatenate(([0], np.cumsum(np.diff(self.group_starts)[groups])))
         local = np.concatenate(
             [
@@ -320,6 +344,14 @@ class _KeyFile:
         )
         picked = table.take(pa.array(local))
         return list(zip(picked.column(0).to_pylist(), picked.column(1).to_pylist(), strict=True))
+
+
+def _whole(store: Store, table: str, file: str) -> pa.BufferReader:
+    """The whole of data file ``file`` of ``table`` (:meth:`Store.file_bytes`: on S3 one GET)."""
+    body = store.file_bytes(table, file)
+    if body is None:
+        raise FileNotFoundError(f"{store.table_path(table)}/{file}")
+    return pa.BufferReader(body)
 
 
 def _rows_of(dataset: ds.Dataset, spec: IndexSpec) -> Iterator[pa.RecordBatch]:

@@ -420,12 +420,17 @@ class Store:
 
     def log_file(self, name: str, file: str) -> bytes | None:
         """The body of ``_delta_log/<file>`` of table ``name`` (a commit ``<version:020>.json``,
-        ``_last_checkpoint``); None when there is no such file. On S3 it is one GET (pyarrow's filesystem asks
-        for an object's size before reading it: a HEAD more per file)."""
+        ``_last_checkpoint``); None when there is no such file (:meth:`file_bytes`)."""
+        return self.file_bytes(name, f"_delta_log/{file}")
+
+    def file_bytes(self, name: str, file: str) -> bytes | None:
+        """The body of file ``file`` (a path inside the folder of table ``name``); None when there is no such
+        file. On S3 it is one GET (pyarrow's filesystem asks for an object's size before reading it: a HEAD more
+        per file)."""
         if self.uri.startswith("s3://"):
-            return log_object(self.uri, f"{name}/_delta_log/{file}")
+            return log_object(self.uri, f"{name}/{file}")
         try:
-            with self.fs.open_input_stream(f"{self.table_path(name)}/_delta_log/{file}") as stream:
+            with self.fs.open_input_stream(f"{self.table_path(name)}/{file}") as stream:
                 return stream.read()
         except FileNotFoundError:
             return None

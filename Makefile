@@ -34,7 +34,7 @@ bench: setup
 
 # the crash tests at full strength: 100 SIGKILLs per writing command on a local store and on an s3:// store and OUT
 # (the S3 hundreds took 38 min for the four commands one after another on 2 busy cores; `make test` runs the
-# local hundred and 12 per command on S3)
+# local hundred and 16 per command on S3)
 crash: setup
 	PRL_CRASH_KILLS=100 PRL_CRASH_S3_KILLS=100 $(PY) -m pytest -n 2 --durations=8 tests/test_crash_kills.py
 

@@ -7,13 +7,14 @@ kill cycle costs the runs, not an interpreter start). The same for every command
 (moto server), with the default stale time (300 s): each kill there leaves its S3 lock behind, and the rerun
 takes it over at once because its holder ran on this host and is gone (:mod:`prl.store.liveness`), never by
 waiting. A kill cycle on S3 costs the server's CPU (about 2.5 ms a request; :mod:`tests.moto_s3`) and the
-runs' own, both following the requests the runs make (Delta log reads, which grow with the commits since the
-last ``prl maintain``, and for build-shards OUT's sets): measured with ``bench/bench_s3_kills.py``, 1.4 to 3 s a
-cycle on two busy cores early on, about twice that by the hundredth kill, and some 140 to 150 cycles for 100
-kills (runs that finish before their kill are cycles too). The 100 kills of one command take 4 to 17 min there,
-about 38 min for the four, far more than the suite's whole time; so the S3 variant runs 12 kills per command by
-default (3.7 min for the four on two busy cores, against 3.3 min for 10 kills before the cycles were made
-cheaper; 10 kills take 1.9 min now), and
+runs' own, both following the requests the runs make (Delta log reads, at most the nine commits since the last
+checkpoint, which comes every ten; and for build-shards OUT's sets): measured with ``bench/bench_s3_kills.py``,
+1.4 to 3 s a cycle on two busy cores early on, more by the hundredth kill, and some 140 to 150 cycles for 100
+kills (runs that finish before their kill are cycles too). The 100 kills of one command took 4 to 17 min there,
+about 38 min for the four, far more than the suite's whole time; so the S3 variant runs 16 kills per command by
+default (3.3 min for the four on two cores under a load of 6; 12 kills took 2.4 min under a load of 3.5 before
+the checkpoint every ten commits and the sized reads of index and data files made a cycle 9 to 25% fewer
+requests, and 2.4 min after it), and
 ``PRL_CRASH_S3_KILLS=100`` runs the hundred, each followed by a rerun and a full accounting as here.
 ``PRL_CRASH_KILLS``, ``PRL_CRASH_S3_KILLS`` and ``PRL_KILL_SEED`` set the counts and the seed."""
 
@@ -30,7 +31,7 @@ from tests.pipeline_helpers import prl_env
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 
 KILLS = int(os.environ.get("PRL_CRASH_KILLS", "100"))
-S3_KILLS = int(os.environ.get("PRL_CRASH_S3_KILLS", "12"))
+S3_KILLS = int(os.environ.get("PRL_CRASH_S3_KILLS", "16"))
 SEED = int(os.environ.get("PRL_KILL_SEED", "20261201"))
 COMMANDS = ["ingest", "rewards", "check", "shards"]
 
@@ -63,7 +64,7 @@ def test_a_hundred_sigkills_lose_and_duplicate_nothing(tmp_path, command):
 def test_sigkills_on_an_s3_store_and_out_lose_and_duplicate_nothing(s3, tmp_path, command):  # noqa: F811
     env = {k: v for k, v in environ_for(s3.endpoint).items() if k != "PRL_LOCK_STALE_AFTER"}
     env["TMPDIR"] = str(tmp_path)
-    # kills that land after a write: 7-37 of 100 on S3 (build-shards the fewest), so at the default 12 a floor
+    # kills that land after a write: 7-37 of 100 on S3 (build-shards the fewest), so at the default 16 a floor
     # would fail by chance; the local hundred and `make crash` (PRL_CRASH_S3_KILLS=100: at least 5) hold one
     floor = S3_KILLS // 20 if S3_KILLS >= 100 else 0
     run_harness(command, tmp_path, S3_KILLS, env, "--bucket", s3.bucket, after_write=floor)

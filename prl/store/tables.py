@@ -133,9 +133,9 @@ class Store:
     _pinned: dict[str, tuple[int, DeltaTable]] = field(default_factory=dict, repr=False, compare=False)
     """The table last opened by :meth:`version` per name, with its version: scans of that version reuse it."""
     _pinned_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-    _sizes: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict, repr=False, compare=False)
-    """Bytes of each data file of a table's snapshot, by (name, version) and path: read from a table this store
-    opened, kept for the store's life (a version's files never change)."""
+    _sizes: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict, repr=False, compare=False)
+    """Per table, the version last asked about and the bytes of each data file of its snapshot, by path (read
+    from a table this store opened; a version's files never change)."""
     _runs: threading.local = field(default_factory=threading.local, repr=False, compare=False)
     """Per thread, a stack of the tables each :meth:`one_run` block keeps (name → table at its latest version as
     last seen)."""
@@ -287,13 +287,15 @@ class Store:
 
     def _file_sizes(self, name: str, table: DeltaTable) -> dict[str, int]:
         """Bytes of each data file of ``table``'s snapshot (path relative to the table folder, decoded), from its
-        add actions; read once per table version."""
+        add actions; kept for the table's latest version asked about."""
         with self._pinned_lock:
-            key = (name, table.version())
-            sizes = self._sizes.get(key)
-            if sizes is None:
-                files = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
-                sizes = self._sizes[key] = {unquote(f["path"]): int(f["size_bytes"]) for f in files}
+            version = table.version()
+            kept = self._sizes.get(name)
+            if kept is not None and kept[0] == version:
+                return kept[1]
+            files = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
+            sizes = {unquote(f["path"]): int(f["size_bytes"]) for f in files}
+            self._sizes[name] = (version, sizes)
         return sizes
 
     def known_sizes(self, name: str) -> dict[str, int]:

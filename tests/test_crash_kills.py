@@ -12,9 +12,10 @@ checkpoint, which comes every ten; and for build-shards OUT's sets): measured wi
 1.4 to 3 s a cycle on two busy cores early on, more by the hundredth kill, and some 140 to 150 cycles for 100
 kills (runs that finish before their kill are cycles too). The 100 kills of one command took 4 to 17 min there,
 about 38 min for the four, far more than the suite's whole time; so the S3 variant runs 16 kills per command by
-default (3.3 min for the four on two cores under a load of 6; 12 kills took 2.4 min under a load of 3.5 before
-the checkpoint every ten commits and the sized reads of index and data files made a cycle 9 to 25% fewer
-requests, and 2.4 min after it), and
+default: 2.8 min for the four on two cores under a load of 3 (3.3 min under a load of 6), where 12 kills took 2.0
+to 2.4 min. The checkpoint every ten commits and the sized reads of index and data files made a cycle 9 to 25%
+fewer requests, but hardly shorter: with ``prl maintain`` every 15 cycles the logs stay short, and reading a
+checkpoint costs about as much as replaying the commits it saves. And
 ``PRL_CRASH_S3_KILLS=100`` runs the hundred, each followed by a rerun and a full accounting as here.
 ``PRL_CRASH_KILLS``, ``PRL_CRASH_S3_KILLS`` and ``PRL_KILL_SEED`` set the counts and the seed."""
 

@@ -70,6 +70,9 @@ from prl.store.tables import Store
 IO_THREADS = 4
 """Threads that fsync and rename written files while the workers go on (they mostly wait on the disk)."""
 
+SIDE_SUMS = ("lp_sum", "lp_simple", "ref_sum", "ref_simple")
+"""Plan columns the scores alone read (:func:`prl.shards.scores.log_ratio_totals`): dropped once they are made."""
+
 
 def build_shards(
     store: Store | str,
@@ -261,7 +264,8 @@ def _write_set(
 
     Everything the manifest reads of the shipped rows is taken before the shards are written; the parts' own
     values go to a file (:class:`prl.shards.shiprows.ShipRows`), and the shipped frame and the spills' row arrays
-    are let go, so that nothing is held per sample beside the shards in flight."""
+    are let go, so that beside the shards in flight only the backlog of rows not shipped (sample id and file, for
+    the next build's frontier) is held per sample."""
     ship = plan.ship
     shard_N = ship["shard"].to_numpy()
     bounds = np.searchsorted(shard_N, np.arange(int(shard_N[-1]) + 2))  # shards are runs of the final order
@@ -270,7 +274,9 @@ def _write_set(
         assert spills.ref is not None
         totals = log_ratio_totals(spills.traces, spills.ref, ship, bounds, options)
     scores = _scores(plan, options, totals)
+    plan.ship = ship = ship.drop(SIDE_SUMS, strict=False)  # summed into the totals: not held any longer
     del totals
+    release_free_memory()  # what the scores freed goes back before the sample ids are sorted
     statistics = build_statistics(plan, scores, options)
     shipped, groups = ship.height, int(ship["group_id"].n_unique())
     heads, sampling = heads_info(ship, plan.k), sampling_summary(ship)

@@ -1,11 +1,10 @@
 """The per-row values the parts of a build read, on disk in final order while the parts are written.
 
-Once the plan and the scores are made, every shipped row's plan values that a part writes (ids, version, sampling
-settings: :data:`PART_COLUMNS`), its scores, its merged unit (``merge_turns``) and where its token columns sit in the spills
-(:meth:`prl.shards.spill.ScanSpill.locate`) go to one Arrow IPC file, one record batch per part (parts are runs
-of the final order), with their scores. A part reads back its own batch and nothing else (:meth:`ShipRows.read`),
-so while the parts are written the build holds no per-sample data: memory does not grow with the samples
-shipped.
+Once the plan and the scores are made, every shipped row's plan values that a part writes (ids, version,
+sampling settings: :data:`PART_COLUMNS`), its scores, its merged unit (``merge_turns``) and where its token
+columns sit in the spills (:meth:`prl.shards.spill.ScanSpill.locate`) go to one Arrow IPC file, one record batch
+per part (parts are runs of the final order), written a part at a time. A part reads back its own batch and nothing else
+(:meth:`ShipRows.read`), so while the parts are written the shipped rows' values are on disk, not in memory.
 """
 
 from __future__ import annotations
@@ -17,22 +16,13 @@ import polars as pl
 import pyarrow as pa
 
 from prl.shards.gather import INPUT_IDS
+from prl.shards.merge_build import TURN_SCALARS
 from prl.shards.scores import Scores
 from prl.shards.spill import ScanSpill
 
-PART_COLUMNS = (
-    "sample_id",
-    "group_id",
-    "policy_version",
-    "policy_step",
-    "policy_version_spans",
-    "staleness",
-    "temperature",
-    "top_p",
-    "top_k",
-    "logprobs_mode",
-)
-"""Plan columns a part writes (those in the plan's shipped frame), as they are."""
+PART_COLUMNS = TURN_SCALARS
+"""Plan columns a part writes (those in the plan's shipped frame), as they are: what a merged row takes of its
+turns (:data:`prl.shards.merge_build.TURN_SCALARS`) is what every part reads."""
 
 TRACE_FLAT = (*INPUT_IDS, "completion_logprobs", "completion_mask")
 """Flat trace spill columns a part gathers (the mask only where one of its rows has one)."""
@@ -67,21 +57,28 @@ class ShipRows:
         (``s.`` columns; with ``units_N``, each row's unit, ``unit``, and its unit's scores: ``scores`` are then
         per unit), and each row's place in ``traces`` (``t.`` columns) and ``ref`` (``r.`` columns, from
         ``ref_row``)."""
-        columns = {c: ship.get_column(c).to_arrow() for c in PART_COLUMNS if c in ship.columns}
-        columns["has_mask"] = ship.get_column("has_mask").to_arrow()
-        per_row = slice(None) if units_N is None else np.asarray(units_N, dtype=np.int64)
-        columns["s.reward"] = pa.array(scores.reward_N[per_row])
-        columns["s.advantage"] = pa.array(scores.advantage_N[per_row])
-        columns["s.group_size"] = pa.array(scores.group_size_N[per_row])
-        if units_N is not None:
-            columns["unit"] = pa.array(np.asarray(units_N, dtype=np.int64))
-        columns |= _located("t.", traces, ship.get_column("row").to_numpy(), TRACE_FLAT)
-        if ref is not None:
-            columns |= _located("r.", ref, ship.get_column("ref_row").to_numpy(), ("ref_logprobs",))
-        table = pa.table(columns)
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        present = [c for c in (*PART_COLUMNS, "has_mask") if c in ship.columns]
+        units = None if units_N is None else np.asarray(units_N, dtype=np.int64)
+        with pa.OSFile(path, "wb") as sink:
+            writer = None
             for lo, hi in zip(bounds_S1[:-1].tolist(), bounds_S1[1:].tolist(), strict=True):
-                writer.write_batch(table.slice(lo, hi - lo).combine_chunks().to_batches()[0])
+                part = ship.slice(lo, hi - lo)  # one part's rows at a time: no array as long as the samples
+                per_row = slice(lo, hi) if units is None else units[lo:hi]
+                columns = {c: part.get_column(c).to_arrow() for c in present}
+                columns["s.reward"] = pa.array(scores.reward_N[per_row])
+                columns["s.advantage"] = pa.array(scores.advantage_N[per_row])
+                columns["s.group_size"] = pa.array(scores.group_size_N[per_row])
+                if units is not None:
+                    columns["unit"] = pa.array(units[lo:hi])
+                columns |= _located("t.", traces, part.get_column("row").to_numpy(), TRACE_FLAT)
+                if ref is not None:
+                    columns |= _located("r.", ref, part.get_column("ref_row").to_numpy(), ("ref_logprobs",))
+                batch = pa.RecordBatch.from_pydict(columns)
+                if writer is None:
+                    writer = pa.ipc.new_file(sink, batch.schema)
+                writer.write_batch(batch)
+            if writer is not None:
+                writer.close()
         return cls(path)
 
     def read(self, s: int) -> pa.RecordBatch:

@@ -132,3 +132,38 @@ def test_lookups_answer_the_same_whichever_way_index_files_are_read(store, write
     assert idx.lookup(["a2#0", "b0#0", "nope#0"]) == {"a2#0": digests["a2#0"], "b0#0": digests["b0#0"]}
     again = ingest([str(write_trace("c.jsonl", records("a", 1) + records("c", 1)))], store)
     assert (again.samples, again.already_present) == (1, 1)
+
+
+def test_an_index_commit_that_landed_before_its_call_failed_counts_as_done(store, write_trace, monkeypatch):
+    """delta-rs writes a checkpoint after every tenth commit and raises when that fails, the commit made."""
+    real = index_module.write_deltalake
+
+    def landed_then_failed(*args, **kwargs):
+        real(*args, **kwargs)
+        raise OSError("writing the checkpoint failed")
+
+    monkeypatch.setattr(index_module, "write_deltalake", landed_then_failed)
+    result = ingest([str(write_trace("a.jsonl", records("a", 3)))], store)
+    assert result.samples == 3
+    assert sorted(index_rows(store)) == ["a0#0", "a1#0", "a2#0"]
+    assert covered(store) == store.version("traces")
+
+
+def test_an_index_commit_after_another_writers_metadata_commit_is_made_again(store, write_trace, monkeypatch):
+    from deltalake import DeltaTable
+
+    ingest([str(write_trace("a.jsonl", records("a", 2)))], store)
+    real, calls = index_module.write_deltalake, []
+
+    def property_set_meanwhile(table, *args, **kwargs):
+        if not calls:  # what `prl maintain` does to a table an older prl created, while this run is on
+            DeltaTable(store.table_uri(INDEX_TABLE)).alter.set_table_properties({"delta.checkpointInterval": "7"})
+        calls.append(table.version())
+        return real(table, *args, **kwargs)
+
+    monkeypatch.setattr(index_module, "write_deltalake", property_set_meanwhile)
+    result = ingest([str(write_trace("b.jsonl", records("b", 2)))], store)
+    assert result.samples == 2
+    assert calls == [calls[0], calls[0] + 1]  # made once more, against the table with the property commit
+    assert sorted(index_rows(store)) == ["a0#0", "a1#0", "b0#0", "b1#0"]
+    assert covered(store) == store.version("traces")

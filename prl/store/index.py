@@ -21,6 +21,7 @@ lock, so index commits follow traces commits one by one.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -31,10 +32,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, WriterProperties, write_deltalake
+from deltalake.exceptions import DeltaError
 
 from prl.errors import RetryableIOError
 from prl.store.changes import added_files, files_dataset, snapshot_files
 from prl.store.tables import TABLE_PROPERTIES, Store, describe_error
+from prl.store.writer import METADATA_CHANGED
+
+log = logging.getLogger(__name__)
 
 INDEX_TABLE = "_index/traces_keys"
 KEYS = pa.schema(
@@ -162,13 +167,16 @@ class SampleIndex:
         rebuild = paths is None
         if paths is None:
             paths = snapshot_files(self.store, spec.table, version)
-        rows = _rows_of(files_dataset(self.store, spec.table, paths), spec)
+
+        def rows() -> Iterator[pa.RecordBatch]:  # read again if the commit must be made once more
+            return _rows_of(files_dataset(self.store, spec.table, paths), spec)
+
         if self.write:
             self._commit(rows, version, overwrite=rebuild)
         else:
             if rebuild:
                 self.pending.clear()
-            for batch in rows:
+            for batch in rows():
                 self.pending.update(zip(batch.column(1).to_pylist(), batch.column(2).to_pylist(), strict=True))
             self.covered = version
             if rebuild:
@@ -184,7 +192,7 @@ class SampleIndex:
             ids = pa.array(list(rows), pa.string())
             digests = pa.array(list(rows.values()), pa.string())
             if self.write:
-                self._commit([key_batch(ids, digests, self.spec.schema)], version, overwrite=False)
+                self._commit(lambda: [key_batch(ids, digests, self.spec.schema)], version, overwrite=False)
                 self._open()
             else:
                 self.pending.update(rows)
@@ -203,36 +211,54 @@ class SampleIndex:
         self.covered, self.pending = view.covered, dict(view.pending)
         self._open()
 
-    def _commit(self, batches: Iterable[pa.RecordBatch], version: int, *, overwrite: bool) -> None:
-        """Commit index rows covering ``version`` of the indexed table. In a run the commit is made on the kept
+    def _commit(self, rows: Callable[[], Iterable[pa.RecordBatch]], version: int, *, overwrite: bool) -> None:
+        """Commit index rows covering ``version`` of the indexed table (``rows()`` gives them; called again when
+        the first try met another writer's metadata commit, which it is then made after). A commit that landed
+        although the call failed (the checkpoint delta-rs writes after every tenth commit failed, say) counts as
+        done. In a run the commit is made on the kept
         index table, which it leaves at the version committed (no reopening): an append made against an older
         version retries past newer ones as any commit does (:meth:`Store.ensure`); an overwrite removes the
         files of the version it is made against, so that is brought up to date first."""
         assert self.app_id is not None
         table = self.store.latest(self.spec.index_table, refresh=overwrite)
-        reader = pa.RecordBatchReader.from_batches(self.spec.schema, iter(batches))
         props = CommitProperties(
             app_transactions=[Transaction(self.app_id, version)],
             custom_metadata={"prl.operation": "index", f"prl.{self.spec.table}_version": str(version)},
             max_commit_retries=50,
         )
-        try:
-            write_deltalake(
-                self.store.table_uri(self.spec.index_table) if table is None else table,
-                reader,
-                mode="overwrite" if overwrite else "append",
-                storage_options=self.store.options or None,
-                configuration=TABLE_PROPERTIES if table is None else None,  # a new index table's
-                commit_properties=props,
-                writer_properties=WriterProperties(compression="ZSTD", max_row_group_size=ROW_GROUP_ROWS),
-            )
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:  # OSError, or a panic of the Rust writer (a full disk): retryable
-            raise RetryableIOError(
-                f"writing the {self.spec.table} index of {self.store.uri} failed: {describe_error(exc)}"
-            ) from exc
+        for attempt in range(2):
+            try:
+                write_deltalake(
+                    self.store.table_uri(self.spec.index_table) if table is None else table,
+                    pa.RecordBatchReader.from_batches(self.spec.schema, iter(rows())),
+                    mode="overwrite" if overwrite else "append",
+                    storage_options=self.store.options or None,
+                    configuration=TABLE_PROPERTIES if table is None else None,  # a new index table's
+                    commit_properties=props,
+                    writer_properties=WriterProperties(compression="ZSTD", max_row_group_size=ROW_GROUP_ROWS),
+                )
+                break
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # OSError, or a panic of the Rust writer (a full disk): retryable
+                if self._landed(version):  # the commit is in the log (a checkpoint after it failed, say)
+                    log.warning("indexing %s reported %s, but the commit is in the log", self.spec.table, exc)
+                    break
+                if attempt == 0 and table is not None and METADATA_CHANGED in str(exc):
+                    table = self.store.latest(self.spec.index_table)  # another writer's metadata commit: once more
+                    continue
+                raise RetryableIOError(
+                    f"writing the {self.spec.table} index of {self.store.uri} failed: {describe_error(exc)}"
+                ) from exc
         self.covered = version
+
+    def _landed(self, version: int) -> bool:
+        """Whether the index table, opened afresh, records this index's transaction at ``version`` or later."""
+        try:
+            fresh = self.store.open(self.spec.index_table)
+            return fresh is not None and (fresh.transaction_version(self.app_id or "") or -1) >= version
+        except (OSError, DeltaError):
+            return False
 
     def _open(self) -> None:
         """Load the sorted keys of index files not loaded yet; forget files the snapshot no longer has.

@@ -78,13 +78,13 @@ def test_an_older_table_reads_and_maintain_gives_it_the_interval(store):
     assert store.read("rewards").num_rows == 12
 
 
-def test_maintain_resets_an_interval_set_otherwise(store):
+def test_maintain_keeps_an_interval_set_otherwise(store):
     write_deltalake(
         store.table_uri("rewards"),
         table(REWARDS, [reward("a:0", 1.0)]),
         configuration={"delta.checkpointInterval": "100", "delta.appendOnly": "false"},
     )
     (done,) = maintain(store, retention_hours=1, tables=["rewards"]).tables
-    assert done.properties_set is True
+    assert done.properties_set is False
     opened = DeltaTable(store.table_uri("rewards"))
-    assert opened.metadata().configuration == {"delta.checkpointInterval": "10", "delta.appendOnly": "false"}
+    assert opened.metadata().configuration == {"delta.checkpointInterval": "100", "delta.appendOnly": "false"}

@@ -9,7 +9,7 @@ For every table of the store (and the sample index), in turn:
 2. **checkpoint**: a Parquet checkpoint of the log, so opening a table reads one file instead of replaying every
    commit, and commit files past Delta's log retention (30 days) are cleaned up; a table created before prl set
    its table properties (:data:`prl.store.tables.TABLE_PROPERTIES`: a checkpoint every 10 commits) gets them
-   first, in one metadata commit (a writer committing at that instant fails with a retryable error, exit 5);
+   first, in one metadata commit (a writer's commit made against the table before it is made again after it);
 3. **vacuum**: data files that no version within ``retention_hours`` references are deleted: the files compaction
    replaced, and files a killed run wrote but never committed (``full`` vacuum: files the log never named, once
    older than the window). A reader pinned at any version inside the window finds every file it needs.
@@ -139,10 +139,10 @@ def _compact(table: DeltaTable, name: str, target_mb: int, props: CommitProperti
 
 
 def _set_properties(table: DeltaTable, props: CommitProperties) -> bool:
-    """Give ``table`` the properties of :data:`TABLE_PROPERTIES` it lacks or holds with another value (one
-    commit); whether it needed any."""
+    """Give ``table`` the properties of :data:`TABLE_PROPERTIES` it lacks (one commit); whether it needed any.
+    A property the table holds already is kept, whatever its value: an interval someone chose stays."""
     have = table.metadata().configuration
-    wanted = {key: value for key, value in TABLE_PROPERTIES.items() if have.get(key) != value}
+    wanted = {key: value for key, value in TABLE_PROPERTIES.items() if key not in have}
     if not wanted:
         return False
     table.alter.set_table_properties(wanted, raise_if_not_exists=False, commit_properties=props)

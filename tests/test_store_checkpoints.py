@@ -88,3 +88,11 @@ def test_maintain_keeps_an_interval_set_otherwise(store):
     assert done.properties_set is False
     opened = DeltaTable(store.table_uri("rewards"))
     assert opened.metadata().configuration == {"delta.checkpointInterval": "100", "delta.appendOnly": "false"}
+
+
+def test_a_dry_run_maintain_sets_no_property(store):
+    write_deltalake(store.table_uri("rewards"), table(REWARDS, [reward("old:0", 0.5)]))  # as prl before
+    (done,) = maintain(store, retention_hours=1, tables=["rewards"], dry_run=True).tables
+    assert (done.properties_set, done.checkpointed) == (False, False)
+    opened = DeltaTable(store.table_uri("rewards"))
+    assert (opened.version(), opened.metadata().configuration) == (0, {})

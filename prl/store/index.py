@@ -24,7 +24,6 @@ import hashlib
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -54,8 +53,9 @@ ROW_GROUP_ROWS = 16_384
 """Rows per row group of an index file: the key statistics of a sorted file prune to about this many rows."""
 READ_BATCH = 65_536
 WHOLE_FILE_BYTES = 1 << 20
-"""Index files up to this size are read whole, in one request (on S3 one GET costs more than a MiB more of
-transfer); a larger one is read as its footer and its key column."""
+"""Index files up to this size are read whole, in one request (on S3 in-region, where transfer is free, one
+GET saved is worth more than a MiB more read; each request also costs a round trip); a larger one is read as its
+footer and its key column."""
 
 
 def sample_keys(sample_ids: Iterable[str]) -> np.ndarray:
@@ -271,8 +271,7 @@ class SampleIndex:
         if table is None:
             self._files = {}
             return
-        added = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
-        sizes = {unquote(a["path"]): int(a["size_bytes"]) for a in added}
+        sizes = self.store.file_sizes(self.spec.index_table, table)
         name, columns = self.spec.index_table, list(self.spec.schema.names[1:])
         self._files = {
             p: self._files.get(p) or _KeyFile.load(self.store, name, p, size, columns) for p, size in sizes.items()
@@ -306,11 +305,9 @@ class _KeyFile:
     table: str
     file: str
     """The index table, and the file's path in its folder (as its log names it, decoded)."""
-    fragment: ds.ParquetFileFragment
-    """The file at the size the Delta log gives (a file over :data:`WHOLE_FILE_BYTES`: its footer read), so
-    that reading its row groups asks the store for neither again (on S3, no HEAD)."""
-    whole: bool
-    """Read whole (a file of up to :data:`WHOLE_FILE_BYTES`), its row groups too."""
+    fragment: ds.ParquetFileFragment | None
+    """A file over :data:`WHOLE_FILE_BYTES` at the size the Delta log gives, its footer read, so that reading
+    its row groups asks the store for neither again (on S3, no HEAD); None for a file read whole."""
     metadata: pq.FileMetaData
     keys_K: np.ndarray
     rows_K: np.ndarray | None
@@ -323,25 +320,25 @@ class _KeyFile:
         """The keys of index file ``file`` of ``table`` (``size`` bytes). On S3 a file of up to
         :data:`WHOLE_FILE_BYTES` (the per-commit files of small runs) is one GET,
         a larger one a GET of its footer and one of its key column."""
-        path = f"{store.table_path(table)}/{file}"
-        fragment = ds.ParquetFileFormat().make_fragment(path, filesystem=store.fs, file_size=size)
-        whole = size <= WHOLE_FILE_BYTES
-        if whole:
+        fragment = None
+        if size <= WHOLE_FILE_BYTES:
             parquet = pq.ParquetFile(_whole(store, table, file))
             keys, metadata = parquet.read(columns=["key"]).column("key").to_numpy(), parquet.metadata
         else:
+            path = f"{store.table_path(table)}/{file}"
+            fragment = ds.ParquetFileFormat().make_fragment(path, filesystem=store.fs, file_size=size)
             fragment.ensure_complete_metadata()
             keys, metadata = fragment.to_table(columns=["key"]).column("key").to_numpy(), fragment.metadata
         sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
         starts = np.concatenate(([0], np.cumsum(sizes)))
         if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):  # per-commit files and maintained ones
-            return cls(table, file, fragment, whole, metadata, keys, None, starts, columns)
+            return cls(table, file, fragment, metadata, keys, None, starts, columns)
         order = np.argsort(keys, kind="stable")
-        return cls(table, file, fragment, whole, metadata, keys[order], order.astype(np.int32), starts, columns)
+        return cls(table, file, fragment, metadata, keys[order], order.astype(np.int32), starts, columns)
 
     def read_groups(self, store: Store, groups: list[int]) -> pa.Table:
         """The id and value columns of row groups ``groups`` (on S3 one GET: of the whole file when it is small)."""
-        if self.whole:
+        if self.fragment is None:
             parquet = pq.ParquetFile(_whole(store, self.table, self.file), metadata=self.metadata)
             return parquet.read_row_groups(groups, columns=self.columns)
         return self.fragment.subset(row_group_ids=groups).to_table(columns=self.columns)

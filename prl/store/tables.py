@@ -133,8 +133,8 @@ class Store:
     _pinned: dict[str, tuple[int, DeltaTable]] = field(default_factory=dict, repr=False, compare=False)
     """The table last opened by :meth:`version` per name, with its version: scans of that version reuse it."""
     _pinned_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-    _sizes: dict[str, tuple[int, dict[str, int]]] = field(default_factory=dict, repr=False, compare=False)
-    """Per table, the version last asked about and the bytes of each data file of its snapshot, by path (read
+    _sizes: dict[str, tuple[tuple[str, int], dict[str, int]]] = field(default_factory=dict, repr=False, compare=False)
+    """Per table, the table id and version last asked about and the bytes of each data file of its snapshot, by path (read
     from a table this store opened; a version's files never change)."""
     _runs: threading.local = field(default_factory=threading.local, repr=False, compare=False)
     """Per thread, a stack of the tables each :meth:`one_run` block keeps (name → table at its latest version as
@@ -283,23 +283,24 @@ class Store:
         folder = pafs.SubTreeFileSystem(self.table_path(name), self.fs)
         with self._pinned_lock:  # a DeltaTable object is used by one thread at a time
             dataset = table.to_pyarrow_dataset(filesystem=folder)
-        return _sized(dataset, folder, self._file_sizes(name, table))
+        return _sized(dataset, folder, self.file_sizes(name, table))
 
-    def _file_sizes(self, name: str, table: DeltaTable) -> dict[str, int]:
+    def file_sizes(self, name: str, table: DeltaTable) -> dict[str, int]:
         """Bytes of each data file of ``table``'s snapshot (path relative to the table folder, decoded), from its
-        add actions; kept for the table's latest version asked about."""
+        add actions; kept for the table's latest version asked about (and its table id: a table dropped and
+        created again starts at version 0 with other files)."""
         with self._pinned_lock:
-            version = table.version()
+            snapshot = (str(table.metadata().id), table.version())
             kept = self._sizes.get(name)
-            if kept is not None and kept[0] == version:
+            if kept is not None and kept[0] == snapshot:
                 return kept[1]
             files = pa.table(table.get_add_actions()).select(["path", "size_bytes"]).to_pylist()
             sizes = {unquote(f["path"]): int(f["size_bytes"]) for f in files}
-            self._sizes[name] = (version, sizes)
+            self._sizes[name] = (snapshot, sizes)
         return sizes
 
     def known_sizes(self, name: str) -> dict[str, int]:
-        """Bytes of each data file of the snapshot of ``name`` this store holds (:meth:`_file_sizes`): the one
+        """Bytes of each data file of the snapshot of ``name`` this store holds (:meth:`file_sizes`): the one
         :meth:`version` pinned, else inside a run the kept table as last seen; empty when it holds none. No
         request: reading a file of known size skips asking the store for it (on S3 a HEAD per file)."""
         with self._pinned_lock:
@@ -308,7 +309,7 @@ class Store:
         stack = self._runs.__dict__.get("stack")
         if table is None and stack:
             table = stack[-1].get(name)
-        return {} if table is None else self._file_sizes(name, table)
+        return {} if table is None else self.file_sizes(name, table)
 
     def scan(
         self,

@@ -19,8 +19,7 @@ the same environment variables.
 
 :func:`release_free_memory` hands the free pages of Arrow's pool and glibc's malloc back at once, whatever the
 settings: build-shards calls it every few dozen scanned batches, after its plan reads and before its shards, so
-pages freed by one step are not held beside the next one's. build-shards also runs with Arrow allocating from
-glibc's malloc (:func:`arrow_on_malloc`), whose free pages that call hands back from every thread's arena.
+pages freed by one step are not held beside the next one's.
 """
 
 from __future__ import annotations

@@ -148,14 +148,14 @@ def _sampling_columns(meta: pl.DataFrame) -> dict[str, pa.Array]:
 
 
 def assemble_shard(
-    rows: Gathered, meta: pl.DataFrame, pos: slice, scores: Scores, options: ShardOptions, k: int | None
+    rows: Gathered, meta: pl.DataFrame, scores: Scores, options: ShardOptions, k: int | None
 ) -> Assembled:
     """One shard's Arrow table in ``SHARD`` schema and what was counted assembling it (:class:`Assembled`).
-    ``rows`` are the shipped rows ``pos`` of the final order and ``meta`` their rows of the plan; ``k`` is the
+    ``rows`` are the shard's rows, ``meta`` their plan values and ``scores`` theirs, row for row; ``k`` is the
     set's head width (None without heads)."""
     ids = rows.traces[INPUT_IDS]
     p_len, _ = ids.part_lengths
-    values = _token_values(rows, scores.advantage_N[pos], scores.mean_d, options)
+    values = _token_values(rows, scores.advantage_N, scores.mean_d, options)
     ref_col, kl_col, kl_tok_sum, kl_tok_n = _kl_columns(rows, values, meta.height)
     topk_ids, topk_lps = _head_columns(rows.nested, k, meta.height)
     columns = {
@@ -170,9 +170,9 @@ def assemble_shard(
         "ref_logprobs": ref_col,
         "kl": kl_col,
         "token_advantages": list_array(values.adv32_T, values.c_off, pa.float32()),
-        "reward": pa.array(scores.reward_N[pos]),
-        "advantage": pa.array(scores.advantage_N[pos]),
-        "group_size": pa.array(scores.group_size_N[pos]),
+        "reward": pa.array(scores.reward_N),
+        "advantage": pa.array(scores.advantage_N),
+        "group_size": pa.array(scores.group_size_N),
         "topk_ids": topk_ids,
         "topk_logprobs": topk_lps,
         **_sampling_columns(meta),

@@ -1,7 +1,8 @@
 """One part of a shard set: gather its rows from the spills, assemble its table and write it (one file, hashed).
 
 :class:`PartJob` holds everything the parts of one build share (the spills, the file of the shipped rows' plan
-values and places in the spills, :class:`prl.shards.shiprows.ShipRows`, the scores and the options); :meth:`PartJob.write` makes part ``s`` and returns its
+values, scores and places in the spills, :class:`prl.shards.shiprows.ShipRows`, and the options);
+:meth:`PartJob.write` makes part ``s`` and returns its
 :class:`PartWritten` (manifest entry and counts), the table itself already on disk. Every value in a part
 depends only on its own samples, so the bytes do not depend on which thread, process or machine writes it: the
 local engine runs :meth:`PartJob.write` on threads (:mod:`prl.shards.build`), the Ray engine runs
@@ -139,8 +140,7 @@ class PartJob:
         not renamed: :func:`prl.shards.publish.publish_file` does both)."""
         meta = rows.meta
         if rows.units_N is None:
-            every = slice(0, meta.height)
-            assembled = assemble_shard(rows.gathered, meta, every, rows.scores, self.options, self.k)
+            assembled = assemble_shard(rows.gathered, meta, rows.scores, self.options, self.k)
         else:
             merged = assemble_merged_shard(rows.gathered, meta, rows.units_N, rows.scores, self.options, self.k)
             kl_sum, kl_n = kl_totals(merged.table)

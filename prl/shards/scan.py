@@ -66,8 +66,9 @@ def frame(table: pa.Table) -> pl.DataFrame:
 def one_chunk(frames: list[pa.Table]) -> pl.DataFrame:
     """The tables of ``frames`` (one per scanned batch, one schema; the list is emptied) as one polars frame of one
     chunk per column, made a column at a time: each column's batches are let go once it is combined into one
-    Arrow chunk, which is let go once converted, so that the batches and the frame are never both held whole. Left in chunks, the frame would be copied whole, into
-    one chunk, by the first operation that adds a column of one chunk to it (the plan's joins)."""
+    Arrow chunk, which is let go once converted, so that the batches and the frame are never both held whole.
+    Left in chunks, the frame would be copied whole, into one chunk, by the first operation that adds a column of
+    one chunk to it (the plan's joins)."""
     schema = frames[0].schema
     columns = []
     for name in schema.names:

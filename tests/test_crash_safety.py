@@ -43,7 +43,9 @@ def kill_loop(
     kills: int,
     env: dict[str, str],
 ) -> dict[str, int]:
-    """Grow the input, start ``prl run``, SIGKILL it at a random instant (or let it finish), ``kills`` times."""
+    """Grow the input, start ``prl run``, SIGKILL it at a random instant (or let it finish), ``kills`` times.
+    The instants are drawn over the latest whole run's duration (the first run's, then each finished run's): on
+    a machine whose load changes, a first run measured under load would otherwise let most later runs finish."""
     started = time.perf_counter()
     first = subprocess.run(prl_argv("run", recipe, "--json"), env=env, capture_output=True, text=True, timeout=300)
     full = time.perf_counter() - started
@@ -51,11 +53,13 @@ def kill_loop(
     outcomes = {"killed": 0, "finished": 0}
     for _ in range(kills):
         data.grow(rng.randint(5, 30))
+        started = time.perf_counter()
         proc = subprocess.Popen(
             prl_argv("run", recipe, "--json"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         try:  # about the first fifth of a run is interpreter start-up: aim most kills past it
             proc.wait(timeout=rng.uniform(0.2 * full, 1.15 * full))
+            full = time.perf_counter() - started
             outcomes["finished"] += 1
             assert proc.returncode == 0
         except subprocess.TimeoutExpired:

@@ -17,8 +17,11 @@
    still holds its lock (:func:`prl.store.holder.ensure_held`): in a local OUT the staged parts folder is renamed
    to ``OUT/<set-id>/``, then the staged meta folder (sample ids, ``manifest.json``) to ``OUT/.prl/sets/<set-id>/``
    (:mod:`prl.shards.publish`); to an ``s3://`` OUT the parts and sample ids are uploaded, then the manifest with
-   a conditional put (:mod:`prl.shards.s3out`). ``OUT/.prl/index.json`` is rewritten; a rebuild then retires the
-   sets it replaces.
+   a conditional put (:mod:`prl.shards.s3out`). ``OUT/.prl/index.json`` is rewritten, keeping the lines of the
+   sets already in it (:mod:`prl.shards.index`); a rebuild then retires the sets it replaces.
+
+What a build reads of OUT does not grow with the sets there: their ids (a listing), the frontier, the sample ids
+of sets the frontier does not account for (normally none), the index and one manifest; never every manifest.
 
 Memory is bounded by one shard per worker thread plus a few scalars per sample, never by the table's token data;
 while the shards are written, the shipped rows' own values and scores wait on disk (:mod:`prl.shards.shiprows`).
@@ -107,7 +110,7 @@ def build_shards(
         return _build_locked(store, target, options, rebuild, dry_run, engine)
 
 
-def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[Manifest]) -> str:
+def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[str]) -> str:
     """``v<traces version>-<digest>`` of what determines a set's bytes: schema, writer, versions, options, and the
     earlier sets whose samples were skipped."""
     digest = hashlib.sha256(
@@ -117,7 +120,7 @@ def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[
                 "writer": WRITER,
                 "versions": versions,
                 "options": options.to_dict(),
-                "excluded_sets": sorted(m.set_id for m in prior),
+                "excluded_sets": sorted(prior),
             },
             sort_keys=True,
         ).encode()
@@ -140,11 +143,11 @@ def _build_locked(
             target.clean(keep=None)
         return result
     options = resolve_rewards(store, versions.get("rewards"), options)
-    prior = [] if rebuild else target.existing_sets()
+    prior = [] if rebuild else target.set_ids()
     traces_version = versions["traces"]
     assert traces_version is not None  # checked above
-    source = trace_source(store, target.uri, traces_version, options, [m.set_id for m in prior], rebuild)
-    shipped = target.shipped_ids([m for m in prior if m.set_id not in source.covered_sets])
+    source = trace_source(store, target.uri, traces_version, options, prior, rebuild)
+    shipped = target.shipped_ids([set_id for set_id in prior if set_id not in source.covered_sets])
     set_id = _set_id(versions, options, prior)
     if dry_run:
         plan = make_plan(store, versions, options, shipped, source=source)
@@ -159,17 +162,17 @@ def _build_locked(
         result.statistics = build_statistics(plan, scores, options)
         return result
     target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
-    replaces = [m.set_id for m in target.existing_sets() if m.set_id != set_id] if rebuild else []
+    replaces = [s for s in target.set_ids() if s != set_id] if rebuild else []
     return _build(store, target, versions, options, _Sources(shipped, prior, source), set_id, result, replaces, engine)
 
 
 @dataclass
 class _Sources:
     """What a build leaves out and reads: ``shipped`` (sample ids of earlier sets the frontier does not account
-    for), ``prior`` (the current sets of OUT, none in a rebuild) and the traces ``source``."""
+    for), ``prior`` (the ids of the current sets of OUT, none in a rebuild) and the traces ``source``."""
 
     shipped: pa.Array | None
-    prior: list[Manifest]
+    prior: list[str]
     source: TraceSource
 
 
@@ -197,7 +200,7 @@ def _build(
             if result.all_dropped:
                 result.status = "all_dropped"
             target.discard(staging, nothing_shipped=True)
-            _advance_frontier(store, target.uri, versions, options, plan, 0, [m.set_id for m in sources.prior])
+            _advance_frontier(store, target.uri, versions, options, plan, 0, sources.prior)
             result.statistics = build_statistics(plan, None, options)
             return result
         spills = Spills(trace_spill, ref_spill, spill_dir)
@@ -205,7 +208,7 @@ def _build(
         manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id, engine)
         final = target.publish(staging, set_id, _lock_check(store))
         target.retire(replaces)
-        sets = [*(m.set_id for m in sources.prior), set_id]
+        sets = [*sources.prior, set_id]
         _advance_frontier(store, target.uri, versions, options, plan, shipped, sets)
     except BaseException:
         target.discard(staging)
@@ -256,7 +259,7 @@ def _write_set(
     plan: Plan,
     options: ShardOptions,
     versions: dict[str, int | None],
-    prior: list[Manifest],
+    prior: list[str],
     set_id: str,
     engine: Engine,
 ) -> Manifest:
@@ -311,7 +314,7 @@ def _write_set(
         options_sha256=options.digest(),
         source_versions=versions,
         current_version=plan.current_version,
-        excluded_sets=sorted(m.set_id for m in prior),
+        excluded_sets=sorted(prior),
         shuffle={"seed": options.seed, "unit": "group", "target_tokens": options.target_tokens},
         shards=written.entries,
         samples=samples_entry,

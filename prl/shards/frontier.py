@@ -20,8 +20,9 @@ Any doubt is a whole scan: no frontier, other options, ``--rebuild``, a set it a
 re-created (version below ``W``), a commit file of the range cleaned up, or a backlog file no longer in the
 snapshot (``prl maintain`` compacted it); the build after that writes a fresh frontier.
 
-Only a local ``OUT`` keeps a frontier. The reward, verdict and reference reads still read their tables' key
-columns whole; they keep only rows of the considered samples.
+A local ``OUT`` and an ``s3://`` OUT both keep a frontier, at the same keys (on S3 the backlog and then
+``frontier.json`` are each put whole, :func:`write_frontier`). The reward, verdict and reference reads still read
+their tables' key columns whole; they keep only rows of the considered samples.
 """
 
 from __future__ import annotations

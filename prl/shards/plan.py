@@ -26,7 +26,6 @@ from prl.numerics import advantages as adv
 from prl.runtime import release_free_memory
 from prl.shards.frontier import TraceSource
 from prl.shards.layout import set_ref
-from prl.shards.manifest import Manifest
 from prl.shards.merge_build import mark_units
 from prl.shards.options import VERSION_RE, ShardOptions, parse_version
 from prl.shards.scan import latest_rewards, latest_verdicts, scan_refs, scan_traces
@@ -149,15 +148,16 @@ def _samples_path(out: str, set_id: str) -> str:
     return ref.samples_path
 
 
-def shipped_ids(out: str, prior: list[Manifest]) -> pa.Array | None:
-    """The sample ids earlier sets in ``out`` shipped, as one Arrow string array (None when there are none):
+def shipped_ids(out: str, prior: list[str]) -> pa.Array | None:
+    """The sample ids the earlier sets ``prior`` (ids) of ``out`` shipped, as one Arrow string array (None when
+    there are none):
     read column-wise from each set's ``sample_ids`` file, never as Python strings."""
     columns = [
-        pq.read_table(_samples_path(out, m.set_id), columns=["sample_id"])
+        pq.read_table(_samples_path(out, set_id), columns=["sample_id"])
         .column("sample_id")
         .combine_chunks()
         .cast(pa.string())
-        for m in prior
+        for set_id in prior
     ]
     columns = [c for c in columns if len(c)]
     return pa.concat_arrays(columns) if columns else None

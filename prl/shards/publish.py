@@ -21,9 +21,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from prl.schema import SCHEMA_VERSION
-from prl.shards.layout import index_path, meta_dir, meta_root, retired_root, set_ref, staging_root
-from prl.shards.manifest import Manifest, existing_sets
+from prl.shards.index import index_json, updated_index
+from prl.shards.layout import find_sets, index_path, meta_dir, meta_root, retired_root, set_ref, staging_root
+from prl.shards.manifest import Manifest
 from prl.store.liveness import pid_alive
 
 
@@ -167,29 +167,18 @@ def retire_sets(out: str, set_ids: list[str]) -> None:
         write_index(out)
 
 
-def index_json(manifests: list[Manifest]) -> dict[str, Any]:
-    """The ``OUT/.prl/index.json`` object of the sets ``manifests``: one line per set, first sets first."""
-    sets = sorted(manifests, key=lambda m: (len(m.excluded_sets), m.set_id))
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "sets": [
-            {
-                "set_id": m.set_id,
-                "rows": m.totals.rows,
-                "tokens": m.totals.tokens,
-                "source_versions": m.source_versions,
-                "options_sha256": m.options_sha256,
-                "files": [f"{m.set_id}/{e.file}" for e in m.shards],
-            }
-            for m in sets
-        ],
-    }
-
-
 def write_index(out: str) -> None:
-    """Rewrite ``OUT/.prl/index.json`` from the manifests present (:func:`index_json`)."""
+    """Rewrite ``OUT/.prl/index.json`` for the complete sets of ``out``
+    (:func:`prl.shards.index.updated_index`: the lines of sets already in it are kept, the manifests of the
+    others read)."""
+    refs = {ref.set_id: ref for ref in find_sets(out)}
+    try:
+        with open(index_path(out), "rb") as fh:
+            raw: bytes | None = fh.read()
+    except OSError:
+        raw = None
     os.makedirs(meta_root(out), exist_ok=True)
-    write_json(index_path(out), index_json(existing_sets(out)))
+    write_json(index_path(out), updated_index(raw, list(refs), lambda set_id: Manifest.of(refs[set_id])))
 
 
 __all__ = [

@@ -12,7 +12,9 @@ then :meth:`S3Out.publish`:
    ``If-None-Match: *``, the same S3 conditional write the store's locks use (:mod:`prl.store.s3lock`): the commit.
    A reader that sees the manifest sees every part it names. A manifest already there with the same bytes is the
    same set, already published; one with other bytes means another run published that set, exit 3;
-3. rewrites ``OUT/.prl/index.json`` from the manifests present.
+3. rewrites ``OUT/.prl/index.json`` for the sets listed: the lines of sets already in it are kept, and only the
+   manifests of the others are read (:func:`prl.shards.index.updated_index`; normally none: the one just
+   published is in hand), plus one that places the new line.
 
 A set is complete when its manifest exists, so an upload killed at any point leaves no visible set: listing,
 verify, loaders and later builds skip it and its samples count as not shipped. The next build removes what such
@@ -31,7 +33,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -42,7 +44,8 @@ from prl.errors import LockedError, RetryableIOError, UsageError
 from prl.io.locations import normalise_s3, split_s3
 from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
-from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, index_json, make_staging
+from prl.shards.index import updated_index
+from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, make_staging
 from prl.store.s3lock import CONDITION_FAILED, shared_s3_client
 
 try:
@@ -153,6 +156,14 @@ class S3Out:
         except (ClientError, BotoCoreError) as exc:
             raise self._error("reading", exc) from exc
 
+    def _read_if_any(self, key: str) -> bytes | None:
+        """The body of ``key``, or None when it cannot be read (missing or any failed request): for derived data
+        that is rebuilt when absent."""
+        try:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except (ClientError, BotoCoreError):
+            return None
+
     def _delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
             batch = [{"Key": k} for k in keys[start : start + 1000]]
@@ -210,14 +221,14 @@ class S3Out:
 
     def existing_sets(self) -> list[Manifest]:
         """Manifests of the complete sets, by set id (each read once per this object and manifest content: a
-        build lists them when it plans and again when it rewrites the index)."""
+        reader that lists them twice reads each once). A build needs only :meth:`set_ids`."""
         return [self.manifest(set_id, etag) for set_id, etag in sorted(self._listed_manifests().items())]
 
-    def shipped_ids(self, prior: list[Manifest]) -> pa.Array | None:
-        """The sample ids the sets ``prior`` shipped (one Arrow string array; None when there are none)."""
+    def shipped_ids(self, prior: list[str]) -> pa.Array | None:
+        """The sample ids the sets ``prior`` (ids) shipped (one Arrow string array; None when there are none)."""
         columns = []
-        for m in prior:
-            data = self.read(self.meta_key(m.set_id, SAMPLES_FILE))
+        for set_id in prior:
+            data = self.read(self.meta_key(set_id, SAMPLES_FILE))
             column = pq.read_table(pa.BufferReader(data), columns=["sample_id"]).column("sample_id")
             columns.append(column.combine_chunks().cast(pa.string()))
         columns = [c for c in columns if len(c)]
@@ -320,7 +331,7 @@ class S3Out:
         check_lock()
         self._put_manifest(set_id, body)
         self.discard(staging)
-        self.write_index()
+        self.write_index({set_id: manifest})
         return self.set_uri(set_id)
 
     def _put_manifest(self, set_id: str, body: bytes) -> None:
@@ -362,9 +373,18 @@ class S3Out:
         folder marker object where it deletes)."""
         self._delete([obj["Key"] for obj in self._keys(prefix) if obj["Key"] != keep])
 
-    def write_index(self) -> None:
-        """Rewrite ``OUT/.prl/index.json`` from the manifests present (derived data: the last writer wins)."""
-        data = (json.dumps(index_json(self.existing_sets()), indent=2, sort_keys=True) + "\n").encode()
+    def write_index(self, known: Mapping[str, Manifest] | None = None) -> None:
+        """Rewrite ``OUT/.prl/index.json`` for the complete sets listed now (derived data: the last writer wins):
+        the lines of sets already in it are kept and only the other sets' manifests read
+        (:func:`prl.shards.index.updated_index`), none of ``known`` (manifests in hand, by set id)."""
+        known = known or {}
+        listed = self._listed_manifests()
+
+        def manifest(set_id: str) -> Manifest:
+            return known[set_id] if set_id in known else self.manifest(set_id, listed[set_id])
+
+        index = updated_index(self._read_if_any(self.key(META, INDEX)), list(listed), manifest)
+        data = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
         try:
             self.client.put_object(
                 Bucket=self.bucket, Key=self.key(META, INDEX), Body=data, ContentType="application/json"

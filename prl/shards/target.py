@@ -1,7 +1,8 @@
 """Where a build publishes: a local OUT folder (:class:`LocalOut`, renames in :mod:`prl.shards.publish`) or an
 ``s3://`` prefix (:class:`prl.shards.s3out.S3Out`, uploads ending with a conditional put). Both offer what
 :func:`prl.shards.build.build_shards` needs, so the build itself does not know which one it writes to:
-the complete sets and their shipped sample ids, a staging folder, publication, retirement, and the removal of what
+the ids of the complete sets (never their manifests: a build's reads of OUT do not grow with its sets) and the
+sample ids some of them shipped, a staging folder, publication, retirement, and the removal of what
 killed builds left.
 """
 
@@ -15,8 +16,7 @@ import pyarrow as pa
 
 from prl.errors import UsageError
 from prl.io.locations import S3_SCHEME, is_remote
-from prl.shards.layout import manifest_path
-from prl.shards.manifest import Manifest, existing_sets
+from prl.shards.layout import find_sets, manifest_path
 from prl.shards.plan import shipped_ids
 from prl.shards.publish import (
     Staging,
@@ -36,8 +36,8 @@ class OutTarget(Protocol):
 
     def check(self) -> None: ...
     def clean(self, keep: str | None) -> None: ...
-    def existing_sets(self) -> list[Manifest]: ...
-    def shipped_ids(self, prior: list[Manifest]) -> pa.Array | None: ...
+    def set_ids(self) -> list[str]: ...
+    def shipped_ids(self, prior: list[str]) -> pa.Array | None: ...
     def stage(self, set_id: str) -> Staging: ...
     def discard(self, staging: Staging, nothing_shipped: bool = False) -> None: ...
     def publish(self, staging: Staging, set_id: str, check_lock: Callable[[], None]) -> str: ...
@@ -61,10 +61,11 @@ class LocalOut:
         if os.path.isdir(self.uri):
             clean_stale_staging(self.uri)  # leftovers of killed builds go first, even when nothing is new
 
-    def existing_sets(self) -> list[Manifest]:
-        return existing_sets(self.uri)
+    def set_ids(self) -> list[str]:
+        """Ids of the complete sets, sorted (no manifest is read)."""
+        return [ref.set_id for ref in find_sets(self.uri)]
 
-    def shipped_ids(self, prior: list[Manifest]) -> pa.Array | None:
+    def shipped_ids(self, prior: list[str]) -> pa.Array | None:
         return shipped_ids(self.uri, prior)
 
     def stage(self, set_id: str) -> Staging:

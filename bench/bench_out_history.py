@@ -39,29 +39,20 @@ def classify(line: str) -> str:
     return method
 
 
-def _commit_group(store, g: int) -> None:
-    from prl.schema import CHECKS, REWARDS, TRACES
-    from tests.shards_fixtures import reward, table, trace, verdict
-
-    ids = [f"h{g}-{i}:0" for i in range(2)]
-    store.commit("traces", table(TRACES, [trace(s, f"g{g}", [3, 4], [5, 6, 7]) for s in ids]).to_batches())
-    store.commit("rewards", table(REWARDS, [reward(ids[0], 1.0), reward(ids[1], 0.0)]).to_batches())
-    store.commit("checks", table(CHECKS, [verdict(s) for s in ids]).to_batches())
-
-
 def measure(proxy, bucket: str, work: str, history: int, dump: bool) -> dict[str, float | int]:
     """Build ``history`` sets, then count the requests of one more build (``dump``: print them to stderr)."""
     from prl.shards.build import build_shards
     from prl.shards.options import ShardOptions
     from prl.store.tables import Store
+    from tests.shards_fixtures import commit_group
 
     options = ShardOptions(target_tokens=400, seed=1)
     store = Store(os.path.join(work, f"store-{history}"))
     out = f"s3://{bucket}/out"
     for g in range(history):
-        _commit_group(store, g)
+        commit_group(store, f"g{g}")
         assert build_shards(store, out, options=options).status == "built"
-    _commit_group(store, history)
+    commit_group(store, f"g{history}")
     start = len(proxy.requests)
     started = time.perf_counter()
     assert build_shards(store, out, options=options).status == "built"

@@ -160,3 +160,13 @@ def varied_store(root: str, seed: int = 0, commits: int = 4, groups: int = 6) ->
         store.commit("checks", table(CHECKS, [verdict(t["sample_id"]) for t in traces]).to_batches())
         store.commit("ref_logprobs", table(REF_LOGPROBS, refs).to_batches())
     return store
+
+
+def commit_group(store: Store, name: str) -> list[str]:
+    """Commit one new group ``name`` of two samples (traces, rewards 1 and 0, ``ok`` verdicts): what the next
+    build ships as one new set. Returns the sample ids."""
+    ids = [f"{name}-{i}:0" for i in range(2)]
+    store.commit("traces", table(TRACES, [trace(s, name, [3, 4], [5, 6, 7]) for s in ids]).to_batches())
+    store.commit("rewards", table(REWARDS, [reward(ids[0], 1.0), reward(ids[1], 0.0)]).to_batches())
+    store.commit("checks", table(CHECKS, [verdict(s) for s in ids]).to_batches())
+    return ids

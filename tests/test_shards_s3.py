@@ -24,6 +24,7 @@ from prl.io.locations import filesystem_for
 from prl.schema import REWARDS
 from prl.shards.build import build_shards
 from prl.shards.frontier import frontier_path, read_frontier
+from prl.shards.index import index_json
 from prl.shards.listing import list_sets
 from prl.shards.options import ShardOptions
 from prl.shards.s3out import S3Out
@@ -32,7 +33,7 @@ from prl.store.tables import Store
 from tests.faulty_proxy import FaultyProxy
 from tests.pipeline_helpers import prl_env
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
-from tests.shards_fixtures import random_store, reward, table, trace, verdict
+from tests.shards_fixtures import commit_group, random_store, reward, table, trace, verdict
 
 pytestmark = pytest.mark.s3
 
@@ -57,6 +58,12 @@ def s3_files(s3, prefix: str) -> dict[str, bytes]:  # noqa: F811
     """Every object under ``prefix`` by key relative to it, less the frontier (as :func:`local_files`)."""
     keys = [key for key in s3.keys(prefix) if not key[len(prefix) :].startswith(".prl/frontier")]
     return {key[len(prefix) :]: s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read() for key in keys}
+
+
+def index_of_every_manifest(s3, out: str) -> bool:  # noqa: F811
+    """Whether ``OUT/.prl/index.json`` is byte for byte the index of every manifest in ``out`` (read whole)."""
+    body = s3.client.get_object(Bucket=s3.bucket, Key=f"{out.split('/', 3)[3]}/.prl/index.json")["Body"].read()
+    return body == (json.dumps(index_json(S3Out(out).existing_sets()), indent=2, sort_keys=True) + "\n").encode()
 
 
 def test_an_s3_out_holds_the_bytes_of_a_local_build_and_reads_back_exactly(s3, tmp_path):  # noqa: F811
@@ -119,7 +126,7 @@ def test_a_second_run_ships_nothing_and_new_samples_ship_once(s3, tmp_path):  # 
     assert [s.set_id for s in list_sets(out).sets] == sorted([first.set_id, second.set_id])
     index = json.loads(s3.client.get_object(Bucket=s3.bucket, Key="out/.prl/index.json")["Body"].read())
     assert [s["set_id"] for s in index["sets"]] == [first.set_id, second.set_id]
-    assert verify_shards(out).exit_code == 0
+    assert index_of_every_manifest(s3, out) and verify_shards(out).exit_code == 0
 
 
 def test_an_s3_out_reads_a_manifest_once_per_content_and_again_when_it_changes(s3, tmp_path, monkeypatch):  # noqa: F811
@@ -201,6 +208,7 @@ def test_an_upload_cut_before_its_manifest_is_invisible_and_a_rerun_publishes_on
     assert sent == []  # the same set again: every part and the ids were there already, byte for byte
     checked = verify_shards(out)
     assert (checked.exit_code, checked.rows, checked.sets) == (0, 30, [result.set_id])
+    assert index_of_every_manifest(s3, out)
     assert build_shards(store, out, options=OPTIONS).status == "nothing_new"
 
 
@@ -251,6 +259,22 @@ def test_a_build_killed_with_its_set_staged_leaves_no_local_staging_past_the_nex
     assert os.listdir(tmp_path / "tmp") == []
 
 
+def test_a_build_killed_between_its_manifest_and_its_index_is_in_the_next_builds_index(s3, tmp_path, monkeypatch):  # noqa: F811
+    store = random_store(str(tmp_path / "store"), 3, 2)
+    out = s3.url("out")
+    build_shards(store, out, options=OPTIONS)
+    commit_group(store, "k")
+    real_index = S3Out.write_index
+    monkeypatch.setattr(S3Out, "write_index", lambda self, known=None: (_ for _ in ()).throw(Cut()))
+    with pytest.raises(Cut):
+        build_shards(store, out, options=OPTIONS)
+    monkeypatch.setattr(S3Out, "write_index", real_index)
+    assert len(S3Out(out).set_ids()) == 2 and not index_of_every_manifest(s3, out)
+    commit_group(store, "l")
+    assert build_shards(store, out, options=OPTIONS).status == "built"
+    assert len(S3Out(out).set_ids()) == 3 and index_of_every_manifest(s3, out)
+
+
 def test_a_rebuild_retires_the_sets_it_replaces(s3, tmp_path):  # noqa: F811
     store = random_store(str(tmp_path / "store"), 6, 2)
     out = s3.url("out")
@@ -264,9 +288,9 @@ def test_a_rebuild_retires_the_sets_it_replaces(s3, tmp_path):  # noqa: F811
     assert [s.set_id for s in list_sets(out).sets] == [rebuilt.set_id] != [first.set_id]
     assert {k.split("/")[1] for k in s3.keys("out/") if not k.startswith("out/.prl/")} == {rebuilt.set_id}
     index = json.loads(s3.client.get_object(Bucket=s3.bucket, Key="out/.prl/index.json")["Body"].read())
-    assert [s["set_id"] for s in index["sets"]] == [rebuilt.set_id]
+    assert [s["set_id"] for s in index["sets"]] == [rebuilt.set_id] and index_of_every_manifest(s3, out)
     again = build_shards(store, out, options=OPTIONS, rebuild=True)  # the same set: its manifest is already there
-    assert again.set_id == rebuilt.set_id and verify_shards(out).exit_code == 0
+    assert again.set_id == rebuilt.set_id and verify_shards(out).exit_code == 0 and index_of_every_manifest(s3, out)
 
 
 def test_a_damaged_part_on_s3_fails_verify_naming_it(s3, tmp_path):  # noqa: F811

@@ -42,9 +42,9 @@ import pyarrow.parquet as pq
 
 from prl.errors import LockedError, RetryableIOError, UsageError
 from prl.io.locations import normalise_s3, split_s3
+from prl.shards.index import updated_index
 from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
-from prl.shards.index import updated_index
 from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, make_staging
 from prl.store.s3lock import CONDITION_FAILED, shared_s3_client
 

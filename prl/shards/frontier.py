@@ -21,7 +21,7 @@ re-created (version below ``W``), a commit file of the range cleaned up, or a ba
 snapshot (``prl maintain`` compacted it); the build after that writes a fresh frontier.
 
 A local ``OUT`` and an ``s3://`` OUT both keep a frontier, at the same keys (on S3 the backlog and then
-``frontier.json`` are each put whole, :func:`write_frontier`). The reward, verdict and reference reads still read
+``frontier.json`` are each put whole, :func:`write_frontier`, and read in one GET each). The reward, verdict and reference reads still read
 their tables' key columns whole; they keep only rows of the considered samples.
 """
 
@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from prl.io.locations import filesystem_for, is_remote
+from prl.io.locations import is_remote
 from prl.shards.layout import META, meta_root
 from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file, write_json
@@ -96,9 +96,11 @@ def read_frontier(out: str) -> Frontier | None:
     one this version of prl wrote."""
     try:
         if is_remote(out):
-            fs, path = filesystem_for(frontier_path(out))
-            with fs.open_input_stream(path) as stream:
-                raw = json.loads(stream.read())
+            target = S3Out(out)
+            body = target.read_if_any(target.key(META, FRONTIER))
+            if body is None:
+                return None
+            raw = json.loads(body)
         else:
             with open(frontier_path(out), encoding="utf-8") as fh:
                 raw = json.load(fh)
@@ -149,10 +151,8 @@ def trace_source(
     new_files = added_files(store, "traces", frontier.traces_version, version)
     if new_files is None:
         return whole_snapshot(store, version)
-    try:
-        fs, path = filesystem_for(os.path.join(backlog_dir(out), frontier.backlog))
-        backlog = pq.read_table(path, schema=BACKLOG_SCHEMA, filesystem=fs)
-    except (OSError, pa.ArrowInvalid):
+    backlog = _read_backlog(out, frontier.backlog)
+    if backlog is None:
         return whole_snapshot(store, version)
     backlog_files = sorted(set(pc.unique(backlog.column("file")).to_pylist()))
     if backlog_files and not set(backlog_files) <= set(snapshot_files(store, "traces", version)):
@@ -164,6 +164,18 @@ def trace_source(
     if new_files:
         parts.append((files_dataset(store, "traces", new_files), None))
     return TraceSource(parts, False, frontier.shipped, frontier.version_max, frontier.sets)
+
+
+def _read_backlog(out: str, name: str) -> pa.Table | None:
+    """The backlog file ``name`` of ``out`` (on S3 in one GET), or None when it cannot be read."""
+    try:
+        if is_remote(out):
+            target = S3Out(out)
+            body = target.read_if_any(target.key(META, "frontier", name))
+            return None if body is None else pq.read_table(pa.BufferReader(body), schema=BACKLOG_SCHEMA)
+        return pq.read_table(os.path.join(backlog_dir(out), name), schema=BACKLOG_SCHEMA)
+    except (OSError, pa.ArrowInvalid):
+        return None
 
 
 def relative_file(store: Store, path: str) -> str:

@@ -156,9 +156,9 @@ class S3Out:
         except (ClientError, BotoCoreError) as exc:
             raise self._error("reading", exc) from exc
 
-    def _read_if_any(self, key: str) -> bytes | None:
-        """The body of ``key``, or None when it cannot be read (missing or any failed request): for derived data
-        that is rebuilt when absent."""
+    def read_if_any(self, key: str) -> bytes | None:
+        """The body of ``key`` in one GET, or None when it cannot be read (missing, or any failed request): for
+        derived data (the index, the frontier) that is made again when absent."""
         try:
             return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
         except (ClientError, BotoCoreError):
@@ -383,7 +383,7 @@ class S3Out:
         def manifest(set_id: str) -> Manifest:
             return known[set_id] if set_id in known else self.manifest(set_id, listed[set_id])
 
-        index = updated_index(self._read_if_any(self.key(META, INDEX)), list(listed), manifest)
+        index = updated_index(self.read_if_any(self.key(META, INDEX)), list(listed), manifest)
         data = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
         try:
             self.client.put_object(

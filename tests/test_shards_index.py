@@ -12,13 +12,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-import prl.shards.publish
+import prl.shards.target
+from prl.cli import app
 from prl.schema import SCHEMA_VERSION
 from prl.shards.build import build_shards
 from prl.shards.index import index_json, updated_index
 from prl.shards.layout import find_sets, index_path, meta_dir
-from prl.shards.manifest import SAMPLES_FILE, FileEntry, Manifest, Totals, existing_sets
+from prl.shards.manifest import SAMPLES_FILE, FileEntry, Manifest, ManifestError, Totals, existing_sets
 from prl.shards.options import ShardOptions
 from prl.store.tables import Store
 from tests.shards_fixtures import commit_group
@@ -171,7 +173,7 @@ def test_local_builds_read_one_old_manifest_and_leave_the_index_of_every_manifes
     sets = [build("a")[0]]
     for name in "bcde":
         set_id, seen = build(name)
-        assert seen == [meta(set_id), meta(sets[-1])]  # the new set's and the last line's, at 1 to 4 sets
+        assert seen == [meta(sets[-1])]  # the last line's only (the new set's is in hand), at 1 to 4 sets
         sets.append(set_id)
 
     for gone in sets[1:3]:  # two sets removed by hand: the next set goes before the last one
@@ -179,27 +181,57 @@ def test_local_builds_read_one_old_manifest_and_leave_the_index_of_every_manifes
         shutil.rmtree(meta_dir(out, gone))
     late, seen = build("f")
     order = [line["set_id"] for line in json.loads(Path(index_path(out)).read_text())["sets"]]
-    assert order.index(late) == 2 and len(order) == 4 and len(seen) > 2
+    assert order.index(late) == 2 and len(order) == 4
+    assert seen[0] == meta(sets[-1]) and len(seen) >= 2  # the last line's, then the bisection's
 
     Path(index_path(out)).write_text("{garbage")
     listed = sorted([sets[0], *sets[3:], late])
     garbage_id, seen = build("g")
-    assert seen == [meta(s) for s in sorted([*listed, garbage_id])]  # no help: every manifest, once
+    assert seen == [meta(s) for s in sorted(listed)]  # no help: every other manifest, once
     os.remove(index_path(out))
     missing_id, seen = build("h")
-    assert seen == [meta(s) for s in sorted([*listed, garbage_id, missing_id])]
+    assert seen == [meta(s) for s in sorted([*listed, garbage_id])]
 
-    def killed(out_: str) -> None:
+    def killed(out_: str, index: dict) -> None:
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patched:  # a build killed between its manifest and its index
-        patched.setattr(prl.shards.publish, "write_index", killed)
+        patched.setattr(prl.shards.target, "write_index", killed)
         commit_group(store, "i")
         with pytest.raises(KeyboardInterrupt):
             build_shards(store, out, options=OPTIONS)
     assert Path(index_path(out)).read_bytes() != _expected(out)
     (killed_id,) = {ref.set_id for ref in find_sets(out)} - {*listed, garbage_id, missing_id}
-    after_kill, seen = build("j")
-    assert seen == [*sorted(meta(s) for s in (killed_id, after_kill)), meta(missing_id)]  # both new, the last line
+    _, seen = build("j")
+    assert seen == [meta(killed_id), meta(missing_id)]  # the set missing from the index, then the last line
     rebuilt, _ = build("k", rebuild=True)
     assert [line["set_id"] for line in json.loads(_expected(out))["sets"]] == [rebuilt]
+
+
+def test_an_unreadable_manifest_of_out_stops_the_build_before_it_publishes(tmp_path):
+    """The index is made before the set is published: a manifest it needs that cannot be read (here the last
+    line's, which places the new line) fails the build with nothing published and the index as it was, where
+    publishing first would leave a set outside the index, built again by every later run. A rebuild, which
+    needs no manifest of the sets it replaces, retires that set and publishes."""
+    store, out = Store(str(tmp_path / "store")), str(tmp_path / "out")
+    sets = []
+    for name in "ab":
+        commit_group(store, name)
+        sets.append(build_shards(store, out, options=OPTIONS).set_id)
+    manifest = Path(meta_dir(out, sets[-1])) / "manifest.json"
+    manifest.write_text(manifest.read_text()[:-20])  # cut short
+    index = Path(index_path(out)).read_bytes()
+    commit_group(store, "c")
+    with pytest.raises(ManifestError, match=r"manifest\.json"):
+        build_shards(store, out, options=OPTIONS)
+    args = ["build-shards", "--store", store.uri, "--out", out, "--set", "target_tokens=400", "--set", "seed=1"]
+    res = CliRunner().invoke(app, [*args, "--json"])  # and again, from the command line: exit 2, one object
+    assert res.exit_code == 2 and res.stdout.count("\n") == 1
+    summary = json.loads(res.stdout)
+    assert summary["exit_code"] == 2 and f"{meta_dir(out, sets[-1])}/manifest.json: not JSON" in summary["error"]
+    assert sorted(ref.set_id for ref in find_sets(out)) == sets
+    assert Path(index_path(out)).read_bytes() == index
+    assert not os.path.exists(os.path.join(out, ".prl", "staging"))  # the staged set went with the failure
+    rebuilt = build_shards(store, out, options=OPTIONS, rebuild=True)
+    assert [ref.set_id for ref in find_sets(out)] == [rebuilt.set_id]
+    assert Path(index_path(out)).read_bytes() == _expected(out)

@@ -265,7 +265,7 @@ def test_a_build_killed_between_its_manifest_and_its_index_is_in_the_next_builds
     build_shards(store, out, options=OPTIONS)
     commit_group(store, "k")
     real_index = S3Out.write_index
-    monkeypatch.setattr(S3Out, "write_index", lambda self, known=None: (_ for _ in ()).throw(Cut()))
+    monkeypatch.setattr(S3Out, "write_index", lambda self, index: (_ for _ in ()).throw(Cut()))
     with pytest.raises(Cut):
         build_shards(store, out, options=OPTIONS)
     monkeypatch.setattr(S3Out, "write_index", real_index)

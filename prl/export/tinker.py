@@ -31,7 +31,7 @@ from prl.errors import UsageError
 from prl.loaders.rows import ROW_COLUMNS, Rows
 from prl.loaders.tinker import datum_json, tinker_arrays
 from prl.shards.layout import SetRef, resolve
-from prl.shards.manifest import FileEntry, Manifest, ManifestError
+from prl.shards.manifest import FileEntry, Manifest
 from prl.shards.publish import sha256_file
 
 BATCH_ROWS = 1024
@@ -98,11 +98,9 @@ def export_tinker(shard_dir: str, out_jsonl: str, *, verify: bool = True, with_m
     against its manifest first. The output appears atomically (written to a temp file, then renamed)."""
     try:
         refs = resolve(shard_dir)
-        manifests = [Manifest.of(ref) for ref in refs]
     except UsageError:
         raise UsageError(f"{shard_dir} is not a shard set (no manifest.json for it)") from None
-    except ManifestError as exc:
-        raise UsageError(str(exc)) from None
+    manifests = [Manifest.of(ref) for ref in refs]  # an unreadable one: ManifestError, a usage error naming it
     rows = skipped = shards = 0
     tmp = f"{out_jsonl}.tmp-{os.getpid()}"
     try:

@@ -17,8 +17,10 @@
    still holds its lock (:func:`prl.store.holder.ensure_held`): in a local OUT the staged parts folder is renamed
    to ``OUT/<set-id>/``, then the staged meta folder (sample ids, ``manifest.json``) to ``OUT/.prl/sets/<set-id>/``
    (:mod:`prl.shards.publish`); to an ``s3://`` OUT the parts and sample ids are uploaded, then the manifest with
-   a conditional put (:mod:`prl.shards.s3out`). ``OUT/.prl/index.json`` is rewritten, keeping the lines of the
-   sets already in it (:mod:`prl.shards.index`); a rebuild then retires the sets it replaces.
+   a conditional put (:mod:`prl.shards.s3out`). A rebuild then retires the sets it replaces, and
+   ``OUT/.prl/index.json`` is written: made before publishing (so that a manifest of OUT that cannot be read
+   stops the build before it publishes anything), keeping the lines of the sets already in it
+   (:mod:`prl.shards.index`).
 
 What a build reads of OUT does not grow with the sets there: their ids (a listing), the frontier, the sample ids
 of sets the frontier does not account for (normally none), the index and one manifest; never every manifest.
@@ -206,8 +208,10 @@ def _build(
         spills = Spills(trace_spill, ref_spill, spill_dir)
         shipped = plan.ship.height  # the shipped frame goes while the shards are written
         manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id, engine)
+        index = target.next_index(manifest, replaces)  # an unreadable manifest of OUT stops the build here
         final = target.publish(staging, set_id, _lock_check(store))
         target.retire(replaces)
+        target.write_index(index)
         sets = [*sources.prior, set_id]
         _advance_frontier(store, target.uri, versions, options, plan, shipped, sets)
     except BaseException:

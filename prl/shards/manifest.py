@@ -1,7 +1,7 @@
 """A shard set's ``manifest.json`` as a typed :class:`Manifest` (design.md §6), and the sets of ``OUT``.
 
 Where a set's files live is :mod:`prl.shards.layout`; the manifest is written last, after every file it names. :meth:`Manifest.to_json` is exactly the JSON object written;
-:meth:`Manifest.from_json` reads one back and raises :class:`ManifestError` (a ``ValueError``) naming the first key
+:meth:`Manifest.from_json` reads one back and raises :class:`ManifestError` (a ``ValueError`` and a usage error, exit 2) naming the first key
 that is missing or of the wrong kind. Readers (verify, inspect, export) take a :class:`Manifest`, never the dict.
 """
 
@@ -13,13 +13,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prl.errors import UsageError
 from prl.shards.layout import INDEX, MANIFEST, SAMPLES_FILE, SetRef, find_sets, manifest_path, set_ref
 
 FORMAT = "prl.shards"
 
 
-class ManifestError(ValueError):
-    """A manifest that is not valid JSON or lacks a key (the message names it)."""
+class ManifestError(UsageError, ValueError):
+    """A manifest that is not valid JSON or lacks a key (the message names it). Exit 2 where a command meets
+    one: a build stops before it publishes anything; ``prl verify`` reports it as the set's failure."""
 
 
 def _get(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:

@@ -6,8 +6,9 @@ renamed (:func:`publish_file`, :func:`write_json`); spills go to ``spill/``. :fu
 ``parts/`` to ``OUT/<set-id>/`` (so a glob sees a set's rows all at once or not at all) and after it ``meta/`` to
 ``OUT/.prl/sets/<set-id>/``: the manifest appears last, so a reader that sees a manifest sees every part it names.
 A set of the same id is moved aside to ``OUT/.prl/retired/`` first and removed after; :func:`retire_sets` does the
-same for the sets a rebuild replaces. Staging and retired folders of killed builds are removed by the next build
-(:func:`clean_stale_staging`).
+same for the sets a rebuild replaces. The build makes the new ``OUT/.prl/index.json`` (:func:`next_index`) before it
+publishes and writes it (:func:`write_index`) after. Staging and retired folders of killed builds are removed by
+the next build (:func:`clean_stale_staging`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,8 +142,8 @@ def _retire(out: str, set_id: str) -> None:
 
 
 def publish_set(staging: Staging, out: str, set_id: str) -> str:
-    """Make the complete ``staging`` the set ``OUT/<set_id>/`` with its meta folder (replacing a set of that id)
-    and rewrite the index; returns the set folder."""
+    """Make the complete ``staging`` the set ``OUT/<set_id>/`` with its meta folder (replacing a set of that id);
+    returns the set folder. The index is the caller's to write (:func:`next_index`, :func:`write_index`)."""
     fsync_dir(staging.parts)
     fsync_dir(staging.meta)
     final = os.path.join(out, set_id)
@@ -153,32 +155,39 @@ def publish_set(staging: Staging, out: str, set_id: str) -> str:
     os.replace(staging.meta, meta_dir(out, set_id))  # the manifest appears last
     fsync_dir(os.path.dirname(meta_dir(out, set_id)))
     shutil.rmtree(staging.root, ignore_errors=True)
-    write_index(out)
     return final
 
 
 def retire_sets(out: str, set_ids: list[str]) -> None:
-    """Remove the sets ``set_ids`` of ``out`` (those a rebuild replaced), each rows first, then meta; rewrite the
-    index."""
+    """Remove the sets ``set_ids`` of ``out`` (those a rebuild replaced), each rows first, then meta."""
     for set_id in set_ids:
         _retire(out, set_id)
     if set_ids:
         fsync_dir(out)
-        write_index(out)
 
 
-def write_index(out: str) -> None:
-    """Rewrite ``OUT/.prl/index.json`` for the complete sets of ``out``
-    (:func:`prl.shards.index.updated_index`: the lines of sets already in it are kept, the manifests of the
-    others read)."""
-    refs = {ref.set_id: ref for ref in find_sets(out)}
+def next_index(out: str, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]:
+    """The ``OUT/.prl/index.json`` object once ``manifest``'s set is published and the sets ``replaced`` are
+    retired (:func:`prl.shards.index.updated_index`: the lines of sets already in the index are kept, the
+    manifests of the others read). Made before the set is published, so that a manifest of OUT that cannot be
+    read (:class:`prl.shards.manifest.ManifestError`) stops the build before it publishes anything."""
+    refs = {ref.set_id: ref for ref in find_sets(out) if ref.set_id not in replaced}
     try:
         with open(index_path(out), "rb") as fh:
             raw: bytes | None = fh.read()
     except OSError:
         raw = None
+
+    def read(set_id: str) -> Manifest:
+        return manifest if set_id == manifest.set_id else Manifest.of(refs[set_id])
+
+    return updated_index(raw, [*(s for s in refs if s != manifest.set_id), manifest.set_id], read)
+
+
+def write_index(out: str, index: dict[str, Any]) -> None:
+    """Write ``index`` (:func:`next_index`) as ``OUT/.prl/index.json`` (derived data: the last writer wins)."""
     os.makedirs(meta_root(out), exist_ok=True)
-    write_json(index_path(out), updated_index(raw, list(refs), lambda set_id: Manifest.of(refs[set_id])))
+    write_json(index_path(out), index)
 
 
 __all__ = [
@@ -188,6 +197,7 @@ __all__ = [
     "fsync_dir",
     "index_json",
     "make_staging",
+    "next_index",
     "publish_file",
     "publish_set",
     "retire_sets",

@@ -12,9 +12,11 @@ then :meth:`S3Out.publish`:
    ``If-None-Match: *``, the same S3 conditional write the store's locks use (:mod:`prl.store.s3lock`): the commit.
    A reader that sees the manifest sees every part it names. A manifest already there with the same bytes is the
    same set, already published; one with other bytes means another run published that set, exit 3;
-3. rewrites ``OUT/.prl/index.json`` for the sets listed: the lines of sets already in it are kept, and only the
-   manifests of the others are read (:func:`prl.shards.index.updated_index`; normally none: the one just
-   published is in hand), plus one that places the new line.
+3. puts ``OUT/.prl/index.json`` (after a rebuild has retired the sets it replaces), made before the uploads
+   (:meth:`S3Out.next_index`) so that an unreadable manifest stops the build before it publishes: the lines of
+   sets already in it are kept, and only the manifests of the others are read
+   (:func:`prl.shards.index.updated_index`; normally none: the one just published is in hand), plus one that
+   places the new line.
 
 A set is complete when its manifest exists, so an upload killed at any point leaves no visible set: listing,
 verify, loaders and later builds skip it and its samples count as not shipped. The next build removes what such
@@ -33,7 +35,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -317,8 +319,8 @@ class S3Out:
 
     def publish(self, staging: Staging, set_id: str, check_lock: Callable[[], None]) -> str:
         """Upload the complete ``staging`` as set ``set_id``: parts and sample ids, then (``check_lock()``
-        first) the manifest with ``If-None-Match: *``, then the index; returns the set's URI. The staging
-        folder is removed."""
+        first) the manifest with ``If-None-Match: *``; returns the set's URI. The staging folder is removed. The
+        index is the caller's to write (:meth:`next_index`, :meth:`write_index`)."""
         manifest_file = os.path.join(staging.meta, MANIFEST)
         with open(manifest_file, "rb") as fh:
             body = fh.read()
@@ -331,7 +333,6 @@ class S3Out:
         check_lock()
         self._put_manifest(set_id, body)
         self.discard(staging)
-        self.write_index({set_id: manifest})
         return self.set_uri(set_id)
 
     def _put_manifest(self, set_id: str, body: bytes) -> None:
@@ -353,13 +354,11 @@ class S3Out:
 
     def retire(self, set_ids: list[str]) -> None:
         """Remove the sets ``set_ids`` (those a rebuild replaced): each manifest first (the set is gone at
-        once), then its parts and sample ids; rewrite the index."""
+        once), then its parts and sample ids."""
         for set_id in set_ids:
             self._delete([self.meta_key(set_id, MANIFEST)])
             self._delete([obj["Key"] for obj in self._keys(self.key(set_id) + "/")])
             self._delete([obj["Key"] for obj in self._keys(self.key(META, "sets", set_id) + "/")])
-        if set_ids:
-            self.write_index()
 
     def put(self, key: str, body: bytes) -> None:
         """Put one object of derived data (the index, the frontier: the last writer wins)."""
@@ -373,17 +372,21 @@ class S3Out:
         folder marker object where it deletes)."""
         self._delete([obj["Key"] for obj in self._keys(prefix) if obj["Key"] != keep])
 
-    def write_index(self, known: Mapping[str, Manifest] | None = None) -> None:
-        """Rewrite ``OUT/.prl/index.json`` for the complete sets listed now (derived data: the last writer wins):
-        the lines of sets already in it are kept and only the other sets' manifests read
-        (:func:`prl.shards.index.updated_index`), none of ``known`` (manifests in hand, by set id)."""
-        known = known or {}
-        listed = self._listed_manifests()
+    def next_index(self, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]:
+        """The ``OUT/.prl/index.json`` object once ``manifest``'s set is published and the sets ``replaced`` are
+        retired: the lines of sets already in the index are kept and only the other listed sets' manifests are
+        read (:func:`prl.shards.index.updated_index`). Made before the set is published, so that a manifest of
+        OUT that cannot be read (:class:`ManifestError`) stops the build before it publishes anything."""
+        listed = {s: etag for s, etag in self._listed_manifests().items() if s not in replaced}
 
-        def manifest(set_id: str) -> Manifest:
-            return known[set_id] if set_id in known else self.manifest(set_id, listed[set_id])
+        def read(set_id: str) -> Manifest:
+            return manifest if set_id == manifest.set_id else self.manifest(set_id, listed[set_id])
 
-        index = updated_index(self.read_if_any(self.key(META, INDEX)), list(listed), manifest)
+        ids = [*(s for s in listed if s != manifest.set_id), manifest.set_id]
+        return updated_index(self.read_if_any(self.key(META, INDEX)), ids, read)
+
+    def write_index(self, index: dict[str, Any]) -> None:
+        """Put ``index`` (:meth:`next_index`) as ``OUT/.prl/index.json`` (derived data: the last writer wins)."""
         data = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
         try:
             self.client.put_object(

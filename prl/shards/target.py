@@ -2,29 +2,32 @@
 ``s3://`` prefix (:class:`prl.shards.s3out.S3Out`, uploads ending with a conditional put). Both offer what
 :func:`prl.shards.build.build_shards` needs, so the build itself does not know which one it writes to:
 the ids of the complete sets (never their manifests: a build's reads of OUT do not grow with its sets) and the
-sample ids some of them shipped, a staging folder, publication, retirement, and the removal of what
-killed builds left.
+sample ids some of them shipped, a staging folder, publication, retirement, the index (made before publishing,
+written after), and the removal of what killed builds left.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Collection
+from typing import Any, Protocol
 
 import pyarrow as pa
 
 from prl.errors import UsageError
 from prl.io.locations import S3_SCHEME, is_remote
 from prl.shards.layout import find_sets, manifest_path
+from prl.shards.manifest import Manifest
 from prl.shards.plan import shipped_ids
 from prl.shards.publish import (
     Staging,
     clean_stale_staging,
     discard_staging,
     make_staging,
+    next_index,
     publish_set,
     retire_sets,
+    write_index,
 )
 from prl.shards.s3out import S3Out
 
@@ -42,6 +45,8 @@ class OutTarget(Protocol):
     def discard(self, staging: Staging, nothing_shipped: bool = False) -> None: ...
     def publish(self, staging: Staging, set_id: str, check_lock: Callable[[], None]) -> str: ...
     def retire(self, set_ids: list[str]) -> None: ...
+    def next_index(self, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]: ...
+    def write_index(self, index: dict[str, Any]) -> None: ...
     def manifest_uri(self, set_id: str) -> str: ...
 
 
@@ -89,6 +94,12 @@ class LocalOut:
 
     def retire(self, set_ids: list[str]) -> None:
         retire_sets(self.uri, set_ids)
+
+    def next_index(self, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]:
+        return next_index(self.uri, manifest, replaced)
+
+    def write_index(self, index: dict[str, Any]) -> None:
+        write_index(self.uri, index)
 
     def manifest_uri(self, set_id: str) -> str:
         return manifest_path(self.uri, set_id)

@@ -21,8 +21,8 @@ re-created (version below ``W``), a commit file of the range cleaned up, or a ba
 snapshot (``prl maintain`` compacted it); the build after that writes a fresh frontier.
 
 A local ``OUT`` and an ``s3://`` OUT both keep a frontier, at the same keys (on S3 the backlog and then
-``frontier.json`` are each put whole, :func:`write_frontier`, and read in one GET each). The reward, verdict and reference reads still read
-their tables' key columns whole; they keep only rows of the considered samples.
+``frontier.json`` are each put whole, :func:`write_frontier`, and read in one GET each). The reward, verdict
+and reference reads still read their tables' key columns whole; they keep only rows of the considered samples.
 """
 
 from __future__ import annotations

@@ -150,8 +150,7 @@ def _samples_path(out: str, set_id: str) -> str:
 
 def shipped_ids(out: str, prior: list[str]) -> pa.Array | None:
     """The sample ids the earlier sets ``prior`` (ids) of ``out`` shipped, as one Arrow string array (None when
-    there are none):
-    read column-wise from each set's ``sample_ids`` file, never as Python strings."""
+    there are none): read column-wise from each set's ``sample_ids`` file, never as Python strings."""
     columns = [
         pq.read_table(_samples_path(out, set_id), columns=["sample_id"])
         .column("sample_id")

@@ -375,7 +375,8 @@ def verify_cmd(
     ],
     as_json: JsonOpt = False,
 ) -> None:
-    """Recompute sha256, rows and tokens of every shard against its manifest; exit 1 naming any mismatch."""
+    """Recompute sha256, rows and tokens of every shard against its manifest (and an OUT's index.json against
+    the manifests); exit 1 naming any mismatch."""
     from prl.shards.verify import verify_shards
 
     run_command(lambda: verify_shards(shards), report.render_verify, as_json)

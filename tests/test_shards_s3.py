@@ -270,6 +270,9 @@ def test_a_build_killed_between_its_manifest_and_its_index_is_in_the_next_builds
         build_shards(store, out, options=OPTIONS)
     monkeypatch.setattr(S3Out, "write_index", real_index)
     assert len(S3Out(out).set_ids()) == 2 and not index_of_every_manifest(s3, out)
+    assert [(p.file, p.problem.split(":")[0]) for p in verify_shards(out).problems] == [
+        ("index.json", "not the index of the sets' manifests")
+    ]
     commit_group(store, "l")
     assert build_shards(store, out, options=OPTIONS).status == "built"
     assert len(S3Out(out).set_ids()) == 3 and index_of_every_manifest(s3, out)

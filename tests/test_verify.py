@@ -84,8 +84,9 @@ def test_a_sample_in_two_sets_is_reported(built, tmp_path):
     shutil.copytree(os.path.dirname(built.manifest_path), tmp_path / "out" / ".prl" / "sets" / "v9-copy")
     found = verify_shards(str(tmp_path / "out")).problems
     assert found[0].file == "manifest.json" and f"set_id {built.set_id!r} != folder name" in found[0].problem
-    twice = found[1:]
+    twice, index = found[1:-1], found[-1]
     assert len(twice) == 10  # every sample of the copy, each named once (the copy sorts after the original)
+    assert (index.set_id, index.file) == (".prl", "index.json")  # the copy is no line of the index
     assert {p.set_id for p in twice} == {"v9-copy"}
     assert all(p.problem.endswith(f"shipped in {built.set_id}, v9-copy") for p in twice)
 
@@ -95,3 +96,23 @@ def test_not_a_shard_set(tmp_path):
         verify_shards(str(tmp_path))
     with pytest.raises(UsageError, match="is not a shard set"):
         verify_shards(str(tmp_path / "nope"))
+
+
+def test_an_out_whose_index_is_not_its_manifests_is_reported(built, tmp_path):
+    out = tmp_path / "out"
+    index = out / ".prl" / "index.json"
+    lines = json.loads(index.read_text())
+    assert problems(out) == []
+    edited = {**lines, "sets": [{**lines["sets"][0], "rows": lines["sets"][0]["rows"] + 1}]}
+    index.write_text(json.dumps(edited))
+    assert problems(out) == [("index.json", "not")]
+    assert problems(built.set_dir) == []  # one set: no index to check
+    index.write_text("{garbage")
+    assert problems(out) == [("index.json", "not")]
+    index.unlink()
+    found = verify_shards(str(out)).problems
+    assert [(p.set_id, p.file, p.problem) for p in found] == [
+        (".prl", "index.json", "missing: the next build that publishes a set writes it")
+    ]
+    res = runner.invoke(app, ["verify", str(out)])
+    assert res.exit_code == 1 and "MISMATCH .prl/index.json: missing" in res.stdout

@@ -5,11 +5,15 @@ downloaded to a temporary folder and checked there, one set at a time). For each
 shard the manifest names: the file exists, its byte size and sha256 match, its Parquet row count matches ``rows``,
 and Σ len(input_ids) matches ``tokens`` (streamed one record batch at a time; only ``input_ids`` is read). The
 sample-id file is checked the same way, and every sample id appears in exactly one shard set of ``OUT``.
-Leftover ``*.tmp`` files inside a published set are reported too. Any problem → exit 1, naming the file.
+Leftover ``*.tmp`` files inside a published set are reported too. For an ``OUT``, ``.prl/index.json`` must be the
+index of its sets' manifests (:func:`prl.shards.index.index_json`): a build killed before it wrote the index
+leaves it a line short until the next build that publishes, and builds keep the lines already there, so one
+edited by hand stays wrong until it is removed. Any problem → exit 1, naming the file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -22,7 +26,8 @@ import pyarrow.parquet as pq
 
 from prl.errors import ExitCode
 from prl.io.locations import S3_SCHEME
-from prl.shards.layout import MANIFEST, SAMPLES_FILE, SetRef, resolve, set_ref
+from prl.shards.index import index_json
+from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef, index_path, resolve, set_ref
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
 from prl.shards.publish import sha256_file
 from prl.shards.s3out import S3Out
@@ -121,14 +126,14 @@ def _check_shard(set_id: str, folder: str, entry: FileEntry, result: VerifyResul
         result.problems.append(Problem(set_id, entry.file, f"tokens {tokens} != manifest {entry.tokens}"))
 
 
-def verify_set(ref: SetRef, result: VerifyResult) -> None:
-    """Verify one shard set into ``result``."""
+def verify_set(ref: SetRef, result: VerifyResult) -> Manifest | None:
+    """Verify one shard set into ``result``; its manifest (None when it cannot be read)."""
     set_id, folder = ref.set_id, ref.dir
     try:
         manifest = Manifest.of(ref)
     except (OSError, ManifestError) as exc:
         result.problems.append(Problem(set_id, MANIFEST, f"unreadable: {exc}"))
-        return
+        return None
     result.sets.append(set_id)
     if manifest.set_id != set_id:
         result.problems.append(Problem(set_id, MANIFEST, f"set_id {manifest.set_id!r} != folder name"))
@@ -147,6 +152,24 @@ def verify_set(ref: SetRef, result: VerifyResult) -> None:
         rows = pq.ParquetFile(os.path.join(samples_dir, samples.file)).metadata.num_rows
         if rows != samples.rows:
             result.problems.append(Problem(set_id, samples.file, f"rows {rows} != manifest {samples.rows}"))
+    return manifest
+
+
+def _check_index(raw: bytes | None, manifests: list[Manifest | None], result: VerifyResult) -> None:
+    """``OUT/.prl/index.json`` (``raw``, its bytes; None when missing) against the index of the sets' manifests
+    (not checked when one of them cannot be read: that is reported already)."""
+    if any(m is None for m in manifests):
+        return
+    expected = index_json([m for m in manifests if m is not None])
+    try:
+        found = None if raw is None else json.loads(raw)
+    except ValueError:
+        found = None
+    if raw is None:
+        result.problems.append(Problem(META, INDEX, "missing: the next build that publishes a set writes it"))
+    elif found != expected:
+        problem = "not the index of the sets' manifests: remove it, and the next build that publishes a set writes it"
+        result.problems.append(Problem(META, INDEX, f"{problem} from every manifest"))
 
 
 def _shipped_twice(refs: list[SetRef], result: VerifyResult) -> None:
@@ -177,9 +200,15 @@ def verify_shards(path: str) -> VerifyResult:
     path = os.path.abspath(path)
     result = VerifyResult(path=path)
     refs = resolve(path)
-    for ref in refs:
-        verify_set(ref, result)
+    manifests = [verify_set(ref, result) for ref in refs]
     _shipped_twice(refs, result)
+    if refs and all(ref.out == path for ref in refs):  # an OUT, not one set of it
+        try:
+            with open(index_path(path), "rb") as fh:
+                raw: bytes | None = fh.read()
+        except FileNotFoundError:
+            raw = None
+        _check_index(raw, manifests, result)
     return result
 
 
@@ -192,16 +221,20 @@ def _verify_s3(remote: S3Out) -> VerifyResult:
     twice."""
     result = VerifyResult(path=remote.uri)
     local_refs: list[SetRef] = []
+    manifests: list[Manifest | None] = []
+    refs = remote.resolve()
     with tempfile.TemporaryDirectory(prefix="prl-verify-") as local_out:
-        for ref in remote.resolve():
+        for ref in refs:
             S3Out(ref.out).download_set(ref.set_id, local_out)
             local = set_ref(local_out, ref.set_id)
             if local is None:
                 result.problems.append(Problem(ref.set_id, MANIFEST, "vanished while it was read"))
                 continue
-            verify_set(local, result)
+            manifests.append(verify_set(local, result))
             shutil.rmtree(local.dir, ignore_errors=True)
             os.makedirs(local.dir)  # an empty folder keeps the set's ref valid for the check below
             local_refs.append(local)
         _shipped_twice(local_refs, result)
+    if refs and all(ref.out == remote.uri for ref in refs):  # an OUT, not one set of it
+        _check_index(remote.read_if_any(remote.key(META, INDEX)), manifests, result)
     return result

@@ -59,8 +59,14 @@ DROP_REASONS = (
 """Why a sample did not ship, in the order they are tested (a sample counts under its first reason)."""
 
 
+def drop_code(reason: str) -> pl.Expr:
+    """The ``drop`` value of ``reason``: its place in :data:`DROP_REASONS` (UInt8)."""
+    return pl.lit(DROP_REASONS.index(reason), dtype=pl.UInt8)
+
+
 def drop_reasons(options: ShardOptions, with_ref: bool) -> pl.Expr:
-    """One expression naming each sample's first failed filter (null when it passes them all)."""
+    """One expression giving each sample's first failed filter as its :func:`drop_code` (null when it passes them
+    all): one byte per sample, where the reason's name would be a string per sample."""
     o = options
     c = pl.col
     rules: list[tuple[str, pl.Expr]] = [
@@ -102,8 +108,8 @@ def drop_reasons(options: ShardOptions, with_ref: bool) -> pl.Expr:
         )
     expr: Any = pl
     for name, cond in rules:
-        expr = expr.when(cond.fill_null(False)).then(pl.lit(name))
-    return expr.otherwise(pl.lit(None, dtype=pl.String))
+        expr = expr.when(cond.fill_null(False)).then(drop_code(name))
+    return expr.otherwise(pl.lit(None, dtype=pl.UInt8))
 
 
 @dataclass
@@ -236,19 +242,27 @@ def _with_staleness(
     return traces, current, version_max
 
 
-def _aligned(traces: pl.DataFrame, side: pl.DataFrame) -> list[pl.Series]:
-    """The columns of ``side`` (one row per ``sample_id``) other than ``sample_id``, aligned to the rows of
-    ``traces`` (null where a sample has no row there): a join of the keys alone, then one gather per column, so
-    that the trace columns are never copied."""
-    keys = side.select("sample_id").with_row_index("_i")
-    index = traces.select("sample_id").join(keys, on="sample_id", how="left", maintain_order="left")["_i"]
+def _aligned(ids: pa.Array, side: pl.DataFrame) -> list[pl.Series]:
+    """The columns of ``side`` (one row per non-null ``sample_id``) other than ``sample_id``, aligned to the trace
+    rows whose sample ids are ``ids`` (null where a sample has no row there, or for a null id): each trace row's
+    side row is looked up in Arrow (``index_in``: one hash table of the side's keys, in Arrow's pool, which
+    :func:`prl.runtime.release_free_memory` hands back), then one gather per column, so that the trace columns
+    are never copied and no joined frame is made."""
+    if side.is_empty():
+        index = pl.Series(pa.nulls(len(ids), pa.int32()))
+    else:
+        keys = side.get_column("sample_id").to_arrow()
+        index = pl.Series(pc.index_in(ids, value_set=keys, skip_nulls=True))
     return [column.gather(index) for column in side.drop("sample_id").get_columns()]
 
 
 def _scored(inputs: _Inputs, traces: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
     """One row per considered sample (scan order) with its joins, ``score`` and first failed filter ``drop``."""
     sides = [inputs.rewards, inputs.verdicts] + ([inputs.refs] if inputs.refs is not None else [])
-    plan = traces.hstack([column for side in sides for column in _aligned(traces, side)])
+    ids = traces.get_column("sample_id").to_arrow()
+    plan = traces.hstack([column for side in sides for column in _aligned(ids, side)])
+    del ids
+    release_free_memory()  # the lookups' hash tables: not held beside the filters
     names = list(options.rewards)
     components = {n: plan[f"r::{n}"].to_numpy().astype(np.float64) for n in names}
     missing = np.zeros(plan.height, dtype=bool)
@@ -264,7 +278,7 @@ def _scored(inputs: _Inputs, traces: pl.DataFrame, options: ShardOptions) -> pl.
 
 def _refuse_missing_refs(plan: pl.DataFrame, options: ShardOptions) -> None:
     """With ``missing_ref = "error"``: a :class:`UsageError` naming a few samples that lack reference logprobs."""
-    lacking = plan.filter(pl.col("drop") == "missing_ref")
+    lacking = plan.filter(pl.col("drop") == drop_code("missing_ref"))
     if lacking.height:
         examples = ", ".join(lacking["sample_id"].head(3).to_list())
         raise UsageError(
@@ -287,7 +301,7 @@ def _drop_constant_groups(plan: pl.DataFrame, kept_K: np.ndarray) -> tuple[pl.Da
     const_rows[kept_K[const_K]] = True
     plan = plan.with_columns(
         pl.when(pl.col("drop").is_null() & pl.Series(const_rows))
-        .then(pl.lit("constant_group"))
+        .then(drop_code("constant_group"))
         .otherwise(pl.col("drop"))
         .alias("drop")
     )
@@ -298,7 +312,7 @@ def _drop_counts(plan: pl.DataFrame) -> dict[str, int]:
     """Samples per drop reason, in :data:`DROP_REASONS` order, reasons with none left out."""
     counts = plan.group_by("drop").len().drop_nulls("drop")
     found = dict(zip(counts["drop"].to_list(), counts["len"].to_list(), strict=True))
-    return {r: int(found[r]) for r in DROP_REASONS if found.get(r)}
+    return {r: int(found[i]) for i, r in enumerate(DROP_REASONS) if found.get(i)}
 
 
 def _head_k(widths: pl.Series | None, options: ShardOptions) -> int | None:
@@ -401,6 +415,16 @@ def pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
     return keep[index_K].with_columns(pl.Series("shard", shard_K))
 
 
+def _runs(sorted_keys: pl.Series) -> tuple[np.ndarray, int]:
+    """Dense numbers (int64) of the runs of equal values of ``sorted_keys`` (not empty; nulls equal) and how many
+    runs: for sorted keys, what :func:`prl.numerics.advantages.dense_index` gives, without a copy of the keys or a
+    hash table of them."""
+    starts = sorted_keys.ne_missing(sorted_keys.shift(1)).to_numpy().copy()
+    starts[0] = True
+    gidx = np.cumsum(starts, dtype=np.int64) - 1
+    return gidx, int(gidx[-1]) + 1
+
+
 def _order(keep: pl.DataFrame, options: ShardOptions) -> tuple[np.ndarray, np.ndarray]:
     """``(index_K, shard_K)``: the rows of ``keep`` (not empty) in final order, shuffled whole groups, and the
     shard (int32) of each row in that order. Only the key columns of ``keep`` are read: ``group_id``, then with
@@ -412,7 +436,7 @@ def _order(keep: pl.DataFrame, options: ShardOptions) -> tuple[np.ndarray, np.nd
         pl.col("row_tokens") if "row_tokens" in keep.columns else pl.col("prompt_len") + pl.col("completion_len")
     )
     keys = keep.select(*by, tokens_col.alias("_tokens")).with_row_index("_k").sort(by)
-    gidx, num_g = adv.dense_index(keys["group_id"].to_arrow())  # sorted → group numbers increase with group_id
+    gidx, num_g = _runs(keys.get_column("group_id"))  # sorted → group numbers increase with group_id
     perm_G = np.random.default_rng(options.seed).permutation(num_g)
     rank_G = np.empty(num_g, dtype=np.int64)
     rank_G[perm_G] = np.arange(num_g)

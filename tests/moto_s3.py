@@ -4,7 +4,11 @@
 moto's package folder (a ``stat`` of each of its ~200 service folders) and matches the host against every
 service's URL patterns. That costs more server CPU than most S3 requests themselves. Here a request whose
 signature names ``s3`` goes to moto's S3 app (the one ``moto.server`` would pick for it), built once; any other
-request (``/moto-api/``, other services, unsigned ones) goes through moto's own dispatch. Each request's line
+request (``/moto-api/``, other services, unsigned ones) goes through moto's own dispatch. Requests that write
+(PUT, POST, DELETE) are handled one at a time: moto checks a conditional put's ``If-Match`` /
+``If-None-Match`` and then stores, with no lock between, so on its threaded server two conditional puts of one
+key could both succeed (about one race in 1,500 here), where S3 lets exactly one win; locks and Delta commits
+rely on that. Each request's line
 is not logged (``moto.server`` logs it to a stream nobody reads). Serves on 127.0.0.1, threaded, as
 ``moto.server`` does.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
 from typing import Any
 
 from flask import Flask
@@ -27,6 +32,13 @@ class S3First(DomainDispatcherApplication):
     def __init__(self) -> None:
         super().__init__(create_backend_app)
         self.s3 = create_backend_app("s3")
+        self.writes = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("REQUEST_METHOD") in ("PUT", "POST", "DELETE"):
+            with self.writes:  # a conditional put's check and its store, atomic as on S3
+                return super().__call__(environ, start_response)
+        return super().__call__(environ, start_response)
 
     def get_application(self, environ: dict[str, Any]) -> Flask:
         scope = environ.get("HTTP_AUTHORIZATION", "").split(",", 1)[0].split("/")

@@ -102,8 +102,8 @@ def test_many_token_stream_is_fast():
         for i in range(n)
     ]
     lines = _stream(*chunks)
-    started = time.perf_counter()
+    started = time.process_time()  # this process's CPU time: a quadratic parse shows, a loaded machine does not
     (sample,) = _parse(lines)
-    elapsed = time.perf_counter() - started
+    elapsed = time.process_time() - started
     assert len(sample.completion_token_ids) == n and sample.completion_logprobs.to_pylist()[-1] == -0.5
     assert elapsed < 5.0, elapsed

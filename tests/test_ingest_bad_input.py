@@ -233,7 +233,9 @@ printable_lines = st.one_of(
 )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(st.lists(printable_lines, max_size=8))
 def test_garbage_never_crashes_never_loses_a_good_line(tmp_path_factory, garbage):
     tmp = tmp_path_factory.mktemp("fuzz")
@@ -412,7 +414,9 @@ def _decoded(line: bytes) -> Any:
 
 
 @pytest.mark.slow
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_fuzzed_real_records_never_crash_ingest(tmp_path_factory, data):
     """Fixture records of every format with poison values, through the whole ingest: it never raises, and

@@ -105,7 +105,9 @@ def test_a_log_grown_over_runs_gives_the_tables_of_one_read(tmp_path):
     assert (traces, quarantine) == once(tmp_path / "live.jsonl", LOG, Store(str(tmp_path / "once")))
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(cuts=st.lists(st.integers(1, len(LOG) - 1), min_size=1, max_size=3, unique=True).map(sorted))
 def test_any_cut_points_give_the_tables_of_one_read(cuts):
     with tempfile.TemporaryDirectory() as work:

@@ -99,10 +99,10 @@ def hang(lock: S3Lock) -> None:
 def test_heartbeat_keeps_a_live_lock_fresh(s3, monkeypatch):  # noqa: F811
     store_uri = s3.url("store")
     monkeypatch.setattr(holder, "HEARTBEAT_SECONDS", 0.2)
-    with lock_for(store_uri, "ingest", stale_after=1.0) as live:
-        time.sleep(2.5)  # well past stale_after: only the heartbeat keeps it alive
+    with lock_for(store_uri, "ingest", stale_after=2.0) as live:  # ages are whole seconds: 10 beats per stale time
+        time.sleep(4.5)  # well past stale_after: only the heartbeat keeps it alive
         with pytest.raises(LockedError, match=live.run_id):
-            lock_for(store_uri, "ingest", stale_after=1.0).acquire()
+            lock_for(store_uri, "ingest", stale_after=2.0).acquire()
         assert lock_info(live)["run_id"] == live.run_id
 
 
@@ -127,11 +127,13 @@ def test_stale_lock_is_taken_over_and_old_holder_cannot_delete_it(s3):  # noqa: 
 
 
 @pytest.mark.s3
-def test_two_breakers_cannot_both_win(s3):  # noqa: F811
+def test_two_breakers_cannot_both_win(s3, monkeypatch):  # noqa: F811
     store_uri = s3.url("store")
     dead = S3Lock(store_uri, "ingest")
     dead.acquire()
     hang(dead)
+    # the winner beats often, so that a loser slowed past the stale time never finds the new lock stale too
+    monkeypatch.setattr(holder, "HEARTBEAT_SECONDS", 0.2)
     time.sleep(2.2)
     breakers = [lock_for(store_uri, "ingest", stale_after=1.0) for _ in range(4)]
     outcomes: dict[int, str] = {}

@@ -116,7 +116,7 @@ def test_step_names_are_file_names():
     assert step_name("build-shards", "/data/out") == name != step_name("build-shards", "/data/out2")
 
 
-def _race(path: str, barrier, results) -> None:
+def _race(path: str, barrier, results, done) -> None:
     lock = LocalLock(path, "ingest")
     barrier.wait()
     try:
@@ -125,7 +125,7 @@ def _race(path: str, barrier, results) -> None:
         results.put("locked")
         return
     results.put("won")
-    time.sleep(1.0)  # hold while the others try
+    done.wait(60)  # hold until every other process has tried (however slowly it was scheduled)
     lock.release()
 
 
@@ -135,13 +135,14 @@ def test_many_processes_breaking_one_stale_lock_only_one_wins(tmp_path):
     ctx = mp.get_context("fork")
     for _round in range(3):
         write_lock(path, host=socket.gethostname(), pid=dead_pid())
-        barrier, results = ctx.Barrier(6), ctx.Queue()
-        procs = [ctx.Process(target=_race, args=(path, barrier, results)) for _ in range(6)]
+        barrier, results, done = ctx.Barrier(6), ctx.Queue(), ctx.Event()
+        procs = [ctx.Process(target=_race, args=(path, barrier, results, done)) for _ in range(6)]
         for p in procs:
             p.start()
+        outcomes = sorted(results.get(timeout=60) for _ in procs)
+        done.set()
         for p in procs:
             p.join(30)
-        outcomes = sorted(results.get(timeout=5) for _ in procs)
         assert outcomes == ["locked"] * 5 + ["won"]
         assert locks_left(os.path.dirname(path)) == []
 

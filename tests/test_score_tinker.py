@@ -115,9 +115,9 @@ def test_the_asample_body_is_the_recorded_one(tiny, tmp_path):
         json.dumps(b, sort_keys=True) for b in expected
     )
     assert len(set(seq_ids)) == len(seq_ids) and all(isinstance(i, int) and i >= 0 for i in seq_ids)
-    headers = {k.lower(): v for k, v in seen.requests[-2][2].items()}
-    assert headers["accept"] == "application/x-protobuf"  # the retrieve_future poll asks for the protobuf answer
-    assert seen.requests[-2][1] == "/api/v1/retrieve_future"
+    polls = [headers for _, path, headers, _ in seen.requests if path == "/api/v1/retrieve_future"]
+    assert polls  # every retrieve_future poll asks for the protobuf answer
+    assert all({k.lower(): v for k, v in h.items()}["accept"] == "application/x-protobuf" for h in polls)
 
 
 def test_a_checkpoint_path_and_the_future_polling(tiny, filled):
@@ -176,9 +176,9 @@ def test_service_down_exits_5_and_a_rerun_finishes_without_duplicates(tiny, fill
     store, samples = filled
     with tinker_server(ref, TinkerBehaviour(ok_budget=3)) as (url, seen):
         code, summary, _ = _cli(
-            store, url, "--concurrency", "1", "--retries", "1", "--timeout", "2", "--batch-tokens", "40"
-        )
-    assert code == 5 and "is unavailable: no answer in 2s after 2 attempts" in summary["error"]
+            store, url, "--concurrency", "1", "--retries", "1", "--timeout", "4", "--batch-tokens", "40"
+        )  # 4 s: opening the session and the good answers must fit in it on a loaded machine too
+    assert code == 5 and "is unavailable: no answer in 4s after 2 attempts" in summary["error"]
     assert {b["reason"]["type"] for b in seen.bodies("/api/v1/sessions/session-1/finish")} == {"errored"}
     partial = _refs(store)
     assert 0 < len(partial) <= 3

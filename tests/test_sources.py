@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from prl.io.sources import GZIP_MAGIC, ZSTD_MAGIC, LineReader, expand, first_lines
 
-PROPS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPS = settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 line_texts = st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"x")) | st.sampled_from([b"", b"\r", b"a\r"])
 

@@ -116,4 +116,28 @@ def updated_index(raw: bytes | None, listed: Collection[str], manifest: Callable
     return {"schema_version": SCHEMA_VERSION, "sets": [lines[set_id] for set_id in order]}
 
 
-__all__ = ["LINE_KEYS", "index_json", "index_line", "index_lines", "index_order", "updated_index"]
+def index_after_publish(
+    raw: bytes | None,
+    listed: Collection[str],
+    published: Manifest,
+    manifest: Callable[[str], Manifest],
+    replaced: Collection[str] = (),
+) -> dict[str, Any]:
+    """The index once ``published`` (its manifest in hand) is published and the sets ``replaced`` are retired:
+    :func:`updated_index` of the sets ``listed`` now, less ``replaced``, plus the published one. Made before the
+    set is published, so that a manifest ``manifest`` cannot read (:class:`prl.shards.manifest.ManifestError`)
+    stops the build before it publishes anything."""
+    new = published.set_id
+    ids = [*(s for s in listed if s != new and s not in replaced), new]
+    return updated_index(raw, ids, lambda set_id: published if set_id == new else manifest(set_id))
+
+
+__all__ = [
+    "LINE_KEYS",
+    "index_after_publish",
+    "index_json",
+    "index_line",
+    "index_lines",
+    "index_order",
+    "updated_index",
+]

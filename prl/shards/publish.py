@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from prl.shards.index import index_json, updated_index
+from prl.shards.index import index_after_publish
 from prl.shards.layout import find_sets, index_path, meta_dir, meta_root, retired_root, set_ref, staging_root
 from prl.shards.manifest import Manifest
 from prl.store.liveness import pid_alive
@@ -168,20 +168,14 @@ def retire_sets(out: str, set_ids: list[str]) -> None:
 
 def next_index(out: str, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]:
     """The ``OUT/.prl/index.json`` object once ``manifest``'s set is published and the sets ``replaced`` are
-    retired (:func:`prl.shards.index.updated_index`: the lines of sets already in the index are kept, the
-    manifests of the others read). Made before the set is published, so that a manifest of OUT that cannot be
-    read (:class:`prl.shards.manifest.ManifestError`) stops the build before it publishes anything."""
-    refs = {ref.set_id: ref for ref in find_sets(out) if ref.set_id not in replaced}
+    retired (:func:`prl.shards.index.index_after_publish`), made before the set is published."""
+    refs = {ref.set_id: ref for ref in find_sets(out)}
     try:
         with open(index_path(out), "rb") as fh:
             raw: bytes | None = fh.read()
     except OSError:
         raw = None
-
-    def read(set_id: str) -> Manifest:
-        return manifest if set_id == manifest.set_id else Manifest.of(refs[set_id])
-
-    return updated_index(raw, [*(s for s in refs if s != manifest.set_id), manifest.set_id], read)
+    return index_after_publish(raw, refs, manifest, lambda set_id: Manifest.of(refs[set_id]), replaced)
 
 
 def write_index(out: str, index: dict[str, Any]) -> None:
@@ -195,7 +189,6 @@ __all__ = [
     "clean_stale_staging",
     "discard_staging",
     "fsync_dir",
-    "index_json",
     "make_staging",
     "next_index",
     "publish_file",

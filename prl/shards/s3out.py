@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from prl.errors import LockedError, RetryableIOError, UsageError
 from prl.io.locations import normalise_s3, split_s3
-from prl.shards.index import updated_index
+from prl.shards.index import index_after_publish
 from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
 from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, make_staging
@@ -374,16 +374,12 @@ class S3Out:
 
     def next_index(self, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]:
         """The ``OUT/.prl/index.json`` object once ``manifest``'s set is published and the sets ``replaced`` are
-        retired: the lines of sets already in the index are kept and only the other listed sets' manifests are
-        read (:func:`prl.shards.index.updated_index`). Made before the set is published, so that a manifest of
-        OUT that cannot be read (:class:`ManifestError`) stops the build before it publishes anything."""
-        listed = {s: etag for s, etag in self._listed_manifests().items() if s not in replaced}
-
-        def read(set_id: str) -> Manifest:
-            return manifest if set_id == manifest.set_id else self.manifest(set_id, listed[set_id])
-
-        ids = [*(s for s in listed if s != manifest.set_id), manifest.set_id]
-        return updated_index(self.read_if_any(self.key(META, INDEX)), ids, read)
+        retired (:func:`prl.shards.index.index_after_publish`), made before the set is published."""
+        listed = self._listed_manifests()
+        raw = self.read_if_any(self.key(META, INDEX))
+        return index_after_publish(
+            raw, listed, manifest, lambda set_id: self.manifest(set_id, listed[set_id]), replaced
+        )
 
     def write_index(self, index: dict[str, Any]) -> None:
         """Put ``index`` (:meth:`next_index`) as ``OUT/.prl/index.json`` (derived data: the last writer wins)."""

@@ -167,3 +167,24 @@ def test_an_index_commit_after_another_writers_metadata_commit_is_made_again(sto
     assert calls == [calls[0], calls[0] + 1]  # made once more, against the table with the property commit
     assert sorted(index_rows(store)) == ["a0#0", "a1#0", "b0#0", "b1#0"]
     assert covered(store) == store.version("traces")
+
+
+def test_rows_of_an_index_commit_that_landed_then_failed_are_found_in_the_same_run(store, write_trace, monkeypatch):
+    """The run's kept index table did not move when the call failed after its commit: the rows must still be
+    looked up in that run (the commit is made here through the table's URI, so the kept object stays behind)."""
+    ingest([str(write_trace("a.jsonl", records("a", 2)))], store)
+    real = index_module.write_deltalake
+
+    def landed_then_failed(table, *args, **kwargs):
+        real(store.table_uri(INDEX_TABLE), *args, **kwargs)
+        raise OSError("writing the checkpoint failed")
+
+    with store.one_run():
+        idx = SampleIndex(store)
+        idx.refresh()
+        version = idx.covered
+        assert version is not None
+        monkeypatch.setattr(index_module, "write_deltalake", landed_then_failed)
+        idx.committed(version + 1, {"b0#0": "d0", "b1#0": "d1"})
+        assert idx.covered == version + 1
+        assert idx.lookup(["b0#0", "b1#0", "a0#0", "nope#0"]).keys() == {"b0#0", "b1#0", "a0#0"}

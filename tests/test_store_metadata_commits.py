@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
@@ -66,3 +67,31 @@ def test_metadata_changed_since_checks_the_columns(tmp_path: Path) -> None:
     changed = CommitFailedError(f"Failed to commit transaction: {writer.METADATA_CHANGED}.")
     assert pending._metadata_changed_since(view, changed)
     assert view.version() == 2  # brought up to date
+    with_extra = writer.TABLES["rewards"].append(pa.field("added_later", pa.int64()))
+    with pytest.MonkeyPatch.context() as patched:  # a column this table's files need is not in the table
+        patched.setitem(writer.TABLES, "rewards", with_extra)
+        assert not pending._metadata_changed_since(view, changed)
+
+
+def test_a_commit_that_landed_before_a_metadata_commit_refused_its_next_try_is_not_made_twice(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A commit whose answer was lost lands; delta-rs tries it again at the next version, meets another
+    writer's metadata commit there and raises "Metadata changed": the commit is found in the log, not made
+    again (its rows would be there twice)."""
+    store = Store(str(tmp_path / "store"))
+    store.commit("rewards", _rewards("a"))
+    real = DeltaTable.create_write_transaction
+
+    def landed_then_refused(self: DeltaTable, *args, **kwargs) -> None:
+        real(self, *args, **kwargs)
+        DeltaTable(store.table_uri("rewards")).alter.set_table_properties({"delta.checkpointInterval": "7"})
+        raise CommitFailedError(f"Failed to commit transaction: {writer.METADATA_CHANGED}.")
+
+    pending = store.write_files("rewards", _rewards("b"))
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", landed_then_refused)
+    result = pending.commit()
+    assert result.version == 2  # 0 create, 1 "a", 2 this commit, 3 the property
+    assert DeltaTable(store.table_uri("rewards")).version() == 3
+    ids = pl.from_arrow(store.read("rewards"))["sample_id"].sort().to_list()  # type: ignore[union-attr]
+    assert ids == ["a", "b"]

@@ -243,6 +243,7 @@ class SampleIndex:
             except BaseException as exc:  # OSError, or a panic of the Rust writer (a full disk): retryable
                 if self._landed(version):  # the commit is in the log (a checkpoint after it failed, say)
                     log.warning("indexing %s reported %s, but the commit is in the log", self.spec.table, exc)
+                    self.store.latest(self.spec.index_table)  # the kept table may not have moved: lookups load it
                     break
                 if attempt == 0 and table is not None and METADATA_CHANGED in str(exc):
                     table = self.store.latest(self.spec.index_table)  # another writer's metadata commit: once more
@@ -256,8 +257,9 @@ class SampleIndex:
         """Whether the index table, opened afresh, records this index's transaction at ``version`` or later."""
         try:
             fresh = self.store.open(self.spec.index_table)
-            return fresh is not None and (fresh.transaction_version(self.app_id or "") or -1) >= version
-        except (OSError, DeltaError):
+            landed = None if fresh is None else fresh.transaction_version(self.app_id or "")
+            return landed is not None and landed >= version
+        except (OSError, DeltaError, RetryableIOError):
             return False
 
     def _open(self) -> None:

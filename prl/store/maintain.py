@@ -175,9 +175,8 @@ def _maintain_table(
         out.files_compacted = int(metrics.get("numFilesRemoved", 0))
         out.files_written = int(metrics.get("numFilesAdded", 0))
         table = store.open(name) or table
-        if _set_properties(table, props):
+        if _set_properties(table, props):  # alters the table object in place: no second open
             out.properties_set = True
-            table = store.open(name) or table
         table.create_checkpoint()
         table.cleanup_metadata()
         out.checkpointed = True

@@ -124,7 +124,14 @@ class PendingCommit:
             except DeltaError as exc:
                 if not self._metadata_changed_since(table, exc):
                     raise
-                read_version = table.version()  # brought up to date: the commit is made against it once more
+                # brought up to date; a commit whose answer was lost may have landed before the metadata commit
+                # that refused the next try (delta-rs then tried it again at a later version): not twice
+                landed = self.store.committed_version(
+                    self.table, commit_id, window=table.version() - read_version, exact=True, latest=table.version()
+                )
+                if landed is not None:
+                    return CommitResult(self.table, landed, self.rows, len(self.adds), self.bytes)
+                read_version = table.version()  # the commit is made against it once more
                 table.create_write_transaction(actions, "append", TABLES[self.table], commit_properties=props)
         except (OSError, DeltaError) as exc:
             version = self._own_commit_after(exc, commit_id)

@@ -112,3 +112,19 @@ def test_without_units_or_ref_the_file_has_neither(tmp_path):
     ]
     row_scores, units = part_scores(batch, 0.0)
     assert units is None and row_scores.advantage_N.tolist() == [-0.5, 0.5]
+
+
+def test_empty_parts_are_empty_batches_of_the_same_columns(tmp_path):
+    traces, _ = spills(tmp_path)
+    ship = pl.DataFrame({"row": [0, 2, 1], "sample_id": ["s0", "s2", "s1"], "has_mask": [False, False, True]})
+    scores = Scores(
+        np.array([1.0, 2.0, 3.0]), np.array([-1.0, 0.0, 1.0]), np.array([3, 3, 3], dtype=np.int32), 0.0, 0, 0
+    )
+    rows = ShipRows.write(str(tmp_path / "ship.arrow"), ship, np.array([0, 0, 1, 1, 3]), traces, None, scores)
+    batches = [rows.read(s) for s in range(4)]
+    assert [b.num_rows for b in batches] == [0, 1, 0, 2]
+    assert all(b.schema == batches[1].schema for b in batches)
+    assert [b.column("sample_id").to_pylist() for b in batches] == [[], ["s0"], [], ["s2", "s1"]]
+    empty_scores, units = part_scores(batches[0], 0.0)
+    assert units is None and empty_scores.reward_N.tolist() == []
+    assert part_meta(batches[2]).height == 0

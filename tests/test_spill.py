@@ -221,3 +221,5 @@ def test_located_rows_are_gathered_after_the_spill_forgets_its_own(tmp_path):
         {"heads": [[2, 3]]},
     ]
     assert spill.take_at(np.zeros(0, dtype=np.int64), ["heads"]).num_rows == 0
+    with pytest.raises(RuntimeError, match="were forgotten: read them through locate"):
+        spill.locate(rows_N, ["ids"])

@@ -145,12 +145,10 @@ def assemble_merged_shard(
     if rows.nested is not None:
         columns["topk_ids"] = rows.nested["topk_ids"]
         columns["topk_logprobs"] = rows.nested["topk_logprobs"]
-    first, last = int(unit_N[0]), int(unit_N[-1]) + 1
-    shard_scores = UnitScores(
-        scores.reward_N[first:last], scores.advantage_N[first:last], scores.group_size_N[first:last], scores.mean_d
-    )
+    # the part's own scores, its units numbered from 0 (prl.shards.shiprows.part_scores)
+    shard_scores = UnitScores(scores.reward_N, scores.advantage_N, scores.group_size_N, scores.mean_d)
     kl = KlSettings(options.kl, options.kl_coef, options.kl_estimator)
-    return assemble_merged(pa.table(columns), unit_N - first, shard_scores, kl, k, window)
+    return assemble_merged(pa.table(columns), unit_N, shard_scores, kl, k, window)
 
 
 def _mask(rows: Gathered, n: int) -> pa.Array:

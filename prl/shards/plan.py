@@ -57,6 +57,7 @@ DROP_REASONS = (
     "constant_group",
 )
 """Why a sample did not ship, in the order they are tested (a sample counts under its first reason)."""
+assert len(DROP_REASONS) <= 255, "a drop reason is a UInt8 code"
 
 
 def drop_code(reason: str) -> pl.Expr:
@@ -417,11 +418,9 @@ def pack(keep: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
 
 def _runs(sorted_keys: pl.Series) -> tuple[np.ndarray, int]:
     """Dense numbers (int64) of the runs of equal values of ``sorted_keys`` (not empty; nulls equal) and how many
-    runs: for sorted keys, what :func:`prl.numerics.advantages.dense_index` gives, without a copy of the keys or a
+    runs (polars' ``rle_id``): for sorted keys, what :func:`prl.numerics.advantages.dense_index` gives, without a
     hash table of them."""
-    starts = sorted_keys.ne_missing(sorted_keys.shift(1)).to_numpy().copy()
-    starts[0] = True
-    gidx = np.cumsum(starts, dtype=np.int64) - 1
+    gidx = sorted_keys.rle_id().to_numpy().astype(np.int64)
     return gidx, int(gidx[-1]) + 1
 
 

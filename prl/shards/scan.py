@@ -77,7 +77,10 @@ def one_chunk(frames: list[pa.Table]) -> pl.DataFrame:
         column: pa.ChunkedArray | pa.Array = pa.chunked_array(chunks, type=schema.field(name).type)
         del chunks
         if not pa.types.is_dictionary(column.type):  # (the batches' dictionaries differ: polars unifies them)
-            column = column.combine_chunks()  # converted once, from one chunk: polars makes no copy to rechunk
+            try:
+                column = column.combine_chunks()  # converted once, from one chunk: polars makes no copy to rechunk
+            except pa.ArrowInvalid:  # a string column past 2 GiB (32-bit offsets): polars takes the chunks
+                pass
         series = pl.from_arrow(column)
         del column
         assert isinstance(series, pl.Series)

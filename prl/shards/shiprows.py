@@ -15,7 +15,6 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from prl.shards.gather import INPUT_IDS
 from prl.shards.merge_build import TURN_SCALARS
 from prl.shards.scores import Scores
 from prl.shards.spill import ScanSpill
@@ -24,15 +23,11 @@ PART_COLUMNS = TURN_SCALARS
 """Plan columns a part writes (those in the plan's shipped frame), as they are: what a merged row takes of its
 turns (:data:`prl.shards.merge_build.TURN_SCALARS`) is what every part reads."""
 
-TRACE_FLAT = (*INPUT_IDS, "completion_logprobs", "completion_mask")
-"""Flat trace spill columns a part gathers (the mask only where one of its rows has one)."""
 
-
-def _located(prefix: str, spill: ScanSpill, rows_N: np.ndarray, columns: tuple[str, ...]) -> dict[str, pa.Array]:
-    """:meth:`ScanSpill.locate` of ``rows_N`` as Arrow columns, names prefixed with ``prefix``."""
-    return {
-        f"{prefix}{k}": pa.array(v) for k, v in spill.locate(rows_N, [c for c in columns if c in spill.raw]).items()
-    }
+def _places(prefix: str, spill: ScanSpill, rows_N: np.ndarray) -> dict[str, pa.Array]:
+    """:meth:`ScanSpill.locate` of ``rows_N`` in every flat column of ``spill`` (what a part gathers) as Arrow
+    columns, names prefixed with ``prefix``."""
+    return {f"{prefix}{k}": pa.array(v) for k, v in spill.locate(rows_N, list(spill.raw)).items()}
 
 
 @dataclass(frozen=True)
@@ -70,9 +65,9 @@ class ShipRows:
                 columns["s.group_size"] = pa.array(scores.group_size_N[per_row])
                 if units is not None:
                     columns["unit"] = pa.array(units[lo:hi])
-                columns |= _located("t.", traces, part.get_column("row").to_numpy(), TRACE_FLAT)
+                columns |= _places("t.", traces, part.get_column("row").to_numpy())
                 if ref is not None:
-                    columns |= _located("r.", ref, part.get_column("ref_row").to_numpy(), ("ref_logprobs",))
+                    columns |= _places("r.", ref, part.get_column("ref_row").to_numpy())
                 batch = pa.RecordBatch.from_pydict(columns)
                 if writer is None:
                     writer = pa.ipc.new_file(sink, batch.schema)

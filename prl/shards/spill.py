@@ -187,6 +187,7 @@ class ScanSpill:
         self.writer: pa.ipc.RecordBatchFileWriter | None = None
         self.schema: pa.Schema | None = None
         self.raw: dict[str, _RawColumn] = {}
+        self._forgotten = False  # forget_rows() was called: rows are read only through locate()
         self._rows: list[np.ndarray] = []
         self._nested: list[str] = []
         self.rows_S = np.zeros(0, dtype=np.int64)
@@ -231,6 +232,8 @@ class ScanSpill:
     def _spill_rows(self, rows_N: np.ndarray) -> np.ndarray:
         """The spill row (index into :attr:`rows_S`) of each scan row."""
         assert self.schema is not None, "gather from an empty spill"
+        if self._forgotten:
+            raise RuntimeError(f"the rows of spill file {self.path} were forgotten: read them through locate()")
         spill_N = np.searchsorted(self.rows_S, rows_N)
         if len(rows_N) and not np.array_equal(self.rows_S[np.minimum(spill_N, len(self.rows_S) - 1)], rows_N):
             raise RuntimeError(f"rows missing from spill file {self.path}")
@@ -281,6 +284,7 @@ class ScanSpill:
         for column in self.raw.values():
             column.starts_S1 = np.zeros(1, dtype=np.int64)
             column.row_valid_S = None
+        self._forgotten = True
 
     def flat(self, rows_N: np.ndarray, columns: Sequence[str | tuple[str, ...]]) -> dict[object, FlatList]:
         """Each of ``columns`` (lists of fixed-width values or bools) for the rows with scan row numbers ``rows_N``,

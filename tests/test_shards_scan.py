@@ -117,3 +117,27 @@ def test_batches_become_one_frame_of_one_chunk_per_column():
         "spans": [None, [{"version": "v", "start": 1}], []],
     }
     assert all(out.get_column(c).n_chunks() == 1 for c in out.columns)
+
+
+def test_a_sources_sample_ids_are_distinct_and_follow_each_parts_filter(tmp_path):
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    from prl.shards.frontier import TraceSource
+    from prl.shards.scan import source_sample_ids
+    from prl.store.tables import scan_options
+
+    parts = []
+    for name, ids, flt in [
+        ("one", ["b", "a", "b"], None),
+        ("two", ["c", "a", "d", None], pc.field("sample_id") != "d"),
+    ]:
+        path = str(tmp_path / f"{name}.parquet")
+        pq.write_table(pa.table({"sample_id": pa.array(ids, pa.string()), "n": list(range(len(ids)))}), path)
+        parts.append((ds.dataset(path), flt))
+    ids = source_sample_ids(TraceSource(parts, whole=False), scan_options(False))
+    # "d" fails its part's filter (and so does the null: a comparison with null is null)
+    assert ids.type == pa.string() and sorted(ids.to_pylist()) == ["a", "b", "c"]
+    empty = source_sample_ids(TraceSource([], whole=False), scan_options(False))
+    assert empty.type == pa.string() and len(empty) == 0

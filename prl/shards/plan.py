@@ -1,7 +1,7 @@
 """The plan of a build: which samples ship, in which order and shard, and why the others do not (design.md §5–6).
 
-:func:`make_plan` runs the plan scans (:mod:`prl.shards.scan`; the traces scan beside the three others, which run
-in turn), leaves out samples an earlier set in ``OUT`` shipped, joins the latest reward per component, verdict and
+:func:`make_plan` runs the plan scans (:mod:`prl.shards.scan`; the three side reads, then the traces scan, in
+turn), leaves out samples an earlier set in ``OUT`` shipped, joins the latest reward per component, verdict and
 reference row, scores each sample, and names each dropped sample's first failed filter (:data:`DROP_REASONS`, in
 order). :func:`pack` then sorts the groups, shuffles them with ``options.seed`` and lays them out back to back: a
 group belongs to the shard in whose ``target_tokens`` window its first token falls, so groups stay whole and shards
@@ -11,7 +11,6 @@ final order.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +27,7 @@ from prl.shards.frontier import TraceSource
 from prl.shards.layout import set_ref
 from prl.shards.merge_build import mark_units
 from prl.shards.options import VERSION_RE, ShardOptions, parse_version
-from prl.shards.scan import latest_rewards, latest_verdicts, scan_refs, scan_traces
+from prl.shards.scan import latest_rewards, latest_verdicts, scan_refs, scan_traces, source_sample_ids
 from prl.shards.spill import ScanSpill
 from prl.store.tables import Store
 
@@ -188,22 +187,24 @@ def _read_inputs(
     ref_spill: ScanSpill | None,
     source: TraceSource | None = None,
 ) -> _Inputs:
-    """The traces scan in one thread and the three side reads (:func:`_read_sides`) one after the other in a
-    second (decoding and polars release the GIL); the spills are closed when they end, however they end. When
-    ``source`` is a frontier's (not the whole traces table), the traces scan runs first and the side reads keep
-    only rows of the samples it found.
+    """The three side reads (:func:`_read_sides`) one after the other, then the traces scan; the spills are
+    closed when they end, however they end. When ``source`` is a frontier's (not the whole traces table), the side
+    reads keep only rows of the samples it holds (:func:`prl.shards.scan.source_sample_ids`: its ``sample_id``
+    column alone, read first).
 
-    The side reads do not run side by side: each sorts its table's keys whole, and their working memory, which
-    grows with the samples read, would add up."""
+    Nothing runs side by side: each read's working memory (a side read's key columns, sorted whole; the traces
+    scan's decoded batches) grows with the samples read, and run side by side they would add up. In turn, with
+    the freed pages handed back in between, the peak is that of the largest read beside what the reads before
+    it keep: the side reads keep a few columns per sample, the traces scan many more, so it goes last."""
     try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            traces_f = pool.submit(scan_traces, store, versions["traces"], options, trace_spill, exclude, source)
-            only = None
-            if source is not None and not source.whole:
-                traces = traces_f.result()
-                only = traces["sample_id"].unique().to_arrow() if not traces.is_empty() else pa.array([], pa.string())
-            sides_f = pool.submit(_read_sides, store, versions, options, ref_spill, exclude, only)
-            return _Inputs(traces_f.result(), *sides_f.result())
+        only = None
+        if source is not None and not source.whole:
+            only = source_sample_ids(source, store.scan_options)
+        sides = _read_sides(store, versions, options, ref_spill, exclude, only)
+        del only
+        release_free_memory()  # what the side reads freed: not held beside the traces scan
+        traces = scan_traces(store, versions["traces"], options, trace_spill, exclude, source)
+        return _Inputs(traces, *sides)
     finally:
         for spill in (trace_spill, ref_spill):
             if spill is not None:
@@ -219,11 +220,13 @@ def _read_sides(
     only: pa.Array | None,
 ) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
     """``(rewards, verdicts, refs)``: the latest rewards and verdicts and the winning reference rows (None
-    without KL), read in turn."""
+    without KL), read in turn, each read's freed pages handed back before the next."""
     rewards = latest_rewards(store, versions["rewards"], list(options.rewards), only)
+    release_free_memory()
     verdicts = latest_verdicts(store, versions["checks"], options.tokenizer_fingerprint, only, options.merge_turns)
     refs = None
     if options.kl != "none":
+        release_free_memory()
         refs = scan_refs(store, versions["ref_logprobs"], options, ref_spill, exclude, only)
     return rewards, verdicts, refs
 

@@ -200,6 +200,16 @@ def _scanned_files(
                 release_free_memory()
 
 
+def source_sample_ids(source: TraceSource, read: ds.ParquetFragmentScanOptions) -> pa.Array:
+    """The distinct ``sample_id`` values (string) of the rows of ``source``, its parts' filters applied: what the
+    side reads keep rows of when a frontier's source is scanned. Only the ``sample_id`` column is read."""
+    chunks = []
+    for dataset, flt in source.parts:
+        table = dataset.to_table(columns=["sample_id"], filter=flt, fragment_scan_options=read)
+        chunks += table.column("sample_id").cast(pa.string()).chunks
+    return pc.unique(pa.chunked_array(chunks, type=pa.string()))
+
+
 def trace_spill_columns(options: ShardOptions) -> list[str]:
     cols = ["prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
     return cols + (list(HEAD_COLUMNS) if options.topk is not None else [])
@@ -419,5 +429,6 @@ __all__ = [
     "scan_refs",
     "scan_traces",
     "side_sums",
+    "source_sample_ids",
     "trace_spill_columns",
 ]

@@ -143,3 +143,18 @@ def test_a_second_run_on_ray_still_exits_3(tmp_path, ray_cluster):
         assert cli.exit_code == 3
     assert store.version("checks") is None
     assert pa.__version__  # the store was left as it was: no verdicts committed under someone else's lock
+
+
+def test_read_task_args_are_named_parameters_where_this_ray_has_them_else_ray_remote_args():
+    from types import SimpleNamespace
+
+    from prl.engines.ray.checks import _read_task_args
+
+    def newer(paths, *, runtime_env=None, ray_remote_args=None): ...
+
+    def older(paths, *, ray_remote_args=None): ...
+
+    args = {"runtime_env": {"env_vars": {"AWS_REGION": "us-east-1"}}}
+    assert _read_task_args(SimpleNamespace(data=SimpleNamespace(read_parquet=newer)), args) == args
+    assert _read_task_args(SimpleNamespace(data=SimpleNamespace(read_parquet=older)), args) == {"ray_remote_args": args}
+    assert _read_task_args(SimpleNamespace(data=SimpleNamespace(read_parquet=older)), {}) == {}

@@ -9,8 +9,9 @@ driver tallies and commits them (:mod:`prl.checks.run`).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prl.checks.batch import COLUMNS
 from prl.checks.remote import CheckedBatch, CheckJob, check_block
@@ -33,7 +34,7 @@ def check_batches(engine: RayEngine, job: CheckJob) -> Iterator[CheckedBatch]:
         filesystem=fs,
         override_num_blocks=engine.blocks(len(job.files) * 8),
         partitioning=None,
-        ray_remote_args=engine.remote_args(),
+        **_read_task_args(ray, engine.remote_args()),
         **kwargs,
     ).select_columns(list(COLUMNS))
     checked = rows.map_batches(
@@ -41,6 +42,14 @@ def check_batches(engine: RayEngine, job: CheckJob) -> Iterator[CheckedBatch]:
     )
     for row in engine.rows(checked):
         yield CheckedBatch.from_row(row)
+
+
+def _read_task_args(ray: Any, remote_args: dict[str, Any]) -> dict[str, Any]:
+    """``remote_args`` (:meth:`RayEngine.remote_args`) as ``read_parquet`` takes them: as its own named parameters
+    where this Ray has them all (``runtime_env`` and the like; ``ray_remote_args`` is deprecated from Ray 2.60),
+    else as ``ray_remote_args``."""
+    named = inspect.signature(ray.data.read_parquet).parameters
+    return dict(remote_args) if all(k in named for k in remote_args) else {"ray_remote_args": remote_args}
 
 
 __all__ = ["check_batches"]

@@ -13,13 +13,11 @@ written ``--chunk`` samples per commit.
 Sizes should start above :data:`prl.shards.gather.WORKERS` + 1 shards (``target_tokens``, 4 M tokens by
 default): below that, fewer shards than workers are in memory at once, so peak RSS follows the shards being built,
 not the store, and the growth from such a size (marked ``"below_steady_state": true``) counts the shard buffers
-too. The defaults (8 and 32 M tokens) take a minute or two on a small machine;
-the README's numbers come from
-``python bench/bench_shards_memory.py --tokens 5e6,50e6,200e6`` (about 2 GB of store on disk): 430 / 577 /
-631 and 425 / 550 / 592 MB peak at 5 / 50 / 200 M tokens with prl's settings, 189 and 147 bytes per sample from
-100 k to 400 k samples (the code before, in the same alternating rounds: 410 / 609 / 668 and 431 / 581 / 665 MB,
-206 and 293 bytes per sample), on the shared 2-core machine while other jobs ran (a size's peak moves by up to
-90 MB from run to run there: the allocators hand pages back on timers).
+too. The defaults (5, 50 and 200 M tokens; ``make bench`` runs them) take about three minutes and 1.6 GB of disk
+on a small machine; the README's table adds 500 M tokens (``--tokens 5e6,50e6,200e6,500e6``: 4 GB of store, six
+more minutes): 401 / 563 / 606 / 933 MB peak with prl's settings, against 412 / 544 / 588 / 1,060 MB for the code
+before in the same session, on the 2-core machine (a size's peak moves by 20–40 MB from run to run: the
+allocators hand pages back on timers).
 
 Prints one JSON object.
 """
@@ -78,7 +76,7 @@ def build_once(store: str, out: str, settings: dict[str, str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokens", default="8e6,32e6", help="comma-separated store sizes, in tokens")
+    parser.add_argument("--tokens", default="5e6,50e6,200e6", help="comma-separated store sizes, in tokens")
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--completion", type=int, default=300)
     parser.add_argument("--group", type=int, default=4)

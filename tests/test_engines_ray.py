@@ -158,3 +158,9 @@ def test_read_task_args_are_named_parameters_where_this_ray_has_them_else_ray_re
     assert _read_task_args(SimpleNamespace(data=SimpleNamespace(read_parquet=newer)), args) == args
     assert _read_task_args(SimpleNamespace(data=SimpleNamespace(read_parquet=older)), args) == {"ray_remote_args": args}
     assert _read_task_args(SimpleNamespace(data=SimpleNamespace(read_parquet=older)), {}) == {}
+    import inspect
+
+    import ray
+
+    if "runtime_env" in inspect.signature(ray.data.read_parquet).parameters:  # this Ray: named
+        assert _read_task_args(ray, args) == args

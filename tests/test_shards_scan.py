@@ -1,4 +1,5 @@
-"""The latest row per sample the plan's side reads keep (:func:`prl.shards.scan.last_of_runs`)."""
+"""The plan's side reads: the latest row per sample they keep (:func:`prl.shards.scan.last_of_runs`), and the
+sample ids of a frontier's source they keep rows of (:func:`prl.shards.scan.source_sample_ids`)."""
 
 from __future__ import annotations
 
@@ -130,14 +131,17 @@ def test_a_sources_sample_ids_are_distinct_and_follow_each_parts_filter(tmp_path
 
     parts = []
     for name, ids, flt in [
-        ("one", ["b", "a", "b"], None),
+        ("one", ["b", "a", "b", None], None),  # no filter: the null id is kept
         ("two", ["c", "a", "d", None], pc.field("sample_id") != "d"),
+        ("backlog", ["e", "f", "g"], pc.field("sample_id").isin(["f", "x"])),  # a backlog part's filter
     ]:
         path = str(tmp_path / f"{name}.parquet")
         pq.write_table(pa.table({"sample_id": pa.array(ids, pa.string()), "n": list(range(len(ids)))}), path)
         parts.append((ds.dataset(path), flt))
     ids = source_sample_ids(TraceSource(parts, whole=False), scan_options(False))
-    # "d" fails its part's filter (and so does the null: a comparison with null is null)
-    assert ids.type == pa.string() and sorted(ids.to_pylist()) == ["a", "b", "c"]
+    # "d" fails its part's filter (and so does its null: a comparison with null is null); of the backlog, "f"
+    values = ids.to_pylist()
+    assert ids.type == pa.large_string() and len(values) == 5
+    assert sorted(v for v in values if v is not None) == ["a", "b", "c", "f"] and values.count(None) == 1
     empty = source_sample_ids(TraceSource([], whole=False), scan_options(False))
-    assert empty.type == pa.string() and len(empty) == 0
+    assert empty.type == pa.large_string() and len(empty) == 0

@@ -1,5 +1,7 @@
 """The plan scans of a build: one streaming pass over ``traces`` (and ``ref_logprobs``) at pinned versions that keeps
-a few scalars per sample and spills the token columns, plus the latest reward and verdict per sample.
+a few scalars per sample and spills the token columns, plus the latest reward and verdict per sample. A frontier's
+build also reads the ``sample_id`` column of the traces files it scans first (:func:`source_sample_ids`: on S3,
+requests for those column chunks), so that the side reads keep only the rows of those samples.
 
 Every scan reads its table at the version the build pinned (``store.versions()``, read once). While the batches go
 by, the token columns of every row not shipped before are appended in scan order to a
@@ -66,11 +68,14 @@ def frame(table: pa.Table) -> pl.DataFrame:
 def one_chunk(frames: list[pa.Table]) -> pl.DataFrame:
     """The tables of ``frames`` (one per scanned batch, one schema; the list is emptied) as one polars frame of one
     chunk per column, made a column at a time: each column's batches are let go once it is combined into one
-    Arrow chunk, which is let go once converted, so that the batches and the frame are never both held whole.
-    Left in chunks, the frame would be copied whole, into one chunk, by the first operation that adds a column of
+    Arrow chunk, which is let go once converted, so that the batches and the frame are never both held whole;
+    the freed pages are handed back before the first column and after each one
+    (:func:`prl.runtime.release_free_memory`), or the pages each column's batches leave would pile up until the
+    allocators' delays run out. Left in chunks, the frame would be copied whole, into one chunk, by the first operation that adds a column of
     one chunk to it (the plan's joins)."""
     schema = frames[0].schema
     columns = []
+    release_free_memory()  # what the scan freed since its last hand-back: not held beside the frame being made
     for name in schema.names:
         chunks = [chunk for table in frames for chunk in table.column(name).chunks]
         frames[:] = [table.drop_columns([name]) for table in frames]
@@ -86,6 +91,7 @@ def one_chunk(frames: list[pa.Table]) -> pl.DataFrame:
         assert isinstance(series, pl.Series)
         columns.append(series.rechunk().alias(name))
         del series
+        release_free_memory()  # the column's batches (Arrow's pool, glibc's malloc): back before the next one
     frames.clear()
     return pl.DataFrame(columns)
 
@@ -201,13 +207,13 @@ def _scanned_files(
 
 
 def source_sample_ids(source: TraceSource, read: ds.ParquetFragmentScanOptions) -> pa.Array:
-    """The distinct ``sample_id`` values (string) of the rows of ``source``, its parts' filters applied: what the
-    side reads keep rows of when a frontier's source is scanned. Only the ``sample_id`` column is read."""
+    """The distinct ``sample_id`` values (large_string) of the rows of ``source``, its parts' filters applied: what
+    the side reads keep rows of when a frontier's source is scanned. Only the ``sample_id`` column is read."""
     chunks = []
     for dataset, flt in source.parts:
         table = dataset.to_table(columns=["sample_id"], filter=flt, fragment_scan_options=read)
-        chunks += table.column("sample_id").cast(pa.string()).chunks
-    return pc.unique(pa.chunked_array(chunks, type=pa.string()))
+        chunks += table.column("sample_id").cast(pa.large_string()).chunks  # (64-bit offsets: no 2 GiB limit)
+    return pc.unique(pa.chunked_array(chunks, type=pa.large_string()))
 
 
 def trace_spill_columns(options: ShardOptions) -> list[str]:

@@ -1,7 +1,7 @@
 """The plan of a build: which samples ship, in which order and shard, and why the others do not (design.md §5–6).
 
-:func:`make_plan` runs the plan scans (:mod:`prl.shards.scan`; the three side reads, then the traces scan, in
-turn), leaves out samples an earlier set in ``OUT`` shipped, joins the latest reward per component, verdict and
+:func:`make_plan` runs the plan scans (:mod:`prl.shards.scan`; the side reads, then the traces scan, in turn),
+leaves out samples an earlier set in ``OUT`` shipped, joins the latest reward per component, verdict and
 reference row, scores each sample, and names each dropped sample's first failed filter (:data:`DROP_REASONS`, in
 order). :func:`pack` then sorts the groups, shuffles them with ``options.seed`` and lays them out back to back: a
 group belongs to the shard in whose ``target_tokens`` window its first token falls, so groups stay whole and shards
@@ -187,10 +187,10 @@ def _read_inputs(
     ref_spill: ScanSpill | None,
     source: TraceSource | None = None,
 ) -> _Inputs:
-    """The three side reads (:func:`_read_sides`) one after the other, then the traces scan; the spills are
-    closed when they end, however they end. When ``source`` is a frontier's (not the whole traces table), the side
-    reads keep only rows of the samples it holds (:func:`prl.shards.scan.source_sample_ids`: its ``sample_id``
-    column alone, read first).
+    """The side reads (:func:`_read_sides`: rewards, verdicts and, with KL, the reference rows) one after the
+    other, then the traces scan; the spills are closed when they end, however they end. When ``source`` is a
+    frontier's (not the whole traces table), the side reads keep only rows of the samples it holds
+    (:func:`prl.shards.scan.source_sample_ids`: its ``sample_id`` column alone, read first).
 
     Nothing runs side by side: each read's working memory (a side read's key columns, sorted whole; the traces
     scan's decoded batches) grows with the samples read, and run side by side they would add up. In turn, with
@@ -261,12 +261,16 @@ def _aligned(ids: pa.Array, side: pl.DataFrame) -> list[pl.Series]:
 
 
 def _scored(inputs: _Inputs, traces: pl.DataFrame, options: ShardOptions) -> pl.DataFrame:
-    """One row per considered sample (scan order) with its joins, ``score`` and first failed filter ``drop``."""
+    """One row per considered sample (scan order) with its joins, ``score`` and first failed filter ``drop``. The
+    side frames of ``inputs`` are emptied once their columns are aligned to the trace rows (``refs`` becomes
+    None), so that they are not held beside the scores and the filters."""
+    with_ref = inputs.refs is not None
     sides = [inputs.rewards, inputs.verdicts] + ([inputs.refs] if inputs.refs is not None else [])
     ids = traces.get_column("sample_id").to_arrow()
     plan = traces.hstack([column for side in sides for column in _aligned(ids, side)])
-    del ids
-    release_free_memory()  # the lookups' hash tables: not held beside the filters
+    del ids, sides
+    inputs.rewards, inputs.verdicts, inputs.refs = inputs.rewards.clear(), inputs.verdicts.clear(), None
+    release_free_memory()  # the lookups' hash tables and the side frames (aligned now): not held beside the filters
     names = list(options.rewards)
     components = {n: plan[f"r::{n}"].to_numpy().astype(np.float64) for n in names}
     missing = np.zeros(plan.height, dtype=bool)
@@ -274,8 +278,8 @@ def _scored(inputs: _Inputs, traces: pl.DataFrame, options: ShardOptions) -> pl.
         missing |= plan[f"r::{n}"].is_null().to_numpy()
     score = adv.combine_rewards(components, options.rewards)
     plan = plan.with_columns(pl.Series("score", np.where(missing, np.nan, score)), pl.Series("_score_missing", missing))
-    plan = plan.with_columns(drop_reasons(options, inputs.refs is not None).alias("drop"))
-    if inputs.refs is not None and options.missing_ref == "error":
+    plan = plan.with_columns(drop_reasons(options, with_ref).alias("drop"))
+    if with_ref and options.missing_ref == "error":
         _refuse_missing_refs(plan, options)
     return plan
 
@@ -439,15 +443,20 @@ def _order(keep: pl.DataFrame, options: ShardOptions) -> tuple[np.ndarray, np.nd
     )
     keys = keep.select(*by, tokens_col.alias("_tokens")).with_row_index("_k").sort(by)
     gidx, num_g = _runs(keys.get_column("group_id"))  # sorted → group numbers increase with group_id
-    perm_G = np.random.default_rng(options.seed).permutation(num_g)
-    rank_G = np.empty(num_g, dtype=np.int64)
-    rank_G[perm_G] = np.arange(num_g)
+    perm_G = np.random.default_rng(options.seed).permutation(num_g)  # the group at each rank
     group_tokens_G = np.bincount(gidx, weights=keys["_tokens"].to_numpy(), minlength=num_g)
     start_by_rank = np.concatenate(([0.0], np.cumsum(group_tokens_G[perm_G])[:-1]))
-    window_G = (start_by_rank // options.target_tokens).astype(np.int64)[rank_G]
-    order = np.lexsort((np.arange(len(gidx)), rank_G[gidx]))
-    _, shard = np.unique(window_G[gidx][order], return_inverse=True)
-    return keys["_k"].to_numpy()[order], shard.astype(np.int32)
+    window_by_rank = (start_by_rank // options.target_tokens).astype(np.int64)  # nondecreasing
+    # each group is a run of the sorted keys: lay the runs out in rank order, each in its own order
+    rows_G = np.bincount(gidx, minlength=num_g)
+    first_G = np.concatenate(([0], np.cumsum(rows_G)[:-1]))
+    rows_by_rank = rows_G[perm_G]
+    placed_by_rank = np.concatenate(([0], np.cumsum(rows_by_rank)[:-1]))  # the rows laid out before each rank
+    order = np.repeat(first_G[perm_G] - placed_by_rank, rows_by_rank)
+    order += np.arange(len(order))
+    shard_by_rank = np.concatenate(([0], np.cumsum(window_by_rank[1:] != window_by_rank[:-1])))  # windows, densely
+    shard = np.repeat(shard_by_rank.astype(np.int32), rows_by_rank)
+    return keys["_k"].to_numpy()[order], shard
 
 
 __all__ = ["DROP_REASONS", "Plan", "drop_reasons", "make_plan", "pack", "plan_only", "shipped_ids"]

@@ -71,8 +71,8 @@ def one_chunk(frames: list[pa.Table]) -> pl.DataFrame:
     Arrow chunk, which is let go once converted, so that the batches and the frame are never both held whole;
     the freed pages are handed back before the first column and after each one
     (:func:`prl.runtime.release_free_memory`), or the pages each column's batches leave would pile up until the
-    allocators' delays run out. Left in chunks, the frame would be copied whole, into one chunk, by the first operation that adds a column of
-    one chunk to it (the plan's joins)."""
+    allocators' delays run out. Left in chunks, the frame would be copied whole, into one chunk, by the first
+    operation that adds a column of one chunk to it (the plan's joins)."""
     schema = frames[0].schema
     columns = []
     release_free_memory()  # what the scan freed since its last hand-back: not held beside the frame being made

@@ -568,21 +568,21 @@ def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
     out = tmp_path / "out"
     from prl.shards import parts
 
-    real, calls = parts.write_shard, []
+    calls = []
 
-    def disk_full_on_the_third(table, tmp):
-        calls.append(tmp)
-        if len(calls) == 3:
-            Path(tmp).write_bytes(b"PAR1 partial")
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(table, tmp)
+    class DiskFullOnTheThird(parts.ShardWriter):
+        def write(self, table):
+            calls.append(table.num_rows)
+            if len(calls) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            super().write(table)
 
-    monkeypatch.setattr(parts, "write_shard", disk_full_on_the_third)
+    monkeypatch.setattr(parts, "ShardWriter", DiskFullOnTheThird)
     with pytest.raises(OSError, match="No space left on device"):
         build_shards(store, str(out), options=ShardOptions(target_tokens=50))
     assert len(calls) >= 3
     assert sorted(os.listdir(out)) == []  # no set, no staging folder, no index
-    monkeypatch.setattr(parts, "write_shard", real)
+    monkeypatch.undo()
     result = build_shards(store, str(out), options=ShardOptions(target_tokens=50))
     assert (result.status, result.rows) == ("built", 160)
     from prl.shards.verify import verify_shards

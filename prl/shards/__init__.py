@@ -12,7 +12,9 @@ One module per job, in the order a build takes them (:func:`prl.shards.build.bui
 - :mod:`~prl.shards.scores` — KL sums / batch mean log ratio and group-relative advantages over the shipped rows
   (the formulas are :mod:`prl.numerics`).
 - :mod:`~prl.shards.gather` — shared helpers of the per-shard passes (worker count, blocks, loss masks, lists).
-- :mod:`~prl.shards.assemble` — one shard's ``SHARD`` table from its gathered rows, plan rows and scores.
+- :mod:`~prl.shards.rowgroups` — a shard's row groups: runs of whole groups of about ``ROW_GROUP_TOKENS`` tokens.
+- :mod:`~prl.shards.assemble` — one row group's ``SHARD`` table from its gathered rows, plan rows and scores.
+- :mod:`~prl.shards.parts` — one part (shard file): its rows gathered, assembled and written a row group at a time.
 - :mod:`~prl.shards.writer` — Parquet via pyarrow (zstd, byte-stream-split floats), hashed as written.
 - :mod:`~prl.shards.statistics` — the summaries a build reports and its manifest records.
 - :mod:`~prl.shards.manifest` — the typed :class:`Manifest` (``manifest.json``) and the sets of an ``OUT`` folder.

@@ -9,10 +9,10 @@
    (:class:`prl.shards.spill.ScanSpill`), so token data is decoded once per build; a dry run spills nothing.
 3. **Scores** (:mod:`prl.shards.scores`): KL sums or the batch mean log ratio where the options need them, then
    group-relative advantages over exactly the rows that ship.
-4. **Assemble and write** (:mod:`prl.shards.assemble`, :mod:`prl.shards.writer`): :data:`WORKERS` threads each
-   gather a shard's rows from the spill, assemble its table and write it with pyarrow, hashed as written, while
-   :data:`IO_THREADS` fsync and rename the files written. Every value is computed per shard or per sample, so
-   the bytes do not depend on the threads.
+4. **Assemble and write** (:mod:`prl.shards.parts`, :mod:`prl.shards.assemble`, :mod:`prl.shards.writer`):
+   :data:`WORKERS` threads each gather a shard's rows from the spill, assemble and write it with pyarrow a row
+   group at a time (:mod:`prl.shards.rowgroups`), hashed as written, while :data:`IO_THREADS` fsync and rename
+   the files written. Every value is computed per sample, so the bytes do not depend on the threads.
 5. **Publish** (:mod:`prl.shards.target`; layout in :mod:`prl.shards.layout`), after checking that the build
    still holds its lock (:func:`prl.store.holder.ensure_held`): in a local OUT the staged parts folder is renamed
    to ``OUT/<set-id>/``, then the staged meta folder (sample ids, ``manifest.json``) to ``OUT/.prl/sets/<set-id>/``
@@ -25,10 +25,11 @@
 What a build reads of OUT does not grow with the sets there: their ids (a listing), the frontier, the sample ids
 of sets the frontier does not account for (normally none), the index and one manifest; never every manifest.
 
-Memory is bounded by one shard per worker thread plus a few scalars per sample, never by the table's token data;
-while the shards are written, the shipped rows' own values and scores wait on disk (:mod:`prl.shards.shiprows`).
-The set id is derived from the source table versions, the options, the earlier sets whose samples were skipped and
-the Parquet writer (:data:`prl.shards.writer.WRITER`); nothing in a set depends on the clock, so building the same
+Memory is bounded by one row group (:mod:`prl.shards.rowgroups`) per worker thread plus a few scalars per sample,
+never by the table's token data; while the shards are written, the shipped rows' own values and scores wait on
+disk (:mod:`prl.shards.shiprows`). The set id is derived from the source table versions, the options, the earlier
+sets whose samples were skipped, the Parquet writer (:data:`prl.shards.writer.WRITER`) and the row-group size
+(:data:`prl.shards.rowgroups.ROW_GROUP_TOKENS`); nothing in a set depends on the clock, so building the same
 inputs again with the same pyarrow yields the same bytes.
 """
 
@@ -38,7 +39,6 @@ import hashlib
 import json
 import os
 import shutil
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,6 +52,7 @@ from prl.engines import Engine, get_engine
 from prl.errors import UsageError
 from prl.runtime import release_free_memory
 from prl.schema import SCHEMA_VERSION, SHARD
+from prl.shards import rowgroups
 from prl.shards.frontier import Frontier, TraceSource, new_backlog_name, options_digest, trace_source, write_frontier
 from prl.shards.gather import WORKERS
 from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, Totals
@@ -113,13 +114,14 @@ def build_shards(
 
 
 def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[str]) -> str:
-    """``v<traces version>-<digest>`` of what determines a set's bytes: schema, writer, versions, options, and the
-    earlier sets whose samples were skipped."""
+    """``v<traces version>-<digest>`` of what determines a set's bytes: schema, writer and row-group size,
+    versions, options, and the earlier sets whose samples were skipped."""
     digest = hashlib.sha256(
         json.dumps(
             {
                 "schema_version": SCHEMA_VERSION,
                 "writer": WRITER,
+                "row_group_tokens": rowgroups.ROW_GROUP_TOKENS,
                 "versions": versions,
                 "options": options.to_dict(),
                 "excluded_sets": sorted(prior),
@@ -304,7 +306,7 @@ def _write_set(
         job = PartJob(staging.parts, spills, rows, bounds, mean_d, options, plan.k)
         written = _write_shards(job, io, engine)
         sealed.result()
-    shutil.rmtree(spills.folder, ignore_errors=True)  # gone already, unless a shard failed
+    shutil.rmtree(spills.folder, ignore_errors=True)  # every shard is written: the spills are done with
     if options.kl != "none":
         statistics["kl"] = kl_statistics(options, mean_d, written.kl_sum, written.kl_tokens)
     statistics["unsafe_masked"] = {"tokens": written.unsafe_tokens, "samples": written.unsafe_samples}
@@ -410,24 +412,17 @@ def _write_shards(job: PartJob, io: ThreadPoolExecutor, engine: Engine) -> _Writ
     """Assemble and write every shard, in shard order (:class:`prl.shards.parts.PartJob`).
 
     Locally, each shard is gathered from the spill files, assembled, and written and hashed by one of
-    :data:`WORKERS` threads; numpy, Arrow, zstd and hashlib release the GIL for the heavy parts, so shards proceed
-    side by side and at most :data:`WORKERS` shards are in memory at once. Each written file is then fsynced and
-    renamed into place on ``io``, so that waiting for the disk overlaps the next shard's work, and once every shard
-    has been gathered, the spill folder is removed there too. Any other engine runs
+    :data:`WORKERS` threads, a row group at a time (:meth:`PartJob.write`); numpy, Arrow, zstd and hashlib release
+    the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS` row groups are in
+    memory at once. Each written file is then fsynced and renamed into place on ``io``, so that waiting for the
+    disk overlaps the next shard's work. Any other engine runs
     :meth:`PartJob.write_published` where it likes and hands back the parts written.
     """
     if engine.name != "local":
         return _Written.of(engine.write_parts(job))
-    to_gather = [job.parts]
-    counting = threading.Lock()
 
     def one(s: int) -> tuple[PartWritten, Future[None]]:
-        rows = job.gather(s)
-        with counting:
-            to_gather[0] -= 1
-            if to_gather[0] == 0:
-                io.submit(shutil.rmtree, job.spills.folder, ignore_errors=True)
-        written = job.write(s, rows)
+        written = job.write(s, job.gather(s))
         path = os.path.join(job.folder, written.entry.file)
         return written, io.submit(publish_file, f"{path}.tmp", path)
 

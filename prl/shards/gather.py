@@ -15,7 +15,7 @@ from prl.shards.spill import FlatList
 
 WORKERS = 2
 """Threads that gather, assemble and write shards side by side (numpy, Arrow, Parquet and zstd release the GIL);
-at most this many shards are in memory at once."""
+at most this many row groups (:mod:`prl.shards.rowgroups`) are in memory at once."""
 
 BLOCK_TOKENS = 1 << 16
 """Per-token numerics run over blocks of whole samples of about this many tokens: their float64 temporaries

@@ -19,17 +19,19 @@ import numpy as np
 import polars as pl
 import pyarrow.compute as pc
 
+from prl.shards import rowgroups
 from prl.shards.assemble import Assembled, Gathered, assemble_shard
 from prl.shards.gather import INPUT_IDS, mask_column
 from prl.shards.manifest import FileEntry
 from prl.shards.merge_build import assemble_merged_shard, kl_totals
 from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file
+from prl.shards.rowgroups import row_groups
 from prl.shards.scan import HEAD_COLUMNS
 from prl.shards.scores import Scores
 from prl.shards.shiprows import ShipRows, located, part_meta, part_scores
 from prl.shards.spill import ScanSpill
-from prl.shards.writer import write_shard
+from prl.shards.writer import ShardWriter
 
 
 @dataclass
@@ -43,14 +45,40 @@ class Spills:
 
 @dataclass
 class PartRows:
-    """Part ``s``'s rows as gathered: their token columns from the spills, their plan values
-    (:func:`prl.shards.shiprows.part_meta`), their scores and with ``merge_turns`` their merged units
-    (:func:`prl.shards.shiprows.part_scores`)."""
+    """Part ``s``'s rows as read from the shipped rows' file: their plan values
+    (:func:`prl.shards.shiprows.part_meta`), their scores, with ``merge_turns`` their merged units
+    (:func:`prl.shards.shiprows.part_scores`), and where their token columns sit in the spills (``traces``,
+    ``ref``: :func:`prl.shards.shiprows.located`). The token columns themselves are gathered a row group at a
+    time, as the part is written (:meth:`PartJob.write`)."""
 
-    gathered: Gathered
     meta: pl.DataFrame
     scores: Scores
     units_N: np.ndarray | None
+    has_mask_N: np.ndarray
+    traces: dict[str, np.ndarray]
+    ref: dict[str, np.ndarray] | None
+
+    def tokens_N(self) -> np.ndarray:
+        """Prompt + completion tokens of each row (int64)."""
+        return self.traces["prompt_token_ids:len"] + self.traces["completion_token_ids:len"]
+
+    def slice(self, r0: int, r1: int) -> PartRows:
+        """Rows ``[r0, r1)`` (whole merged units: a row group never splits a group), units renumbered from 0."""
+        rows = slice(r0, r1)
+        scores, units_N = self.scores, self.units_N
+        if units_N is None:
+            scores = scores.rows(rows)
+        else:
+            first, last = int(units_N[r0]), int(units_N[r1 - 1])
+            scores, units_N = scores.rows(slice(first, last + 1)), units_N[rows] - first
+        return PartRows(
+            self.meta.slice(r0, r1 - r0),
+            scores,
+            units_N,
+            self.has_mask_N[rows],
+            {k: v[rows] for k, v in self.traces.items()},
+            None if self.ref is None else {k: v[rows] for k, v in self.ref.items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -120,47 +148,64 @@ class PartJob:
         return len(self.bounds_S1) - 1
 
     def gather(self, s: int) -> PartRows:
-        """Part ``s``'s rows: its batch of ``rows`` and what it locates in the spills (heads only when ``k`` is
-        set)."""
+        """Part ``s``'s rows: its batch of ``rows`` (plan values, scores and spill places; no token data yet)."""
         batch = self.rows.read(s)
-        located_t = located(batch, "t.")
-        has_mask = batch.column("has_mask").to_numpy(zero_copy_only=False)
-        traces = self.spills.traces.flat_at(located_t, [INPUT_IDS, "completion_logprobs", *mask_column(has_mask)])
+        scores, units_N = part_scores(batch, self.mean_d)
+        ref = located(batch, "r.") if self.spills.ref is not None else None
+        has_mask_N = batch.column("has_mask").to_numpy(zero_copy_only=False)
+        return PartRows(part_meta(batch), scores, units_N, has_mask_N, located(batch, "t."), ref)
+
+    def _gathered(self, rows: PartRows) -> Gathered:
+        """The token columns of ``rows`` from the spills (heads only when ``k`` is set)."""
+        columns: list[str | tuple[str, ...]] = [INPUT_IDS, "completion_logprobs", *mask_column(rows.has_mask_N)]
+        traces = self.spills.traces.flat_at(rows.traces, columns)
         nested = None
         if self.k is not None:
-            nested = self.spills.traces.take_at(located_t["spill_row"], list(HEAD_COLUMNS))
+            nested = self.spills.traces.take_at(rows.traces["spill_row"], list(HEAD_COLUMNS))
         ref = None
-        if self.spills.ref is not None:
-            ref = self.spills.ref.flat_at(located(batch, "r."), ["ref_logprobs"])["ref_logprobs"]
-        scores, units_N = part_scores(batch, self.mean_d)
-        return PartRows(Gathered(traces, nested, ref), part_meta(batch), scores, units_N)
+        if self.spills.ref is not None and rows.ref is not None:
+            ref = self.spills.ref.flat_at(rows.ref, ["ref_logprobs"])["ref_logprobs"]
+        return Gathered(traces, nested, ref)
+
+    def _assembled(self, rows: PartRows) -> Assembled:
+        """``rows`` (one row group's) gathered and assembled into a ``SHARD`` table."""
+        gathered = self._gathered(rows)
+        if rows.units_N is None:
+            return assemble_shard(gathered, rows.meta, rows.scores, self.options, self.k)
+        merged = assemble_merged_shard(gathered, rows.meta, rows.units_N, rows.scores, self.options, self.k)
+        kl_sum, kl_n = kl_totals(merged.table)
+        unsafe = (merged.unsafe_tokens, merged.unsafe_rows)
+        return Assembled(merged.table, kl_sum, kl_n, *unsafe, merged.rows.unmerged_tokens)
 
     def write(self, s: int, rows: PartRows) -> PartWritten:
-        """Assemble part ``s`` from its gathered ``rows`` and write it to ``<folder>/<name>.tmp`` (not fsynced,
-        not renamed: :func:`prl.shards.publish.publish_file` does both)."""
-        meta = rows.meta
-        if rows.units_N is None:
-            assembled = assemble_shard(rows.gathered, meta, rows.scores, self.options, self.k)
-        else:
-            merged = assemble_merged_shard(rows.gathered, meta, rows.units_N, rows.scores, self.options, self.k)
-            kl_sum, kl_n = kl_totals(merged.table)
-            unsafe = (merged.unsafe_tokens, merged.unsafe_rows)
-            assembled = Assembled(merged.table, kl_sum, kl_n, *unsafe, merged.rows.unmerged_tokens)
-        del rows
-        shard = assembled.table
+        """Write part ``s`` of ``rows`` to ``<folder>/<name>.tmp`` (not fsynced, not renamed:
+        :func:`prl.shards.publish.publish_file` does both), one row group at a time
+        (:func:`prl.shards.rowgroups.row_groups`): each row group's token columns are gathered from the spills,
+        assembled and written before the next, so a part holds one row group in memory, not all of it. The
+        counts add the row groups' in order."""
         name = part_name(s)
-        size, sha256 = write_shard(shard, os.path.join(self.folder, f"{name}.tmp"))
+        n = [0] * 6  # rows, tokens, completion tokens, KL tokens, unsafe tokens, unsafe samples
+        kl_sum, unmerged = 0.0, 0
+        with ShardWriter(os.path.join(self.folder, f"{name}.tmp")) as out:
+            for r0, r1 in row_groups(rows.meta["group_id"].to_arrow(), rows.tokens_N(), rowgroups.ROW_GROUP_TOKENS):
+                a = self._assembled(rows.slice(r0, r1))
+                table = a.table
+                out.write(table)
+                tokens = int(pc.sum(pc.list_value_length(table["input_ids"])).as_py() or 0)
+                completion = int(pc.sum(pc.list_value_length(table["loss_mask"])).as_py() or 0)
+                for i, v in enumerate(
+                    (table.num_rows, tokens, completion, a.kl_tokens, a.unsafe_tokens, a.unsafe_samples)
+                ):
+                    n[i] += v
+                kl_sum += a.kl_sum
+                unmerged += a.unmerged_tokens
+                del a, table
+            size, sha256 = out.close()
+        groups = int(rows.meta["group_id"].n_unique())
         entry = FileEntry(
-            file=name,
-            rows=shard.num_rows,
-            bytes=size,
-            sha256=sha256,
-            groups=int(meta["group_id"].n_unique()),
-            tokens=int(pc.sum(pc.list_value_length(shard["input_ids"])).as_py() or 0),
-            completion_tokens=int(pc.sum(pc.list_value_length(shard["loss_mask"])).as_py() or 0),
+            file=name, rows=n[0], bytes=size, sha256=sha256, groups=groups, tokens=n[1], completion_tokens=n[2]
         )
-        a = assembled
-        return PartWritten(s, entry, a.kl_sum, a.kl_tokens, a.unsafe_tokens, a.unsafe_samples, a.unmerged_tokens)
+        return PartWritten(s, entry, kl_sum, n[3], n[4], n[5], unmerged)
 
     def write_published(self, s: int) -> dict[str, Any]:
         """Gather, assemble and write part ``s``, fsync it and rename it into place; its :meth:`PartWritten.to_row`."""

@@ -10,7 +10,7 @@ non-finite logprob) are read again. The formulas are :mod:`prl.numerics.kl` and 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import polars as pl
@@ -34,6 +34,12 @@ class Scores:
     mean_d: float
     singleton_groups: int
     singletons_without_baseline: int
+
+    def rows(self, rows: slice) -> Scores:
+        """The scores of ``rows`` alone (the same ``mean_d`` and counts)."""
+        return replace(
+            self, reward_N=self.reward_N[rows], advantage_N=self.advantage_N[rows], group_size_N=self.group_size_N[rows]
+        )
 
 
 @dataclass(frozen=True)

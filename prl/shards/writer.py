@@ -1,6 +1,7 @@
 """Parquet files of a shard set, written with ``pyarrow.parquet`` and hashed as they are written.
 
-Every shard is one row group, zstd-compressed, with byte-stream-split floats (:data:`FLOAT_LEAVES`: the logprob,
+A shard is written one row group at a time (:class:`ShardWriter`; row groups of whole groups:
+:mod:`prl.shards.rowgroups`), zstd-compressed, with byte-stream-split floats (:data:`FLOAT_LEAVES`: the logprob,
 KL, advantage and reward leaves), no dictionary on list columns (only on the repeated string scalars
 :data:`DICTIONARY_COLUMNS`), and min/max/null-count statistics on the scalar columns a reader filters on
 (:data:`SHARD_STATISTICS`). Arrow's schema is stored in the footer, so pyarrow reads a shard back as the very table
@@ -101,15 +102,56 @@ def write_parquet(table: pa.Table, path: str, **settings: Any) -> tuple[int, str
         return fh.size, fh.hexdigest()
 
 
+class ShardWriter:
+    """One shard file at ``path`` (``SHARD`` schema), written a row group at a time and hashed as written.
+
+    Each :meth:`write` adds its table (a run of the shard's rows) as one row group, so only that run is in memory;
+    :meth:`close` finishes the file and returns ``(bytes, hex sha256)``. Use it as a context manager: a writer
+    left by an error is closed (its file incomplete; the caller removes it)."""
+
+    def __init__(self, path: str) -> None:
+        self._file = HashingFile(path)
+        try:
+            self._writer = pq.ParquetWriter(
+                self._file,
+                SHARD,
+                compression="zstd",
+                compression_level=ZSTD_LEVEL,
+                use_dictionary=list(DICTIONARY_COLUMNS),
+                use_byte_stream_split=list(FLOAT_LEAVES),
+                write_statistics=list(SHARD_STATISTICS),
+            )
+        except BaseException:
+            self._file.close()
+            raise
+
+    def write(self, table: pa.Table) -> None:
+        """Add ``table`` (``SHARD`` schema, at least one row) as one row group."""
+        self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+
+    def close(self) -> tuple[int, str]:
+        """Write the footer and close the file; ``(bytes, hex sha256)`` of it (not yet fsynced)."""
+        self._writer.close()
+        self._file.close()
+        return self._file.size, self._file.hexdigest()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._file.closed:
+            try:
+                self._writer.close()
+            finally:
+                self._file.close()
+
+
 def write_shard(table: pa.Table, path: str) -> tuple[int, str]:
-    """Write one shard (a table in the ``SHARD`` schema) to ``path``; returns ``(bytes, hex sha256)``."""
-    return write_parquet(
-        table,
-        path,
-        use_dictionary=list(DICTIONARY_COLUMNS),
-        use_byte_stream_split=list(FLOAT_LEAVES),
-        write_statistics=list(SHARD_STATISTICS),
-    )
+    """Write one shard (a table in the ``SHARD`` schema) to ``path`` as one row group; returns ``(bytes, hex
+    sha256)``."""
+    with ShardWriter(path) as writer:
+        writer.write(table)
+        return writer.close()
 
 
 def write_sample_ids(sample_ids: pa.Array, path: str) -> tuple[int, str]:
@@ -123,6 +165,7 @@ __all__ = [
     "SHARD_STATISTICS",
     "WRITER",
     "HashingFile",
+    "ShardWriter",
     "write_parquet",
     "write_sample_ids",
     "write_shard",

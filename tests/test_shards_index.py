@@ -208,6 +208,37 @@ def test_local_builds_read_one_old_manifest_and_leave_the_index_of_every_manifes
     assert [line["set_id"] for line in json.loads(_expected(out))["sets"]] == [rebuilt]
 
 
+def test_a_build_with_nothing_new_mends_an_index_left_one_set_behind(tmp_path, monkeypatch):
+    """A build killed between publishing its set and writing the index leaves the index one set behind; the next
+    build, though it ships nothing, writes the index of every manifest, reading only the missing set's manifest
+    (and the last line's, which places it), and a build after that, with the index right, leaves the file as it is."""
+    store, out = Store(str(tmp_path / "store")), str(tmp_path / "out")
+    commit_group(store, "a")
+    build_shards(store, out, options=OPTIONS)
+    commit_group(store, "b")
+    with monkeypatch.context() as patched:
+        patched.setattr(prl.shards.target, "write_index", lambda out_, index: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            build_shards(store, out, options=OPTIONS)
+    (first, second) = sorted(find_sets(out), key=lambda ref: ref.set_id)
+    before = Path(index_path(out)).read_bytes()
+    assert before != _expected(out)
+    read: list[str] = []
+    real = Manifest.read_file.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(Manifest, "read_file", classmethod(lambda cls, path: (read.append(path), real(cls, path))[1]))
+    assert build_shards(store, out, options=OPTIONS).status == "nothing_new"
+    assert Path(index_path(out)).read_bytes() == _expected(out)
+    indexed = {line["set_id"] for line in json.loads(Path(index_path(out)).read_text())["sets"]}
+    assert indexed == {first.set_id, second.set_id}
+    killed = next(iter(indexed - {line["set_id"] for line in json.loads(before)["sets"]}))
+    # the missing set's manifest and the last line's (which places it), nothing else
+    assert read and {os.path.basename(os.path.dirname(path)) for path in read} == {killed, first.set_id}
+    written = os.stat(index_path(out)).st_mtime_ns
+    read.clear()
+    assert build_shards(store, out, options=OPTIONS).status == "nothing_new"
+    assert os.stat(index_path(out)).st_mtime_ns == written and read == []
+
+
 def test_an_unreadable_manifest_of_out_stops_the_build_before_it_publishes(tmp_path):
     """The index is made before the set is published: a manifest it needs that cannot be read (here the last
     line's, which places the new line) fails the build with nothing published and the index as it was, where

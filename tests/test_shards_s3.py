@@ -273,6 +273,13 @@ def test_a_build_killed_between_its_manifest_and_its_index_is_in_the_next_builds
     assert [(p.file, p.problem.split(":")[0]) for p in verify_shards(out).problems] == [
         ("index.json", "not the index of the sets' manifests")
     ]
+    assert build_shards(store, out, options=OPTIONS).status == "nothing_new"  # nothing new: the index mended
+    assert index_of_every_manifest(s3, out) and verify_shards(out).ok
+    puts: list[object] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(S3Out, "write_index", lambda self, index: puts.append(index))
+        assert build_shards(store, out, options=OPTIONS).status == "nothing_new"
+    assert puts == []  # an index that is right is not put again
     commit_group(store, "l")
     assert build_shards(store, out, options=OPTIONS).status == "built"
     assert len(S3Out(out).set_ids()) == 3 and index_of_every_manifest(s3, out)

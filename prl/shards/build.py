@@ -20,7 +20,7 @@
    a conditional put (:mod:`prl.shards.s3out`). A rebuild then retires the sets it replaces, and
    ``OUT/.prl/index.json`` is written: made before publishing (so that a manifest of OUT that cannot be read
    stops the build before it publishes anything), keeping the lines of the sets already in it
-   (:mod:`prl.shards.index`).
+   (:mod:`prl.shards.index`). A build that ships nothing mends an index a killed build left one set behind.
 
 What a build reads of OUT does not grow with the sets there: their ids (a listing), the frontier, the sample ids
 of sets the frontier does not account for (normally none), the index and one manifest; never every manifest.
@@ -204,6 +204,7 @@ def _build(
             if result.all_dropped:
                 result.status = "all_dropped"
             target.discard(staging, nothing_shipped=True)
+            target.refresh_index()  # one set behind when the build that published the last set was killed
             _advance_frontier(store, target.uri, versions, options, plan, 0, sources.prior)
             result.statistics = build_statistics(plan, None, options)
             return result

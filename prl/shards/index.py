@@ -116,6 +116,16 @@ def updated_index(raw: bytes | None, listed: Collection[str], manifest: Callable
     return {"schema_version": SCHEMA_VERSION, "sets": [lines[set_id] for set_id in order]}
 
 
+def is_index(raw: bytes | None, index: Mapping[str, Any]) -> bool:
+    """Whether ``raw`` (an ``index.json``'s bytes, or None) is the JSON of ``index``."""
+    if raw is None:
+        return False
+    try:
+        return bool(json.loads(raw) == index)
+    except ValueError:
+        return False
+
+
 def index_after_publish(
     raw: bytes | None,
     listed: Collection[str],
@@ -139,5 +149,6 @@ __all__ = [
     "index_line",
     "index_lines",
     "index_order",
+    "is_index",
     "updated_index",
 ]

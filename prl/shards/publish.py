@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from prl.shards.index import index_after_publish
+from prl.shards.index import index_after_publish, is_index, updated_index
 from prl.shards.layout import find_sets, index_path, meta_dir, meta_root, retired_root, set_ref, staging_root
 from prl.shards.manifest import Manifest
 from prl.store.liveness import pid_alive
@@ -178,6 +178,26 @@ def next_index(out: str, manifest: Manifest, replaced: Collection[str] = ()) -> 
     return index_after_publish(raw, refs, manifest, lambda set_id: Manifest.of(refs[set_id]), replaced)
 
 
+def refresh_index(out: str) -> bool:
+    """Rewrite ``OUT/.prl/index.json`` when it is not the index of the sets listed now (a build killed between
+    publishing its set and writing the index leaves it one set behind): :func:`prl.shards.index.updated_index`,
+    which reads only the manifests of listed sets missing from it. Returns whether it was written (never when
+    ``out`` holds no set and no index)."""
+    refs = {ref.set_id: ref for ref in find_sets(out)}
+    try:
+        with open(index_path(out), "rb") as fh:
+            raw: bytes | None = fh.read()
+    except OSError:
+        raw = None
+    if not refs and raw is None:
+        return False
+    index = updated_index(raw, refs, lambda set_id: Manifest.of(refs[set_id]))
+    if is_index(raw, index):
+        return False
+    write_index(out, index)
+    return True
+
+
 def write_index(out: str, index: dict[str, Any]) -> None:
     """Write ``index`` (:func:`next_index`) as ``OUT/.prl/index.json`` (derived data: the last writer wins)."""
     os.makedirs(meta_root(out), exist_ok=True)
@@ -193,6 +213,7 @@ __all__ = [
     "next_index",
     "publish_file",
     "publish_set",
+    "refresh_index",
     "retire_sets",
     "sha256_file",
     "write_index",

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from prl.errors import LockedError, RetryableIOError, UsageError
 from prl.io.locations import normalise_s3, split_s3
-from prl.shards.index import index_after_publish
+from prl.shards.index import index_after_publish, is_index, updated_index
 from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
 from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, make_staging
@@ -380,6 +380,20 @@ class S3Out:
         return index_after_publish(
             raw, listed, manifest, lambda set_id: self.manifest(set_id, listed[set_id]), replaced
         )
+
+    def refresh_index(self) -> bool:
+        """Put ``OUT/.prl/index.json`` again when it is not the index of the sets listed now (a build killed
+        between publishing its manifest and putting the index leaves it one set behind); reads only the manifests
+        of listed sets missing from it. Returns whether it was put (never when OUT holds no set and no index)."""
+        listed = self._listed_manifests()
+        raw = self.read_if_any(self.key(META, INDEX))
+        if not listed and raw is None:
+            return False
+        index = updated_index(raw, listed, lambda set_id: self.manifest(set_id, listed[set_id]))
+        if is_index(raw, index):
+            return False
+        self.write_index(index)
+        return True
 
     def write_index(self, index: dict[str, Any]) -> None:
         """Put ``index`` (:meth:`next_index`) as ``OUT/.prl/index.json`` (derived data: the last writer wins)."""

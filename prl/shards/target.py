@@ -26,6 +26,7 @@ from prl.shards.publish import (
     make_staging,
     next_index,
     publish_set,
+    refresh_index,
     retire_sets,
     write_index,
 )
@@ -47,6 +48,7 @@ class OutTarget(Protocol):
     def retire(self, set_ids: list[str]) -> None: ...
     def next_index(self, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]: ...
     def write_index(self, index: dict[str, Any]) -> None: ...
+    def refresh_index(self) -> bool: ...
     def manifest_uri(self, set_id: str) -> str: ...
 
 
@@ -100,6 +102,9 @@ class LocalOut:
 
     def write_index(self, index: dict[str, Any]) -> None:
         write_index(self.uri, index)
+
+    def refresh_index(self) -> bool:
+        return refresh_index(self.uri)
 
     def manifest_uri(self, set_id: str) -> str:
         return manifest_path(self.uri, set_id)

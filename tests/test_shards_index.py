@@ -233,10 +233,31 @@ def test_a_build_with_nothing_new_mends_an_index_left_one_set_behind(tmp_path, m
     killed = next(iter(indexed - {line["set_id"] for line in json.loads(before)["sets"]}))
     # the missing set's manifest and the last line's (which places it), nothing else
     assert read and {os.path.basename(os.path.dirname(path)) for path in read} == {killed, first.set_id}
-    written = os.stat(index_path(out)).st_mtime_ns
+    written = os.stat(index_path(out))
     read.clear()
     assert build_shards(store, out, options=OPTIONS).status == "nothing_new"
-    assert os.stat(index_path(out)).st_mtime_ns == written and read == []
+    again = os.stat(index_path(out))  # the index is written to a new file renamed over it: a new inode
+    assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns) and read == []
+
+
+def test_an_index_that_cannot_be_mended_does_not_fail_a_build_with_nothing_new(tmp_path, monkeypatch):
+    """The set missing from the index has a manifest cut short: the build that ships nothing cannot mend the
+    index, leaves it as it was and still ends ``nothing_new`` (the index is derived data; `prl verify` reports
+    both)."""
+    store, out = Store(str(tmp_path / "store")), str(tmp_path / "out")
+    commit_group(store, "a")
+    build_shards(store, out, options=OPTIONS)
+    commit_group(store, "b")
+    with monkeypatch.context() as patched:
+        patched.setattr(prl.shards.target, "write_index", lambda out_, index: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            build_shards(store, out, options=OPTIONS)
+    killed = max(ref.set_id for ref in find_sets(out))
+    manifest = Path(meta_dir(out, killed)) / "manifest.json"
+    manifest.write_text(manifest.read_text()[:-20])
+    index = Path(index_path(out)).read_bytes()
+    assert build_shards(store, out, options=OPTIONS).status == "nothing_new"
+    assert Path(index_path(out)).read_bytes() == index
 
 
 def test_an_unreadable_manifest_of_out_stops_the_build_before_it_publishes(tmp_path):

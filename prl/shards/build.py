@@ -49,13 +49,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.engines import Engine, get_engine
-from prl.errors import UsageError
+from prl.errors import RetryableIOError, UsageError
 from prl.runtime import release_free_memory
 from prl.schema import SCHEMA_VERSION, SHARD
 from prl.shards import rowgroups
 from prl.shards.frontier import Frontier, TraceSource, new_backlog_name, options_digest, trace_source, write_frontier
 from prl.shards.gather import WORKERS
-from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, Totals
+from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, ManifestError, Totals
 from prl.shards.merge_build import merged_statistics, planned_merged, unit_index, unit_scores
 from prl.shards.options import ShardOptions
 from prl.shards.parts import PartJob, PartWritten, Spills
@@ -204,8 +204,8 @@ def _build(
             if result.all_dropped:
                 result.status = "all_dropped"
             target.discard(staging, nothing_shipped=True)
-            target.refresh_index()  # one set behind when the build that published the last set was killed
             _advance_frontier(store, target.uri, versions, options, plan, 0, sources.prior)
+            _mend_index(store, target)
             result.statistics = build_statistics(plan, None, options)
             return result
         spills = Spills(trace_spill, ref_spill, spill_dir)
@@ -254,6 +254,20 @@ def _advance_frontier(
     write_frontier(out, frontier, backlog.to_arrow())
 
 
+def _mend_index(store: Store, target: OutTarget) -> None:
+    """After a build that shipped nothing: mend an ``index.json`` that a build killed between publishing its set
+    and writing the index left one set behind (:meth:`OutTarget.refresh_index`), once the build's lock is known
+    to be still held (a lock taken over meanwhile is :class:`~prl.errors.LockLostError`, exit 3). The index is
+    derived data: a manifest it would need that cannot be read, or a failed request, leaves it as it is (``prl
+    verify`` reports it; the next build that publishes stops on such a manifest) rather than failing a build that
+    had nothing to do."""
+    _lock_check(store)()
+    try:
+        target.refresh_index()
+    except (ManifestError, RetryableIOError):
+        pass
+
+
 def _lock_check(store: Store) -> Callable[[], None]:
     """What publication calls right before its commit: :class:`~prl.errors.LockLostError` (exit 3) when a lock
     this process holds on the store (the build's own) was taken over meanwhile."""
@@ -274,7 +288,7 @@ def _write_set(
 
     Everything the manifest reads of the shipped rows is taken before the shards are written; the parts' own
     values go to a file (:class:`prl.shards.shiprows.ShipRows`), and the shipped frame and the spills' row arrays
-    are let go, so that beside the shards in flight only the backlog of rows not shipped (sample id and file, for
+    are let go, so that beside the row groups in flight only the backlog of rows not shipped (sample id and file, for
     the next build's frontier) is held per sample."""
     ship = plan.ship
     shard_N = ship["shard"].to_numpy()
@@ -295,13 +309,13 @@ def _write_set(
     units_N = unit_index(ship) if options.merge_turns else None
     path = os.path.join(spills.folder, "ship.arrow")
     rows = ShipRows.write(path, ship, bounds, spills.traces, spills.ref, scores, units_N)
-    plan.ship = ship = ship.clear()  # in the file now: not held beside the shards in flight
+    plan.ship = ship = ship.clear()  # in the file now: not held beside the row groups in flight
     mean_d = scores.mean_d
     del units_N, shard_N, scores
     for spill in (spills.traces, spills.ref):
         if spill is not None:
             spill.forget_rows()
-    release_free_memory()  # what the plan and the scores freed goes back now, not beside the shards in flight
+    release_free_memory()  # what the plan and the scores freed goes back now, not beside the row groups in flight
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
         sealed = io.submit(publish_file, f"{samples_path}.tmp", samples_path)  # fsynced beside the shards
         job = PartJob(staging.parts, spills, rows, bounds, mean_d, options, plan.k)

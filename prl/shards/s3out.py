@@ -386,7 +386,16 @@ class S3Out:
         between publishing its manifest and putting the index leaves it one set behind); reads only the manifests
         of listed sets missing from it. Returns whether it was put (never when OUT holds no set and no index)."""
         listed = self._listed_manifests()
-        raw = self.read_if_any(self.key(META, INDEX))
+        try:  # only a missing index is no index here: a failed read is not a reason to read every manifest
+            raw: bytes | None = bytes(
+                self.client.get_object(Bucket=self.bucket, Key=self.key(META, INDEX))["Body"].read()
+            )
+        except ClientError as exc:
+            if _code(exc) not in {"404", "NoSuchKey", "NotFound"}:
+                raise self._error("reading", exc) from exc
+            raw = None
+        except BotoCoreError as exc:
+            raise self._error("reading", exc) from exc
         if not listed and raw is None:
             return False
         index = updated_index(raw, listed, lambda set_id: self.manifest(set_id, listed[set_id]))

@@ -15,6 +15,7 @@ the set id).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 from typing import TYPE_CHECKING, Any
@@ -138,12 +139,17 @@ class ShardWriter:
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if not self._file.closed:
-            try:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if self._file.closed:
+            return
+        try:
+            if exc_type is None:
                 self._writer.close()
-            finally:
-                self._file.close()
+            else:  # the file is incomplete anyway: its footer is not worth a second error
+                with contextlib.suppress(Exception):
+                    self._writer.close()
+        finally:
+            self._file.close()
 
 
 def write_shard(table: pa.Table, path: str) -> tuple[int, str]:

@@ -19,6 +19,7 @@ from prl.shards.build import build_shards
 from prl.shards.options import ShardOptions
 from prl.shards.rowgroups import row_groups
 from prl.shards.verify import verify_shards
+from prl.shards.writer import FLOAT_LEAVES
 from tests.shards_fixtures import random_store
 from tests.test_shards_merged_build import store_with
 
@@ -34,23 +35,28 @@ def test_groups_go_to_the_window_of_their_first_token():
 
 
 @given(
-    st.lists(st.tuples(st.integers(1, 4), st.lists(st.integers(0, 40), min_size=1, max_size=4)), max_size=30),
+    st.lists(
+        st.tuples(st.sampled_from([None, "a", "b", "c"]), st.lists(st.integers(0, 40), min_size=1, max_size=4)),
+        max_size=30,
+    ),
     st.integers(1, 200),
 )
 def test_row_groups_cover_every_row_in_order_and_keep_groups_whole(groups, limit):
-    ids = [f"g{i % 3}-{i}" for i, (_, rows) in enumerate(groups) for _ in rows]  # runs of distinct ids
+    # a group is a run of equal ids (nulls equal): the same id may come back later as another group
+    ids = [gid for gid, rows in groups for _ in rows]
     tokens = np.array([t for _, rows in groups for t in rows], dtype=np.int64)
     cuts = row_groups(pa.array(ids, pa.string()), tokens, limit)
     edges = [0, *[r1 for _, r1 in cuts]] if cuts else [0]
     assert [r0 for r0, _ in cuts] == edges[:-1] and edges[-1] == len(ids)
     starts = np.concatenate(([0], np.cumsum(tokens)[:-1])) if len(ids) else tokens
+    firsts = [r for r in range(len(ids)) if r == 0 or ids[r] != ids[r - 1]]
     windows = []
     for r0, r1 in cuts:
-        assert r0 < r1 and (r0 == 0 or ids[r0] != ids[r0 - 1])  # a cut falls between groups
-        firsts = [r for r in range(r0, r1) if r == 0 or ids[r] != ids[r - 1]]
-        assert len({int(starts[r]) // limit for r in firsts}) == 1  # one window per row group
+        assert r0 < r1 and r0 in firsts  # a cut falls between groups
+        inside = [r for r in firsts if r0 <= r < r1]
+        assert len({int(starts[r]) // limit for r in inside}) == 1  # one window per row group
         windows.append(int(starts[r0]) // limit)
-    assert windows == sorted(set(windows))
+    assert windows == sorted(set(windows))  # and a new row group for each new window
 
 
 def _shards(res) -> tuple[dict, list[pq.ParquetFile]]:
@@ -66,6 +72,7 @@ def _same_set_in_row_groups(tmp_path, monkeypatch, store, options: ShardOptions,
     monkeypatch.setattr(rowgroups, "ROW_GROUP_TOKENS", limit)
     cut = build_shards(store, str(tmp_path / "cut"), options=options)
     monkeypatch.undo()
+    assert cut.set_id != whole.set_id  # the row-group size is in the set id
     (m_whole, f_whole), (m_cut, f_cut) = _shards(whole), _shards(cut)
     assert [f.metadata.num_row_groups for f in f_whole] == [1] * len(f_whole)
     assert len(f_cut) == len(f_whole)
@@ -73,6 +80,12 @@ def _same_set_in_row_groups(tmp_path, monkeypatch, store, options: ShardOptions,
         assert b.read().equals(a.read())
         seen: set[str] = set()
         for g in range(b.metadata.num_row_groups):
+            group = b.metadata.row_group(g)
+            for i in range(group.num_columns):  # every row group encoded as the first
+                column = group.column(i)
+                assert column.compression == "ZSTD", column.path_in_schema
+                if column.path_in_schema in FLOAT_LEAVES and column.num_values:
+                    assert "BYTE_STREAM_SPLIT" in column.encodings, column.path_in_schema
             groups = set(b.read_row_group(g, columns=["group_id"]).column("group_id").to_pylist())
             assert not groups & seen  # a group is in one row group
             seen |= groups

@@ -566,7 +566,7 @@ def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
 
     store = random_store(str(tmp_path / "s"), 40, 4)  # 160 samples, several shards
     out = tmp_path / "out"
-    from prl.shards import parts
+    from prl.shards import parts, rowgroups
 
     calls = []
 
@@ -578,6 +578,7 @@ def test_a_shard_write_failing_midway_publishes_nothing(tmp_path, monkeypatch):
             super().write(table)
 
     monkeypatch.setattr(parts, "ShardWriter", DiskFullOnTheThird)
+    monkeypatch.setattr(rowgroups, "ROW_GROUP_TOKENS", 20)  # several row groups a shard: it fails inside one
     with pytest.raises(OSError, match="No space left on device"):
         build_shards(store, str(out), options=ShardOptions(target_tokens=50))
     assert len(calls) >= 3

@@ -10,14 +10,15 @@ peak RSS in bytes per sample, from each size to the next (``growth_bytes_per_sam
 the largest (``peak_rss_growth_mb_per_million_samples``, the same in MB per million samples). The store is
 written ``--chunk`` samples per commit.
 
-Sizes should start above :data:`prl.shards.gather.WORKERS` + 1 shards (``target_tokens``, 4 M tokens by
-default): below that, fewer shards than workers are in memory at once, so peak RSS follows the shards being built,
-not the store, and the growth from such a size (marked ``"below_steady_state": true``) counts the shard buffers
-too. The defaults (5, 50 and 200 M tokens; ``make bench`` runs them) take about three minutes and 1.6 GB of disk
-on a small machine; the README's table adds 500 M tokens (``--tokens 5e6,50e6,200e6,500e6``: 4 GB of store, six
-more minutes): 401 / 563 / 606 / 933 MB peak with prl's settings, against 412 / 544 / 588 / 1,060 MB for the code
-before in the same session, on the 2-core machine (a size's peak moves by 20–40 MB from run to run: the
-allocators hand pages back on timers).
+Sizes should start above :data:`prl.shards.gather.WORKERS` + 1 row groups
+(:data:`prl.shards.rowgroups.ROW_GROUP_TOKENS`, 1 Mi tokens): below that, fewer row groups than workers are in
+memory at once, so peak RSS follows the row groups being built, not the store, and the growth from such a size
+(marked ``"below_steady_state": true``) counts their buffers too. The defaults (5, 50 and 200 M tokens; ``make
+bench`` runs them) take about two minutes and 1.6 GB of disk on a small machine: 356 / 412 / 508 MB peak with
+prl's settings, against 411 / 563 / 790 MB for the code before shards were written a row group at a time and the
+traces scan's readahead was cut, in the same session on the 2-core machine (a size's peak moves by 20–40 MB from
+run to run: the allocators hand pages back on timers). ``--tokens 5e6,50e6,200e6,500e6`` adds a 4 GB store and
+six more minutes.
 
 Prints one JSON object.
 """
@@ -42,7 +43,7 @@ from bench_shards import make_store  # noqa: E402  (this folder's own helper)
 
 sys.path.insert(0, ROOT)
 from prl.shards.gather import WORKERS  # noqa: E402
-from prl.shards.options import ShardOptions  # noqa: E402
+from prl.shards.rowgroups import ROW_GROUP_TOKENS  # noqa: E402
 
 BUILD = """
 import json, resource, sys, time
@@ -97,7 +98,7 @@ def main() -> None:
             )
             samples += more
             row: dict = {"samples": samples, "tokens": tokens, "setup_seconds": round(time.perf_counter() - t, 1)}
-            if tokens < (WORKERS + 1) * ShardOptions().target_tokens:
+            if tokens < (WORKERS + 1) * ROW_GROUP_TOKENS:
                 row["below_steady_state"] = True
             for name, settings in PURGE_SETTINGS.items():
                 build = build_once(store, out, settings)

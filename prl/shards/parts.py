@@ -36,7 +36,7 @@ from prl.shards.writer import ShardWriter
 
 @dataclass
 class Spills:
-    """The build's spill files and their folder (removed once every shard has been gathered)."""
+    """The build's spill files and their folder (removed once every shard is written)."""
 
     traces: ScanSpill
     ref: ScanSpill | None

@@ -67,7 +67,7 @@ def _nonce() -> str:
 @dataclass(frozen=True)
 class Staging:
     """A build's staging folder: ``parts`` (becomes ``OUT/<set-id>``), ``meta`` (becomes the set's meta folder)
-    and ``spill`` (removed once the shards are gathered)."""
+    and ``spill`` (removed once the shards are written)."""
 
     root: str
 

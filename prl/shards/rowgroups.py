@@ -17,7 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 ROW_GROUP_TOKENS = 1 << 20
-"""Prompt + completion tokens per row group of a shard (about: a row group ends with a whole group)."""
+"""Prompt + completion tokens per row group of a shard (about: a row group ends with a whole group). With merged
+turns the window counts the turns' own tokens, more than their merged rows hold, so those row groups are
+smaller."""
 
 
 def row_groups(group_id: pa.Array, tokens_N: np.ndarray, limit: int = ROW_GROUP_TOKENS) -> list[tuple[int, int]]:

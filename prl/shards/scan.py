@@ -44,8 +44,9 @@ TRACES_READAHEAD_BATCHES = 1
 """How far the traces scan decodes ahead of the plan, in batches, and in files one (the file being read) on a
 local store, :data:`~prl.store.tables.READAHEAD_FILES` on S3 (whose pre-buffered reads then overlap the next
 file's requests): the scan's columns are decoded on Arrow's threads all the same, and the store's usual readahead
-(4 batches, 2 files) let decoded batches pile up while the plan took each one, 90–290 MB of Arrow's pool at the
-scan's peak at 400 k samples, against 25–30 MB with these, in about the same build time."""
+(4 batches, 2 files) let decoded batches pile up while the plan took each one: Arrow's pool held 108–291 MB at the
+scan's peak at 400 k samples (64 MB of it the scan's own frame), 64–91 MB with these, in about the same build
+time."""
 
 HEAD_COLUMNS = ("topk_ids", "topk_logprobs")
 

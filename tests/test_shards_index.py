@@ -208,10 +208,9 @@ def test_local_builds_read_one_old_manifest_and_leave_the_index_of_every_manifes
     assert [line["set_id"] for line in json.loads(_expected(out))["sets"]] == [rebuilt]
 
 
-def test_a_build_with_nothing_new_mends_an_index_left_one_set_behind(tmp_path, monkeypatch):
-    """A build killed between publishing its set and writing the index leaves the index one set behind; the next
-    build, though it ships nothing, writes the index of every manifest, reading only the missing set's manifest
-    (and the last line's, which places it), and a build after that, with the index right, leaves the file as it is."""
+def _one_set_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Store, str]:
+    """A store and an OUT of two sets whose index holds the first alone: the second build was killed between
+    publishing its set and writing the index."""
     store, out = Store(str(tmp_path / "store")), str(tmp_path / "out")
     commit_group(store, "a")
     build_shards(store, out, options=OPTIONS)
@@ -220,6 +219,14 @@ def test_a_build_with_nothing_new_mends_an_index_left_one_set_behind(tmp_path, m
         patched.setattr(prl.shards.target, "write_index", lambda out_, index: (_ for _ in ()).throw(KeyboardInterrupt))
         with pytest.raises(KeyboardInterrupt):
             build_shards(store, out, options=OPTIONS)
+    return store, out
+
+
+def test_a_build_with_nothing_new_mends_an_index_left_one_set_behind(tmp_path, monkeypatch):
+    """A build killed between publishing its set and writing the index leaves the index one set behind; the next
+    build, though it ships nothing, writes the index of every manifest, reading only the missing set's manifest
+    (and the last line's, which places it), and a build after that, with the index right, leaves the file as it is."""
+    store, out = _one_set_behind(tmp_path, monkeypatch)
     (first, second) = sorted(find_sets(out), key=lambda ref: ref.set_id)
     before = Path(index_path(out)).read_bytes()
     assert before != _expected(out)
@@ -244,14 +251,7 @@ def test_an_index_that_cannot_be_mended_does_not_fail_a_build_with_nothing_new(t
     """The set missing from the index has a manifest cut short: the build that ships nothing cannot mend the
     index, leaves it as it was and still ends ``nothing_new`` (the index is derived data; `prl verify` reports
     both)."""
-    store, out = Store(str(tmp_path / "store")), str(tmp_path / "out")
-    commit_group(store, "a")
-    build_shards(store, out, options=OPTIONS)
-    commit_group(store, "b")
-    with monkeypatch.context() as patched:
-        patched.setattr(prl.shards.target, "write_index", lambda out_, index: (_ for _ in ()).throw(KeyboardInterrupt))
-        with pytest.raises(KeyboardInterrupt):
-            build_shards(store, out, options=OPTIONS)
+    store, out = _one_set_behind(tmp_path, monkeypatch)
     killed = max(ref.set_id for ref in find_sets(out))
     manifest = Path(meta_dir(out, killed)) / "manifest.json"
     manifest.write_text(manifest.read_text()[:-20])

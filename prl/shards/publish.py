@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from prl.shards.index import index_after_publish, is_index, updated_index
-from prl.shards.layout import find_sets, index_path, meta_dir, meta_root, retired_root, set_ref, staging_root
+from prl.shards.layout import (
+    SetRef,
+    find_sets,
+    index_path,
+    meta_dir,
+    meta_root,
+    retired_root,
+    set_ref,
+    staging_root,
+)
 from prl.shards.manifest import Manifest
 from prl.store.liveness import pid_alive
 
@@ -166,15 +175,20 @@ def retire_sets(out: str, set_ids: list[str]) -> None:
         fsync_dir(out)
 
 
-def next_index(out: str, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]:
-    """The ``OUT/.prl/index.json`` object once ``manifest``'s set is published and the sets ``replaced`` are
-    retired (:func:`prl.shards.index.index_after_publish`), made before the set is published."""
+def _sets_and_index(out: str) -> tuple[dict[str, SetRef], bytes | None]:
+    """The sets of ``out`` by id and the bytes of its ``index.json`` (None when it cannot be read)."""
     refs = {ref.set_id: ref for ref in find_sets(out)}
     try:
         with open(index_path(out), "rb") as fh:
-            raw: bytes | None = fh.read()
+            return refs, fh.read()
     except OSError:
-        raw = None
+        return refs, None
+
+
+def next_index(out: str, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]:
+    """The ``OUT/.prl/index.json`` object once ``manifest``'s set is published and the sets ``replaced`` are
+    retired (:func:`prl.shards.index.index_after_publish`), made before the set is published."""
+    refs, raw = _sets_and_index(out)
     return index_after_publish(raw, refs, manifest, lambda set_id: Manifest.of(refs[set_id]), replaced)
 
 
@@ -183,12 +197,7 @@ def refresh_index(out: str) -> bool:
     publishing its set and writing the index leaves it one set behind): :func:`prl.shards.index.updated_index`,
     which reads only the manifests of listed sets missing from it. Returns whether it was written (never when
     ``out`` holds no set and no index)."""
-    refs = {ref.set_id: ref for ref in find_sets(out)}
-    try:
-        with open(index_path(out), "rb") as fh:
-            raw: bytes | None = fh.read()
-    except OSError:
-        raw = None
+    refs, raw = _sets_and_index(out)
     if not refs and raw is None:
         return False
     index = updated_index(raw, refs, lambda set_id: Manifest.of(refs[set_id]))

@@ -123,6 +123,31 @@ class PartWritten:
         )
 
 
+@dataclass
+class _Tally:
+    """What the row groups of a part add up to, added in row-group order."""
+
+    rows: int = 0
+    tokens: int = 0
+    completion_tokens: int = 0
+    kl_sum: float = 0.0
+    kl_tokens: int = 0
+    unsafe_tokens: int = 0
+    unsafe_samples: int = 0
+    unmerged_tokens: int = 0
+
+    def add(self, a: Assembled) -> None:
+        table = a.table
+        self.rows += table.num_rows
+        self.tokens += int(pc.sum(pc.list_value_length(table["input_ids"])).as_py() or 0)
+        self.completion_tokens += int(pc.sum(pc.list_value_length(table["loss_mask"])).as_py() or 0)
+        self.kl_sum += a.kl_sum
+        self.kl_tokens += a.kl_tokens
+        self.unsafe_tokens += a.unsafe_tokens
+        self.unsafe_samples += a.unsafe_samples
+        self.unmerged_tokens += a.unmerged_tokens
+
+
 def part_name(s: int) -> str:
     """File name of part ``s`` in a set folder."""
     return f"part-{s:05d}.parquet"
@@ -184,28 +209,18 @@ class PartJob:
         assembled and written before the next, so a part holds one row group in memory, not all of it. The
         counts add the row groups' in order."""
         name = part_name(s)
-        n = [0] * 6  # rows, tokens, completion tokens, KL tokens, unsafe tokens, unsafe samples
-        kl_sum, unmerged = 0.0, 0
+        tally = _Tally()
         with ShardWriter(os.path.join(self.folder, f"{name}.tmp")) as out:
             for r0, r1 in row_groups(rows.meta["group_id"].to_arrow(), rows.tokens_N(), rowgroups.ROW_GROUP_TOKENS):
-                a = self._assembled(rows.slice(r0, r1))
-                table = a.table
-                out.write(table)
-                tokens = int(pc.sum(pc.list_value_length(table["input_ids"])).as_py() or 0)
-                completion = int(pc.sum(pc.list_value_length(table["loss_mask"])).as_py() or 0)
-                for i, v in enumerate(
-                    (table.num_rows, tokens, completion, a.kl_tokens, a.unsafe_tokens, a.unsafe_samples)
-                ):
-                    n[i] += v
-                kl_sum += a.kl_sum
-                unmerged += a.unmerged_tokens
-                del a, table
+                assembled = self._assembled(rows.slice(r0, r1))
+                out.write(assembled.table)
+                tally.add(assembled)
+                del assembled
             size, sha256 = out.close()
         groups = int(rows.meta["group_id"].n_unique())
-        entry = FileEntry(
-            file=name, rows=n[0], bytes=size, sha256=sha256, groups=groups, tokens=n[1], completion_tokens=n[2]
-        )
-        return PartWritten(s, entry, kl_sum, n[3], n[4], n[5], unmerged)
+        entry = FileEntry(name, tally.rows, size, sha256, groups, tally.tokens, tally.completion_tokens)
+        t = tally
+        return PartWritten(s, entry, t.kl_sum, t.kl_tokens, t.unsafe_tokens, t.unsafe_samples, t.unmerged_tokens)
 
     def write_published(self, s: int) -> dict[str, Any]:
         """Gather, assemble and write part ``s``, fsync it and rename it into place; its :meth:`PartWritten.to_row`."""

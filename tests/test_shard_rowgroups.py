@@ -20,7 +20,7 @@ from prl.shards.options import ShardOptions
 from prl.shards.rowgroups import row_groups
 from prl.shards.verify import verify_shards
 from prl.shards.writer import FLOAT_LEAVES
-from tests.shards_fixtures import random_store
+from tests.shards_fixtures import random_store, varied_store
 from tests.test_shards_merged_build import store_with
 
 
@@ -104,6 +104,14 @@ def test_a_set_cut_into_row_groups_holds_the_same_rows_and_values(tmp_path, monk
     options = ShardOptions(target_tokens=400, kl="advantages", kl_coef=0.1, seed=3)
     groups = _same_set_in_row_groups(tmp_path, monkeypatch, store, options, 60)
     assert groups > 12  # about seven row groups of 60 tokens per shard of 400 (one per group at least)
+
+
+def test_heads_masks_and_null_logprobs_cut_into_row_groups_are_the_same(tmp_path, monkeypatch):
+    store = varied_store(str(tmp_path / "store"))  # heads of width 3 or 4, some masks, null logprobs and refs
+    options = ShardOptions(
+        target_tokens=120, kl="advantages", kl_coef=0.1, missing_ref="drop", topk="auto", drop_constant_groups=False
+    )
+    assert _same_set_in_row_groups(tmp_path, monkeypatch, store, options, 25) > 6
 
 
 def test_merged_rows_cut_into_row_groups_are_the_same_rows(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ memory at once, so peak RSS follows the row groups being built, not the store, a
 (marked ``"below_steady_state": true``) counts their buffers too. The defaults (5, 50 and 200 M tokens; ``make
 bench`` runs them) take about two minutes and 1.6 GB of disk on a small machine: 356 / 412 / 508 MB peak with
 prl's settings, against 411 / 563 / 790 MB for the code before shards were written a row group at a time and the
-traces scan's readahead was cut, in the same session on the 2-core machine (a size's peak moves by 20–40 MB from
+traces scan's readahead was cut, back to back on the 2-core machine (a size's peak moves by 20–40 MB from
 run to run: the allocators hand pages back on timers). ``--tokens 5e6,50e6,200e6,500e6`` adds a 4 GB store and
 six more minutes.
 

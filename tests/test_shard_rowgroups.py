@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
+import polars as pl
 import pyarrow.parquet as pq
 from hypothesis import given
 from hypothesis import strategies as st
@@ -26,12 +26,12 @@ from tests.test_shards_merged_build import store_with
 
 def test_groups_go_to_the_window_of_their_first_token():
     # rows start at tokens 0, 3, 6, 11, 13, 15; groups a (0), b (6), c (11), d (15); windows of 8: 0, 0, 1, 1
-    ids = pa.array(["a", "a", "b", "c", "c", "d"])
+    ids = pl.Series(["a", "a", "b", "c", "c", "d"])
     assert row_groups(ids, np.array([3, 3, 5, 2, 2, 9]), 8) == [(0, 3), (3, 6)]
     assert row_groups(ids, np.array([3, 3, 5, 2, 2, 9]), 100) == [(0, 6)]
     assert row_groups(ids, np.array([3, 3, 5, 2, 2, 9]), 1) == [(0, 2), (2, 3), (3, 5), (5, 6)]
-    assert row_groups(pa.array([None, None, "x"], pa.string()), np.array([5, 5, 5]), 5) == [(0, 2), (2, 3)]
-    assert row_groups(pa.array([], pa.string()), np.array([], dtype=np.int64), 5) == []
+    assert row_groups(pl.Series([None, None, "x"], dtype=pl.String), np.array([5, 5, 5]), 5) == [(0, 2), (2, 3)]
+    assert row_groups(pl.Series([], dtype=pl.String), np.array([], dtype=np.int64), 5) == []
 
 
 @given(
@@ -45,7 +45,7 @@ def test_row_groups_cover_every_row_in_order_and_keep_groups_whole(groups, limit
     # a group is a run of equal ids (nulls equal): the same id may come back later as another group
     ids = [gid for gid, rows in groups for _ in rows]
     tokens = np.array([t for _, rows in groups for t in rows], dtype=np.int64)
-    cuts = row_groups(pa.array(ids, pa.string()), tokens, limit)
+    cuts = row_groups(pl.Series(ids, dtype=pl.String), tokens, limit)
     edges = [0, *[r1 for _, r1 in cuts]] if cuts else [0]
     assert [r0 for r0, _ in cuts] == edges[:-1] and edges[-1] == len(ids)
     starts = np.concatenate(([0], np.cumsum(tokens)[:-1])) if len(ids) else tokens

@@ -136,6 +136,11 @@ class _Tally:
     unsafe_samples: int = 0
     unmerged_tokens: int = 0
 
+    def part(self, s: int, entry: FileEntry) -> PartWritten:
+        """Part ``s`` written as ``entry``, with these counts."""
+        kl = (self.kl_sum, self.kl_tokens)
+        return PartWritten(s, entry, *kl, self.unsafe_tokens, self.unsafe_samples, self.unmerged_tokens)
+
     def add(self, a: Assembled) -> None:
         table = a.table
         self.rows += table.num_rows
@@ -211,7 +216,7 @@ class PartJob:
         name = part_name(s)
         tally = _Tally()
         with ShardWriter(os.path.join(self.folder, f"{name}.tmp")) as out:
-            for r0, r1 in row_groups(rows.meta["group_id"].to_arrow(), rows.tokens_N(), rowgroups.ROW_GROUP_TOKENS):
+            for r0, r1 in row_groups(rows.meta["group_id"], rows.tokens_N(), rowgroups.ROW_GROUP_TOKENS):
                 assembled = self._assembled(rows.slice(r0, r1))
                 out.write(assembled.table)
                 tally.add(assembled)
@@ -219,8 +224,7 @@ class PartJob:
             size, sha256 = out.close()
         groups = int(rows.meta["group_id"].n_unique())
         entry = FileEntry(name, tally.rows, size, sha256, groups, tally.tokens, tally.completion_tokens)
-        t = tally
-        return PartWritten(s, entry, t.kl_sum, t.kl_tokens, t.unsafe_tokens, t.unsafe_samples, t.unmerged_tokens)
+        return tally.part(s, entry)
 
     def write_published(self, s: int) -> dict[str, Any]:
         """Gather, assemble and write part ``s``, fsync it and rename it into place; its :meth:`PartWritten.to_row`."""

@@ -13,8 +13,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+import polars as pl
 
 ROW_GROUP_TOKENS = 1 << 20
 """Prompt + completion tokens per row group of a shard (about: a row group ends with a whole group). With merged
@@ -22,7 +21,7 @@ turns the window counts the turns' own tokens, more than their merged rows hold,
 smaller."""
 
 
-def row_groups(group_id: pa.Array, tokens_N: np.ndarray, limit: int = ROW_GROUP_TOKENS) -> list[tuple[int, int]]:
+def row_groups(group_id: pl.Series, tokens_N: np.ndarray, limit: int = ROW_GROUP_TOKENS) -> list[tuple[int, int]]:
     """Row ranges ``[r0, r1)`` cutting a shard's rows (final order: each group one run of ``group_id``, nulls
     equal) into row groups of whole groups, each group in the ``limit``-token window of its first token
     (``tokens_N``: prompt + completion tokens of each row, int). One range for a shard within one window; none
@@ -30,13 +29,8 @@ def row_groups(group_id: pa.Array, tokens_N: np.ndarray, limit: int = ROW_GROUP_
     n = len(group_id)
     if n == 0:
         return []
-    if n > 1:
-        same = pc.fill_null(pc.equal(group_id[1:], group_id[:-1]), False)
-        both_null = pc.and_(pc.is_null(group_id[1:]), pc.is_null(group_id[:-1]))
-        new_group = ~pc.or_(same, both_null).to_numpy(zero_copy_only=False)
-        first_G = np.concatenate(([0], np.flatnonzero(new_group) + 1))
-    else:
-        first_G = np.zeros(1, dtype=np.int64)
+    runs_N = group_id.rle_id().to_numpy()  # polars: the run of equal values each row is in, nulls equal
+    first_G = np.flatnonzero(np.diff(runs_N, prepend=-1))
     start_N = np.concatenate(([0], np.cumsum(np.asarray(tokens_N, dtype=np.int64))[:-1]))
     window_G = start_N[first_G] // limit  # nondecreasing
     cuts = first_G[np.flatnonzero(np.diff(window_G)) + 1]

@@ -16,6 +16,7 @@ import polars as pl
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
+from botocore.exceptions import ClientError
 from typer.testing import CliRunner
 
 from prl.cli import app
@@ -280,6 +281,27 @@ def test_a_build_killed_between_its_manifest_and_its_index_is_in_the_next_builds
         patched.setattr(S3Out, "write_index", lambda self, index: puts.append(index))
         assert build_shards(store, out, options=OPTIONS).status == "nothing_new"
     assert puts == []  # an index that is right is not put again
+    real_client = S3Out.client.fget  # type: ignore[attr-defined]
+
+    class FailingGets:  # the bucket's client, but a GET of the index fails on the server's side
+        def __init__(self, client):
+            self._client = client
+
+        def __getattr__(self, name):
+            return getattr(self._client, name)
+
+        def get_object(self, **kwargs):
+            if not kwargs["Key"].endswith("index.json"):
+                return self._client.get_object(**kwargs)
+            raise ClientError({"Error": {"Code": "InternalError", "Message": "boom"}}, "GetObject")
+
+    with monkeypatch.context() as patched:  # a failed read of the index: an error, not a reason to put another
+        patched.setattr(S3Out, "client", property(lambda self: FailingGets(real_client(self))))
+        patched.setattr(S3Out, "write_index", lambda self, index: puts.append(index))
+        with pytest.raises(RetryableIOError, match="reading shard output"):
+            S3Out(out).refresh_index()
+    assert puts == []
+    assert S3Out(out).read_unless_missing(S3Out(out).key("no-such-key")) is None  # missing, not failed: None
     commit_group(store, "l")
     assert build_shards(store, out, options=OPTIONS).status == "built"
     assert len(S3Out(out).set_ids()) == 3 and index_of_every_manifest(s3, out)

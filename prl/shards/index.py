@@ -126,6 +126,18 @@ def is_index(raw: bytes | None, index: Mapping[str, Any]) -> bool:
         return False
 
 
+def mended_index(
+    raw: bytes | None, listed: Collection[str], manifest: Callable[[str], Manifest]
+) -> dict[str, Any] | None:
+    """The index to write when ``raw`` (an ``index.json``'s bytes, None when missing) is not the index of the sets
+    ``listed`` (:func:`updated_index`: only manifests of listed sets missing from it are read); None when there is
+    nothing to write: ``raw`` is that index already, or there is no set and no index."""
+    if not listed and raw is None:
+        return None
+    index = updated_index(raw, listed, manifest)
+    return None if is_index(raw, index) else index
+
+
 def index_after_publish(
     raw: bytes | None,
     listed: Collection[str],
@@ -150,5 +162,6 @@ __all__ = [
     "index_lines",
     "index_order",
     "is_index",
+    "mended_index",
     "updated_index",
 ]

@@ -23,7 +23,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from prl.shards.index import index_after_publish, is_index, updated_index
+from prl.shards.index import index_after_publish, mended_index
 from prl.shards.layout import (
     SetRef,
     find_sets,
@@ -198,10 +198,8 @@ def refresh_index(out: str) -> bool:
     which reads only the manifests of listed sets missing from it. Returns whether it was written (never when
     ``out`` holds no set and no index)."""
     refs, raw = _sets_and_index(out)
-    if not refs and raw is None:
-        return False
-    index = updated_index(raw, refs, lambda set_id: Manifest.of(refs[set_id]))
-    if is_index(raw, index):
+    index = mended_index(raw, refs, lambda set_id: Manifest.of(refs[set_id]))
+    if index is None:
         return False
     write_index(out, index)
     return True

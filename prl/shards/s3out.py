@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from prl.errors import LockedError, RetryableIOError, UsageError
 from prl.io.locations import normalise_s3, split_s3
-from prl.shards.index import index_after_publish, is_index, updated_index
+from prl.shards.index import index_after_publish, mended_index
 from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
 from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, make_staging
@@ -156,6 +156,18 @@ class S3Out:
         try:
             return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
         except (ClientError, BotoCoreError) as exc:
+            raise self._error("reading", exc) from exc
+
+    def read_unless_missing(self, key: str) -> bytes | None:
+        """The body of ``key`` in one GET, None when there is no such key; any other failed request is a
+        :class:`~prl.errors.RetryableIOError`."""
+        try:
+            return bytes(self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read())
+        except ClientError as exc:
+            if _code(exc) not in {"404", "NoSuchKey", "NotFound"}:
+                raise self._error("reading", exc) from exc
+            return None
+        except BotoCoreError as exc:
             raise self._error("reading", exc) from exc
 
     def read_if_any(self, key: str) -> bytes | None:
@@ -386,20 +398,9 @@ class S3Out:
         between publishing its manifest and putting the index leaves it one set behind); reads only the manifests
         of listed sets missing from it. Returns whether it was put (never when OUT holds no set and no index)."""
         listed = self._listed_manifests()
-        try:  # only a missing index is no index here: a failed read is not a reason to read every manifest
-            raw: bytes | None = bytes(
-                self.client.get_object(Bucket=self.bucket, Key=self.key(META, INDEX))["Body"].read()
-            )
-        except ClientError as exc:
-            if _code(exc) not in {"404", "NoSuchKey", "NotFound"}:
-                raise self._error("reading", exc) from exc
-            raw = None
-        except BotoCoreError as exc:
-            raise self._error("reading", exc) from exc
-        if not listed and raw is None:
-            return False
-        index = updated_index(raw, listed, lambda set_id: self.manifest(set_id, listed[set_id]))
-        if is_index(raw, index):
+        raw = self.read_unless_missing(self.key(META, INDEX))  # a failed read is no reason to read every manifest
+        index = mended_index(raw, listed, lambda set_id: self.manifest(set_id, listed[set_id]))
+        if index is None:
             return False
         self.write_index(index)
         return True

@@ -170,3 +170,25 @@ def commit_group(store: Store, name: str) -> list[str]:
     store.commit("rewards", table(REWARDS, [reward(ids[0], 1.0), reward(ids[1], 0.0)]).to_batches())
     store.commit("checks", table(CHECKS, [verdict(s) for s in ids]).to_batches())
     return ids
+
+
+def commit_traces(store: Store, rows: list[dict], rewarded: list[str] | None = None, refs: bool = True) -> None:
+    """Commit ``rows`` to traces (one data file), with a reward for each of ``rewarded`` (default: every row),
+    an ``ok`` verdict for each and, with ``refs``, reference logprobs of −0.2 per completion token."""
+    store.commit("traces", table(TRACES, rows).to_batches())
+    ids = [r["sample_id"] for r in rows] if rewarded is None else rewarded
+    if ids:
+        store.commit("rewards", table(REWARDS, [reward(s, float(len(s) % 3)) for s in ids]).to_batches())
+    store.commit("checks", table(CHECKS, [verdict(r["sample_id"]) for r in rows]).to_batches())
+    if refs:
+        lps = [ref(r["sample_id"], [-0.2] * len(r["completion_token_ids"])) for r in rows]
+        store.commit("ref_logprobs", table(REF_LOGPROBS, lps).to_batches())
+
+
+def grouped_rows(prefix: str, groups: int, size: int, version: str = "step-10") -> list[dict]:
+    """``groups`` groups of ``size`` trace rows (``<prefix><g>-<k>:0`` in group ``<prefix>g<g>``) at ``version``."""
+    return [
+        trace(f"{prefix}{g}-{k}:0", f"{prefix}g{g}", [1, 2, 3], [4, 5, 6 + k], policy_version=version)
+        for g in range(groups)
+        for k in range(size)
+    ]

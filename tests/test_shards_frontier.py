@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, TRACES
+from prl.schema import REWARDS
 from prl.shards.build import build_shards
 from prl.shards.frontier import frontier_path, read_frontier
 from prl.shards.options import ShardOptions
@@ -19,36 +19,17 @@ from prl.shards.verify import verify_shards
 from prl.store.changes import snapshot_files
 from prl.store.maintain import maintain
 from prl.store.tables import Store
-from tests.shards_fixtures import ref, reward, table, trace, verdict
+from tests.shards_fixtures import commit_traces, grouped_rows, reward, table
 
 OPTIONS = ShardOptions(kl="column", max_staleness=2, target_tokens=40, seed=3)
-
-
-def _commit(store: Store, rows: list[dict], rewarded: list[str] | None = None, refs: bool = True) -> None:
-    store.commit("traces", table(TRACES, rows).to_batches())
-    ids = [r["sample_id"] for r in rows] if rewarded is None else rewarded
-    if ids:
-        store.commit("rewards", table(REWARDS, [reward(s, float(len(s) % 3)) for s in ids]).to_batches())
-    store.commit("checks", table(CHECKS, [verdict(r["sample_id"]) for r in rows]).to_batches())
-    if refs:
-        lps = [ref(r["sample_id"], [-0.2] * len(r["completion_token_ids"])) for r in rows]
-        store.commit("ref_logprobs", table(REF_LOGPROBS, lps).to_batches())
-
-
-def _rows(prefix: str, groups: int, size: int, version: str = "step-10") -> list[dict]:
-    return [
-        trace(f"{prefix}{g}-{k}:0", f"{prefix}g{g}", [1, 2, 3], [4, 5, 6 + k], policy_version=version)
-        for g in range(groups)
-        for k in range(size)
-    ]
 
 
 def _history(store: Store) -> None:
     """Commit 1: two groups that all ship. Commit 2: a group with one sample lacking its reward, and a group
     at step 7 (stale at current step 10, max_staleness 2)."""
-    _commit(store, _rows("h", 2, 2))
-    backlog = _rows("b", 1, 2) + _rows("s", 1, 2, version="step-7")
-    _commit(store, backlog, rewarded=["b0-0:0", "s0-0:0", "s0-1:0"])
+    commit_traces(store, grouped_rows("h", 2, 2))
+    backlog = grouped_rows("b", 1, 2) + grouped_rows("s", 1, 2, version="step-7")
+    commit_traces(store, backlog, rewarded=["b0-0:0", "s0-0:0", "s0-1:0"])
 
 
 def _shards(res) -> list[tuple[str, str, int]]:
@@ -75,7 +56,7 @@ def test_a_frontier_build_reads_backlog_and_new_files_and_ships_the_same_bytes(t
     assert sorted(backlog.column("sample_id").to_pylist()) == ["b0-1:0", "s0-0:0", "s0-1:0"]
 
     # new rows at step 12 (the stale group stays stale), and the missing reward arrives
-    _commit(store, _rows("n", 1, 2, version="step-12"))
+    commit_traces(store, grouped_rows("n", 1, 2, version="step-12"))
     store.commit("rewards", table(REWARDS, [reward("b0-1:0", 1.0)]).to_batches())
     os.remove(frontier_path(whole))  # this twin scans the whole table
     second = build_shards(store, fast, options=OPTIONS)
@@ -95,12 +76,12 @@ def test_a_frontier_build_reads_backlog_and_new_files_and_ships_the_same_bytes(t
 
 def test_history_files_are_not_read(tmp_path):
     store = Store(str(tmp_path / "store"))
-    _commit(store, _rows("h", 2, 2))
+    commit_traces(store, grouped_rows("h", 2, 2))
     out = str(tmp_path / "out")
     assert build_shards(store, out, options=OPTIONS).rows == 4
     [old] = snapshot_files(store, "traces", store.versions()["traces"])
     shutil.move(f"{store.table_path('traces')}/{old}", str(tmp_path / "gone.parquet"))  # history, unreadable
-    _commit(store, _rows("n", 1, 2))
+    commit_traces(store, grouped_rows("n", 1, 2))
     res = build_shards(store, out, options=OPTIONS)
     assert (res.status, res.rows, res.traces_scan) == ("built", 2, {"from": "frontier", "rows": 2})
 
@@ -116,14 +97,14 @@ def test_a_set_published_after_the_frontier_was_written_is_left_out(tmp_path):
     saved = {p: Path(p).read_bytes() for p in (frontier_path(fast),)}
     backlog_dir = Path(fast, ".prl", "frontier")
     kept = {p.name: p.read_bytes() for p in backlog_dir.iterdir()}
-    _commit(store, _rows("n", 1, 2, version="step-11"))
+    commit_traces(store, grouped_rows("n", 1, 2, version="step-11"))
     assert build_shards(store, fast, options=OPTIONS).rows == 2
     for path, body in saved.items():  # back to the frontier written before that set
         Path(path).write_bytes(body)
     for name, body in kept.items():
         (backlog_dir / name).write_bytes(body)
     build_shards(store, whole, options=OPTIONS)
-    _commit(store, _rows("m", 1, 3, version="step-11"))
+    commit_traces(store, grouped_rows("m", 1, 3, version="step-11"))
     os.remove(frontier_path(whole))
     res, twin = build_shards(store, fast, options=OPTIONS), build_shards(store, whole, options=OPTIONS)
     assert res.traces_scan == {"from": "frontier", "rows": 3 + 2 + 3}  # backlog, the set's rows again, new

@@ -394,8 +394,9 @@ def test_listing_an_s3_prefix_that_holds_no_set_is_a_usage_error(s3):  # noqa: F
 
 
 def test_an_s3_out_keeps_a_frontier_and_its_next_build_is_the_bytes_of_a_whole_scan(s3, tmp_path):  # noqa: F811
+    from tests.shards_fixtures import commit_traces, grouped_rows
     from tests.test_shards_frontier import OPTIONS as FRONTIER_OPTIONS
-    from tests.test_shards_frontier import _commit, _history, _rows, _same_build
+    from tests.test_shards_frontier import _history, _same_build
 
     store = Store(str(tmp_path / "store"))
     _history(store)
@@ -408,7 +409,7 @@ def test_an_s3_out_keeps_a_frontier_and_its_next_build_is_the_bytes_of_a_whole_s
     assert backlog_key in s3.keys("runs/fast/.prl/frontier/")
     build_shards(store, whole, options=FRONTIER_OPTIONS)
 
-    _commit(store, _rows("n", 1, 2, version="step-12"))
+    commit_traces(store, grouped_rows("n", 1, 2, version="step-12"))
     store.commit("rewards", table(REWARDS, [reward("b0-1:0", 1.0)]).to_batches())
     second = build_shards(store, out, options=FRONTIER_OPTIONS)
     assert second.traces_scan == {"from": "frontier", "rows": 3 + 2}
@@ -425,3 +426,19 @@ def test_an_s3_out_keeps_a_frontier_and_its_next_build_is_the_bytes_of_a_whole_s
     assert read_frontier(f"s3://{s3.bucket}/runs/fast") is None
     again = build_shards(store, out, options=FRONTIER_OPTIONS)
     assert (again.status, again.traces_scan) == ("nothing_new", {"from": "whole", "rows": 10})
+
+
+def test_a_build_in_turns_into_an_s3_out_records_pending_files_and_ships_each_sample_once(s3, tmp_path):  # noqa: F811
+    from tests.shards_fixtures import commit_traces, grouped_rows
+
+    store = Store(str(tmp_path / "store"))
+    for i in range(3):
+        commit_traces(store, grouped_rows(f"c{i}", 2, 2))
+    out, options = s3.url("turns"), ShardOptions(kl="column", target_tokens=40, max_set_samples=4)
+    res = build_shards(store, out, options=options)
+    assert (res.rows, [s["rows"] for s in res.sets]) == (12, [4, 4, 4])
+    frontier = read_frontier(out)
+    assert frontier is not None and frontier.pending == () and len(frontier.sets) == 3
+    assert verify_shards(out).exit_code == 0  # every set whole, nothing shipped twice
+    again = build_shards(store, out, options=options)
+    assert (again.status, again.sets) == ("nothing_new", [])

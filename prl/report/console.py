@@ -139,6 +139,13 @@ def render_shards(result: Any, console: Console = stdout) -> None:
     table.add_section()
     table.add_row(f"{len(result.shards)} shards", f"{result.rows:,}", f"{result.tokens:,}", "")
     console.print(table)
+    sets = getattr(result, "sets", [])
+    if len(sets) > 1:  # a build in turns (max_set_samples): the table is its last set's
+        console.print(f"{len(sets)} sets published in turns (max_set_samples), the last shown above:")
+        for entry in sets:
+            console.print(
+                f"  {entry['set_id']}: {entry['rows']:,} rows, {entry['tokens']:,} tokens, {entry['shards']} shards"
+            )
     if result.drops:
         reasons = Table(title="dropped by reason")
         reasons.add_column("reason")

@@ -1,4 +1,4 @@
-"""``prl build-shards``: checked traces + rewards (+ reference logprobs) → one published Parquet shard set.
+"""``prl build-shards``: checked traces + rewards (+ reference logprobs) → published Parquet shard sets.
 
 :func:`build_shards` is the orchestration; each step is its own module (see :mod:`prl.shards`):
 
@@ -21,6 +21,10 @@
    ``OUT/.prl/index.json`` is written: made before publishing (so that a manifest of OUT that cannot be read
    stops the build before it publishes anything), keeping the lines of the sets already in it
    (:mod:`prl.shards.index`). A build that ships nothing mends an index a killed build left one set behind.
+
+A build with more traces rows to read than ``max_set_samples`` runs these steps once per turn
+(:mod:`prl.shards.turns`): each turn publishes a set and advances the frontier with the files still pending, so
+its memory is bounded by the cap, not by the store; its result lists every set (:attr:`ShardResult.sets`).
 
 What a build reads of OUT does not grow with the sets there: their ids (a listing), the frontier, the sample ids
 of sets the frontier does not account for (normally none), the index and one manifest; never every manifest.
@@ -53,7 +57,16 @@ from prl.errors import RetryableIOError, UsageError
 from prl.runtime import release_free_memory
 from prl.schema import SCHEMA_VERSION, SHARD
 from prl.shards import rowgroups
-from prl.shards.frontier import Frontier, TraceSource, new_backlog_name, options_digest, trace_source, write_frontier
+from prl.shards.frontier import (
+    BACKLOG_SCHEMA,
+    Frontier,
+    TraceSource,
+    continued_source,
+    new_backlog_name,
+    options_digest,
+    trace_source,
+    write_frontier,
+)
 from prl.shards.gather import WORKERS
 from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, ManifestError, Totals
 from prl.shards.merge_build import merged_statistics, planned_merged, unit_index, unit_scores
@@ -135,39 +148,61 @@ def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[
 def _build_locked(
     store: Store, target: OutTarget, options: ShardOptions, rebuild: bool, dry_run: bool, engine: Engine
 ) -> ShardResult:
+    """The build under its lock: one turn per set (:mod:`prl.shards.turns`) until nothing is pending."""
     versions = store.versions()
     if options.kl != "none" and versions.get("ref_logprobs") is None:
         raise UsageError(
             f"KL is requested (kl = {options.kl!r}) but the store has no ref_logprobs table; ingest reference "
             "logprobs with `prl ingest --kind ref` or set kl = 'none'"
         )
-    result = ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
-    if versions.get("traces") is None:
+    traces_version = versions.get("traces")
+    if traces_version is None:
         if not dry_run:
             target.clean(keep=None)
-        return result
+        return ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
     options = resolve_rewards(store, versions.get("rewards"), options)
     prior = [] if rebuild else target.set_ids()
-    traces_version = versions["traces"]
-    assert traces_version is not None  # checked above
-    source = trace_source(store, target.uri, traces_version, options, prior, rebuild)
-    shipped = target.shipped_ids([set_id for set_id in prior if set_id not in source.covered_sets])
-    set_id = _set_id(versions, options, prior)
-    if dry_run:
-        plan = make_plan(store, versions, options, shipped, source=source)
-        result.count(plan, options)
-        scores = None
-        if not plan.ship.is_empty():
-            result.status, result.set_id, result.rows = "dry_run", set_id, plan.ship.height
-            result.tokens = int((plan.ship["prompt_len"] + plan.ship["completion_len"]).sum())
-            if options.merge_turns:  # the rows and tokens the merged rows will have, as planned
-                result.rows, result.tokens = planned_merged(plan.ship)
-            scores = _scores(plan, options, None)
-        result.statistics = build_statistics(plan, scores, options)
-        return result
-    target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
-    replaces = [s for s in target.set_ids() if s != set_id] if rebuild else []
-    return _build(store, target, versions, options, _Sources(shipped, prior, source), set_id, result, replaces, engine)
+    source: TraceSource | None = trace_source(store, target.uri, traces_version, options, prior, rebuild)
+    turns: list[ShardResult] = []
+    while source is not None:
+        result = ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
+        shipped = target.shipped_ids([set_id for set_id in prior if set_id not in source.covered_sets])
+        set_id = _set_id(versions, options, prior)
+        if dry_run:
+            return _dry_run(store, versions, options, _Sources(shipped, prior, source), set_id, result)
+        target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
+        replaces = [s for s in target.set_ids() if s != set_id] if rebuild else []
+        sources = _Sources(shipped, prior, source)
+        turn, after = _build(store, target, versions, options, sources, set_id, result, replaces, engine)
+        turns.append(turn)
+        source = None
+        if after is not None and after[0].pending:
+            source = continued_source(store, traces_version, after[0], after[1], options.max_set_samples)
+            prior, rebuild = target.set_ids(), False
+    return ShardResult.of_turns(turns, options)
+
+
+def _dry_run(
+    store: Store,
+    versions: dict[str, int | None],
+    options: ShardOptions,
+    sources: _Sources,
+    set_id: str,
+    result: ShardResult,
+) -> ShardResult:
+    """Plan the next set (the first turn's, when there are several) and report it, writing nothing."""
+    plan = make_plan(store, versions, options, sources.shipped, source=sources.source)
+    result.count(plan, options)
+    result.pending_files = len(sources.source.pending)
+    scores = None
+    if not plan.ship.is_empty():
+        result.status, result.set_id, result.rows = "dry_run", set_id, plan.ship.height
+        result.tokens = int((plan.ship["prompt_len"] + plan.ship["completion_len"]).sum())
+        if options.merge_turns:  # the rows and tokens the merged rows will have, as planned
+            result.rows, result.tokens = planned_merged(plan.ship)
+        scores = _scores(plan, options, None)
+    result.statistics = build_statistics(plan, scores, options)
+    return result
 
 
 @dataclass
@@ -190,9 +225,10 @@ def _build(
     result: ShardResult,
     replaces: list[str],
     engine: Engine,
-) -> ShardResult:
+) -> tuple[ShardResult, tuple[Frontier, pa.Table] | None]:
     """Plan with spills in a staging folder, write the set there and publish it (or remove it when nothing ships);
-    then retire the sets in ``replaces`` (those a rebuild replaces)."""
+    then retire the sets in ``replaces`` (those a rebuild replaces). Returns the result and the frontier it left
+    (with its backlog; written to OUT once OUT holds a set), None when it scanned nothing."""
     staging = target.stage(set_id)
     try:
         spill_dir = staging.spill
@@ -204,10 +240,10 @@ def _build(
             if result.all_dropped:
                 result.status = "all_dropped"
             target.discard(staging, nothing_shipped=True)
-            _advance_frontier(store, target.uri, versions, options, plan, 0, sources.prior)
+            after = _advance_frontier(target.uri, versions, options, plan, 0, sources, None)
             _mend_index(store, target)
             result.statistics = build_statistics(plan, None, options)
-            return result
+            return result, after
         spills = Spills(trace_spill, ref_spill, spill_dir)
         shipped = plan.ship.height  # the shipped frame goes while the shards are written
         manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id, engine)
@@ -215,33 +251,39 @@ def _build(
         final = target.publish(staging, set_id, _lock_check(store))
         target.retire(replaces)
         target.write_index(index)
-        sets = [*sources.prior, set_id]
-        _advance_frontier(store, target.uri, versions, options, plan, shipped, sets)
+        after = _advance_frontier(target.uri, versions, options, plan, shipped, sources, set_id)
     except BaseException:
         target.discard(staging)
         raise
     result.status, result.set_id, result.set_dir = "built", set_id, final
     result.manifest_path = target.manifest_uri(set_id)
     result.rows, result.tokens = manifest.totals.rows, manifest.totals.tokens
+    result.shipped_samples = shipped
     result.shards = [e.to_json() for e in manifest.shards]
     result.statistics = manifest.statistics
-    return result
+    return result, after
 
 
 def _advance_frontier(
-    store: Store,
     out: str,
     versions: dict[str, int | None],
     options: ShardOptions,
     plan: Plan,
     shipped: int,
-    sets: list[str],
-) -> None:
-    """After a build of ``out`` completed, ``shipped`` samples shipped: the frontier for the next one
-    (:mod:`prl.shards.frontier`); nothing when ``out`` holds no set yet (a first build that shipped nothing leaves no folder and no objects)."""
+    sources: _Sources,
+    set_id: str | None,
+) -> tuple[Frontier, pa.Table] | None:
+    """After a build of ``out`` completed, ``shipped`` samples shipped into ``set_id`` (None: nothing shipped): the
+    frontier for the next one (:mod:`prl.shards.frontier`) and its backlog, written to ``out`` unless ``out`` holds
+    no set yet (a first build that shipped nothing leaves no folder and no objects). While files are pending, the
+    frontier accounts only for the sets the source did and this one: the pending files are still to be read
+    with the samples of the other earlier sets left out."""
     traces_version = versions.get("traces")
-    if traces_version is None or plan.backlog is None or not sets:
-        return
+    source = sources.source
+    if traces_version is None or (plan.backlog is None and not source.pending):
+        return None  # nothing scanned: the frontier there is stays right
+    made = [set_id] if set_id is not None else []
+    sets = [*source.covered_sets, *made] if source.pending else [*sources.prior, *made]
     frontier = Frontier(
         traces_version=traces_version,
         options=options_digest(options),
@@ -249,9 +291,16 @@ def _advance_frontier(
         shipped=plan.already_shipped + shipped,
         version_max=plan.version_max,
         backlog=new_backlog_name(),
+        pending=source.pending,
     )
-    backlog = plan.backlog.with_columns(pl.col("_file").cast(pl.String).alias("file")).select("sample_id", "file")
-    write_frontier(out, frontier, backlog.to_arrow())
+    if plan.backlog is None:
+        backlog = BACKLOG_SCHEMA.empty_table()
+    else:
+        frame = plan.backlog.with_columns(pl.col("_file").cast(pl.String).alias("file")).select("sample_id", "file")
+        backlog = frame.to_arrow().cast(BACKLOG_SCHEMA)
+    if [*sources.prior, *made]:
+        write_frontier(out, frontier, backlog)
+    return frontier, backlog
 
 
 def _mend_index(store: Store, target: OutTarget) -> None:

@@ -10,15 +10,19 @@ completes (a set published, or nothing to ship), ``OUT/.prl/frontier.json`` reco
   file that holds it;
 - ``sets``: the sets of ``OUT`` whose samples it accounts for; ``shipped``: how many rows of traces at ``W`` they
   shipped; ``version_max``: the newest policy step of traces at ``W`` (staleness's "current");
-- ``options``: the digest of the build options (a build with other options ignores the frontier).
+- ``options``: the digest of the build options (a build with other options ignores the frontier);
+- ``pending``: traces files of the snapshot at ``W`` that a build taking turns (:mod:`prl.shards.turns`) has not
+  read yet, oldest first (``version_max`` covers their rows already). While files are pending, ``sets`` names
+  only the sets the turns accounted for, so the pending files are read with the samples of the other sets left
+  out.
 
-The next build then scans only the backlog's files (only the backlog's rows of them) plus the files that traces
-commits after ``W`` added (:func:`prl.store.changes.added_files`), and leaves out the samples of sets published
-since the frontier was written. It considers exactly the rows a whole scan would leave after removing shipped
+The next build then scans only the backlog's files (only the backlog's rows of them) plus the pending files and
+those that traces commits after ``W`` added (:func:`prl.store.changes.added_files`; as many as ``max_set_samples``
+lets one turn take), and leaves out the samples of sets published since the frontier was written. It considers exactly the rows a whole scan would leave after removing shipped
 samples, so its plan, and the set it publishes, are the same bytes (``tests/test_shards_frontier.py`` asserts it).
 Any doubt is a whole scan: no frontier, other options, ``--rebuild``, a set it accounts for gone, traces
-re-created (version below ``W``), a commit file of the range cleaned up, or a backlog file no longer in the
-snapshot (``prl maintain`` compacted it); the build after that writes a fresh frontier.
+re-created (version below ``W``), a commit file of the range cleaned up, or a backlog or pending file no longer in
+the snapshot (``prl maintain`` compacted it); the build after that writes a fresh frontier.
 
 A local ``OUT`` and an ``s3://`` OUT both keep a frontier, at the same keys (on S3 the backlog and then
 ``frontier.json`` are each put whole, :func:`write_frontier`, and read in one GET each). The reward, verdict
@@ -44,11 +48,13 @@ from prl.shards.layout import META, meta_root
 from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file, write_json
 from prl.shards.s3out import S3Out
+from prl.shards.turns import newest_version, snapshot_turn_files, take
 from prl.store.changes import added_files, files_dataset, snapshot_files
 from prl.store.tables import Store
 
 FRONTIER = "frontier.json"
-FRONTIER_FORMAT = 1
+FRONTIER_FORMAT = 2
+"""2: with ``pending`` (:mod:`prl.shards.turns`); a frontier of format 1 is not read (a whole scan instead)."""
 BACKLOG_SCHEMA = pa.schema([("sample_id", pa.string()), ("file", pa.string())])
 """One row per unshipped considered trace row: its sample and the traces data file (relative to the table)."""
 
@@ -78,6 +84,9 @@ class Frontier:
     backlog: str
     """File name of the backlog, in ``OUT/.prl/frontier/`` (two folders down, where the globs ``OUT/*/*.parquet``
     never reach)."""
+    pending: tuple[str, ...] = ()
+    """Traces data files of the snapshot at ``traces_version`` that no build has read yet (a build taking turns,
+    :mod:`prl.shards.turns`), oldest first; ``version_max`` covers their rows already."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -88,6 +97,7 @@ class Frontier:
             "shipped": self.shipped,
             "version_max": self.version_max,
             "backlog": self.backlog,
+            "pending": list(self.pending),
         }
 
 
@@ -107,6 +117,8 @@ def read_frontier(out: str) -> Frontier | None:
         if raw.get("format") != FRONTIER_FORMAT:
             return None
         version_max = raw["version_max"]
+        if not isinstance(raw["pending"], list):
+            return None
         return Frontier(
             traces_version=int(raw["traces_version"]),
             options=str(raw["options"]),
@@ -114,6 +126,7 @@ def read_frontier(out: str) -> Frontier | None:
             shipped=int(raw["shipped"]),
             version_max=None if version_max is None else int(version_max),
             backlog=os.path.basename(str(raw["backlog"])),
+            pending=tuple(str(p) for p in raw["pending"]),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -123,17 +136,31 @@ def read_frontier(out: str) -> Frontier | None:
 class TraceSource:
     """What a build's traces scan reads: pyarrow datasets over some traces files, each with an optional row filter.
 
-    ``whole`` is True for the whole snapshot (no frontier applies); then ``shipped`` (rows already shipped by the
-    sets the frontier accounts for) is 0 and ``version_max`` None."""
+    ``whole`` is True for the whole snapshot (no frontier applies, every file in one turn); then ``shipped`` (rows
+    already shipped by the sets the frontier accounts for) is 0 and ``version_max`` None. ``pending``: the files of
+    the snapshot left for later turns (:mod:`prl.shards.turns`); ``version_max`` then covers their rows too.
+    ``scan``: ``whole`` or ``frontier``, what the build reports (``traces_scan.from``)."""
 
     parts: list[tuple[ds.Dataset, ds.Expression | None]]
     whole: bool
     shipped: int = 0
     version_max: int | None = None
     covered_sets: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    scan: str = "whole"
 
 
-def whole_snapshot(store: Store, version: int) -> TraceSource:
+def whole_snapshot(store: Store, version: int, cap: int | None = None) -> TraceSource:
+    """Every traces file at ``version``: in one turn when ``cap`` (``max_set_samples``) is None or not passed,
+    else the first turn of them (:func:`prl.shards.turns.take`)."""
+    if cap is not None:
+        files, known = snapshot_turn_files(store, version)
+        taken, pending = take(store, files, known, cap)
+        if pending:
+            newest = newest_version(store, pending)
+            return TraceSource(
+                [(files_dataset(store, "traces", taken), None)], False, 0, newest, pending=tuple(pending)
+            )
     dataset = store.dataset("traces", version)
     return TraceSource([(dataset, None)] if dataset is not None else [], whole=True)
 
@@ -142,28 +169,49 @@ def trace_source(
     store: Store, out: str, version: int, options: ShardOptions, prior_sets: list[str], rebuild: bool
 ) -> TraceSource:
     """The traces rows a build of ``out`` must consider (before leaving out samples of sets the frontier does not
-    account for): from the frontier when it applies, else the whole snapshot at ``version``."""
+    account for): from the frontier when it applies, else the whole snapshot at ``version`` (its first turn, with
+    ``max_set_samples``)."""
+    cap = options.max_set_samples
     frontier = None if rebuild else read_frontier(out)
     if frontier is None or frontier.options != options_digest(options) or frontier.traces_version > version:
-        return whole_snapshot(store, version)
+        return whole_snapshot(store, version, cap)
     if not set(frontier.sets) <= set(prior_sets):
-        return whole_snapshot(store, version)
+        return whole_snapshot(store, version, cap)
+    backlog = _read_backlog(out, frontier.backlog)
+    source = None if backlog is None else continued_source(store, version, frontier, backlog, cap)
+    return whole_snapshot(store, version, cap) if source is None else source
+
+
+def continued_source(
+    store: Store, version: int, frontier: Frontier, backlog: pa.Table, cap: int | None
+) -> TraceSource | None:
+    """What the build after ``frontier`` (read from OUT, or the one a turn just made) reads at traces ``version``:
+    the backlog's rows, then the pending files and those added since ``frontier.traces_version``, as many as the
+    turn's ``cap`` takes (the backlog's rows count against it). None when the frontier cannot be followed (a
+    commit file of the range cleaned up, a backlog or pending file no longer in the snapshot): a whole scan."""
     new_files = added_files(store, "traces", frontier.traces_version, version)
     if new_files is None:
-        return whole_snapshot(store, version)
-    backlog = _read_backlog(out, frontier.backlog)
-    if backlog is None:
-        return whole_snapshot(store, version)
+        return None
     backlog_files = sorted(set(pc.unique(backlog.column("file")).to_pylist()))
-    if backlog_files and not set(backlog_files) <= set(snapshot_files(store, "traces", version)):
-        return whole_snapshot(store, version)
+    if backlog_files or frontier.pending:
+        in_snapshot = set(snapshot_files(store, "traces", version))
+        if not set(backlog_files) <= in_snapshot or not set(frontier.pending) <= in_snapshot:
+            return None
+    files = [*frontier.pending, *new_files]
+    budget = None if cap is None else cap - backlog.num_rows
+    taken, pending = take(store, files, snapshot_turn_files(store, version)[1] if cap is not None else {}, budget)
+    version_max = frontier.version_max
+    unseen = files[max(len(taken), len(frontier.pending)) :]  # left pending, not yet in frontier.version_max
+    newest = newest_version(store, unseen)
+    if newest is not None and (version_max is None or newest > version_max):
+        version_max = newest
     parts: list[tuple[ds.Dataset, ds.Expression | None]] = []
     if backlog_files:
         ids = pc.unique(backlog.column("sample_id").combine_chunks())
         parts.append((files_dataset(store, "traces", backlog_files), pc.field("sample_id").isin(ids)))
-    if new_files:
-        parts.append((files_dataset(store, "traces", new_files), None))
-    return TraceSource(parts, False, frontier.shipped, frontier.version_max, frontier.sets)
+    if taken:
+        parts.append((files_dataset(store, "traces", taken), None))
+    return TraceSource(parts, False, frontier.shipped, version_max, frontier.sets, tuple(pending), "frontier")
 
 
 def _read_backlog(out: str, name: str) -> pa.Table | None:
@@ -223,6 +271,7 @@ __all__ = [
     "BACKLOG_SCHEMA",
     "Frontier",
     "TraceSource",
+    "continued_source",
     "new_backlog_name",
     "options_digest",
     "read_frontier",

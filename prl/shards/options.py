@@ -23,6 +23,9 @@ from prl.schema import FINISH_REASONS
 from prl.validation import Validator
 
 VERSION_RE = r"(\d+)\D*$"
+MAX_SET_SAMPLES = 50_000
+"""Default :attr:`ShardOptions.max_set_samples`: about 25 M tokens of 500-token samples; a build's peak memory
+at the cap is about 400 MB (``bench/bench_shards_memory.py``)."""
 """The integer a policy version string ends with (``"step-120"`` → 120), as polars and :mod:`re` read it."""
 
 
@@ -87,6 +90,10 @@ class ShardOptions:
     """Ship consecutive CLEAN (and REALIGN) turns of a trajectory as one row (:mod:`prl.shards.merge`)."""
     merge_reward: str = "last"
     """A merged row's reward from its turns' scores: ``last`` (the last turn's), ``sum`` or ``mean``."""
+    max_set_samples: int | None = MAX_SET_SAMPLES
+    """Traces rows one set considers at most: a build with more to read publishes several sets in turns
+    (:mod:`prl.shards.turns`), so its memory is bounded by this, not by the store; None (``"none"`` in a recipe or
+    ``--set``): one set, however many."""
 
     def __post_init__(self) -> None:
         self._validate(Validator("shards", text=True))
@@ -166,6 +173,13 @@ def _choice(choices: tuple[str, ...]) -> Callable[[Validator, str, Any], str]:
     return lambda v, key, value: v.string(key, value, choices)
 
 
+def _cap(v: Validator, key: str, value: Any) -> int | None:
+    """A count ≥ 1, or ``"none"`` (what a recipe or ``--set`` writes for no cap: TOML has no null) for None."""
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
+    return v.integer(key, value, minimum=1)
+
+
 def _count(minimum: int | None) -> Callable[[Validator, str, Any], int]:
     return lambda v, key, value: v.integer(key, value, minimum)
 
@@ -196,6 +210,7 @@ _RULES: dict[str, Callable[[Validator, str, Any], Any]] = {
     "max_drop_rate": Validator.rate,
     "merge_turns": Validator.boolean,
     "merge_reward": _choice(("last", "sum", "mean")),  # prl.shards.merge.REWARD_MODES
+    "max_set_samples": lambda v, key, value: _cap(v, key, value),
 }
 """One check per option: ``rule(validator, key, value) -> normalized value`` (raises :class:`UsageError`)."""
 
@@ -209,5 +224,6 @@ _OPTIONAL = {
     "tokenizer_fingerprint",
     "topk",
     "max_drop_rate",
+    "max_set_samples",
 }
 """Options whose value may be None (nothing set)."""

@@ -353,7 +353,7 @@ def make_plan(
     release_free_memory()  # what the scans and the side reads freed: not held beside the joins
     before = source.shipped if source is not None else 0
     seen_max = source.version_max if source is not None else None
-    scan = "frontier" if source is not None and not source.whole else "whole"
+    scan = source.scan if source is not None else "whole"
     scanned = inputs.traces.height
     if inputs.traces.is_empty():
         current = parse_version(options.current_version) if options.current_version else seen_max

@@ -34,6 +34,14 @@ class ShardResult:
     score_names: list[str] = field(default_factory=list)
     traces_scan: dict[str, Any] = field(default_factory=dict)
     """``{"from": "whole" | "frontier", "rows": traces rows read}`` (:mod:`prl.shards.frontier`)."""
+    sets: list[dict[str, Any]] = field(default_factory=list)
+    """Each set the build published, in turn (:mod:`prl.shards.turns`): ``set_id``, ``set_dir``,
+    ``manifest_path``, ``rows``, ``tokens``, ``shards`` (how many). The other fields describe the build as a whole:
+    ``set_id``, ``set_dir``, ``manifest_path``, ``shards`` and ``statistics`` are those of the last set."""
+    shipped_samples: int = 0
+    """Trace rows the build shipped (``rows`` counts merged rows with ``merge_turns``)."""
+    pending_files: int = 0
+    """Traces files a dry run leaves for later turns (a build takes every turn, so 0 after one)."""
 
     @property
     def exit_code(self) -> int:
@@ -57,6 +65,8 @@ class ShardResult:
             "statistics": self.statistics,
             "source_versions": self.source_versions,
             "traces_scan": self.traces_scan,
+            "sets": self.sets,
+            "pending_files": self.pending_files,
             "headline": self.headline(),
             "exit_code": self.exit_code,
         }
@@ -72,10 +82,61 @@ class ShardResult:
             if reason == "missing_reward":
                 line += f" (the score uses reward {', '.join(self.score_names)})"
             return line
+        if len(self.sets) > 1:
+            shards = sum(int(s["shards"]) for s in self.sets)
+            return (
+                f"build-shards {self.status}: {self.rows:,} samples, {self.tokens:,} tokens in {shards} shards of "
+                f"{len(self.sets)} sets, {sum(self.drops.values()):,} dropped → {self.set_id}"
+            )
         return (
             f"build-shards {self.status}: {self.rows:,} samples, {self.tokens:,} tokens in {len(self.shards)} "
             f"shards, {sum(self.drops.values()):,} dropped" + (f" → {self.set_id}" if self.set_id else "")
         )
+
+    @classmethod
+    def of_turns(cls, turns: list[ShardResult], options: ShardOptions) -> ShardResult:
+        """One result for a build of several turns (:mod:`prl.shards.turns`). Every turn reconsiders the rows the
+        turns before it dropped, so the last turn's ``considered`` and ``drops`` are the build's; samples shipped
+        before the build are the last turn's ``already_shipped`` less what the earlier turns shipped."""
+        built = [t for t in turns if t.status == "built"]
+        last = turns[-1]
+        summaries = [
+            {
+                "set_id": t.set_id,
+                "set_dir": t.set_dir,
+                "manifest_path": t.manifest_path,
+                "rows": t.rows,
+                "tokens": t.tokens,
+                "shards": len(t.shards),
+            }
+            for t in built
+        ]
+        if len(turns) == 1:
+            last.sets = summaries
+            return last
+        result = built[-1] if built else last
+        out = cls(
+            out=last.out,
+            status="built" if built else last.status,
+            set_id=result.set_id,
+            set_dir=result.set_dir,
+            manifest_path=result.manifest_path,
+            rows=sum(t.rows for t in built),
+            tokens=sum(t.tokens for t in built),
+            shards=result.shards,
+            considered=last.considered,
+            already_shipped=last.already_shipped - sum(t.shipped_samples for t in turns[:-1]),
+            drops=last.drops,
+            statistics=result.statistics,
+            source_versions=last.source_versions,
+            all_dropped=last.all_dropped and not built,
+            score_names=last.score_names,
+            traces_scan={**turns[0].traces_scan, "rows": sum(int(t.traces_scan.get("rows", 0)) for t in turns)},
+            shipped_samples=sum(t.shipped_samples for t in turns),
+            sets=summaries,
+        )
+        out.drop_rate_exceeded = out._drop_rate_exceeded(options)
+        return out
 
     def count(self, plan: Plan, options: ShardOptions) -> None:
         """Copy the plan's counts and flag a drop rate above ``options.max_drop_rate``."""
@@ -89,9 +150,13 @@ class ShardResult:
         # sets exist, samples dropped before are dropped again on every run and that is nothing new
         self.all_dropped = bool(denominator and dropped == denominator and not plan.already_shipped)
         self.score_names = sorted(options.rewards)
-        self.drop_rate_exceeded = bool(
-            options.max_drop_rate is not None and denominator and dropped / denominator > options.max_drop_rate
-        )
+        self.drop_rate_exceeded = self._drop_rate_exceeded(options)
+
+    def _drop_rate_exceeded(self, options: ShardOptions) -> bool:
+        """More than ``options.max_drop_rate`` of the samples considered and not shipped before were dropped."""
+        dropped = sum(self.drops.values())
+        denominator = self.considered - self.already_shipped
+        return bool(options.max_drop_rate is not None and denominator and dropped / denominator > options.max_drop_rate)
 
 
 __all__ = ["ShardResult"]

@@ -2,11 +2,13 @@
 
 Grows one checked store (rewards, ``ok`` verdicts, reference logprobs; samples of ≈``--prompt`` + ≈``--completion``
 tokens, groups of ``--group``) to each size of ``--tokens`` in turn, and at each size builds every sample into a
-fresh OUT in a fresh process (KL into the token advantages, as ``bench_shards.py``), once with the ``prl``
-command's allocator settings (Arrow's mimalloc and polars' jemalloc hand freed pages back after a second:
-:mod:`prl.runtime`) and once with both keeping them (``MIMALLOC_PURGE_DELAY=-1`` and jemalloc's defaults, 10 s).
-Reports per size: samples, tokens, shards, seconds, tokens/s and peak RSS (MB) for each setting; then the growth of
-peak RSS in bytes per sample, from each size to the next (``growth_bytes_per_sample``) and from the smallest to
+fresh OUT in a fresh process (KL into the token advantages, as ``bench_shards.py``) three ways
+(:data:`VARIANTS`): as the ``prl`` command builds (sets of at most ``max_set_samples`` rows, in turns, with its
+allocator settings: Arrow's mimalloc and polars' jemalloc hand freed pages back after a second,
+:mod:`prl.runtime`), in one set (``max_set_samples = None``), and in turns with both allocators keeping freed
+pages (``MIMALLOC_PURGE_DELAY=-1`` and jemalloc's defaults, 10 s).
+Reports per size: samples, tokens, and for each way sets, shards, seconds, tokens/s and peak RSS (MB); then the
+growth of peak RSS in bytes per sample, from each size to the next (``growth_bytes_per_sample``) and from the smallest to
 the largest (``peak_rss_growth_mb_per_million_samples``, the same in MB per million samples). The store is
 written ``--chunk`` samples per commit.
 
@@ -14,11 +16,10 @@ Sizes should start above :data:`prl.shards.gather.WORKERS` + 1 row groups
 (:data:`prl.shards.rowgroups.ROW_GROUP_TOKENS`, 1 Mi tokens): below that, fewer row groups than workers are in
 memory at once, so peak RSS follows the row groups being built, not the store, and the growth from such a size
 (marked ``"below_steady_state": true``) counts their buffers too. The defaults (5, 50 and 200 M tokens; ``make
-bench`` runs them) take about two minutes and 1.6 GB of disk on a small machine: 356 / 412 / 508 MB peak with
-prl's settings, against 411 / 563 / 790 MB for the code before shards were written a row group at a time and the
-traces scan's readahead was cut, back to back on the 2-core machine (a size's peak moves by 20–40 MB from
-run to run: the allocators hand pages back on timers). ``--tokens 5e6,50e6,200e6,500e6`` adds a 4 GB store and
-six more minutes.
+bench`` runs them) take about three minutes and 1.6 GB of disk on a small machine: 381 / 414 / 441 MB peak in
+turns (1 / 3 / 9 sets), against 370 / 414 / 546 MB in one set, on the 2-core machine (a size's peak moves by
+20–40 MB from run to run: the allocators hand pages back on timers). ``--tokens 5e6,50e6,200e6,500e6`` adds a
+4 GB store and several more minutes.
 
 Prints one JSON object.
 """
@@ -54,21 +55,32 @@ from prl.shards.build import build_shards
 from prl.shards.options import ShardOptions
 from prl.store.tables import Store
 t = time.perf_counter()
-res = build_shards(Store({store!r}), {out!r}, options=ShardOptions(kl="advantages", kl_coef=0.05))
+options = ShardOptions(kl="advantages", kl_coef=0.05, **{options!r})
+res = build_shards(Store({store!r}), {out!r}, options=options)
 seconds = time.perf_counter() - t
-print(json.dumps({{"seconds": seconds, "tokens": res.tokens, "rows": res.rows, "shards": len(res.shards),
+sets = res.sets or [{{"shards": len(res.shards)}}]
+print(json.dumps({{"seconds": seconds, "tokens": res.tokens, "rows": res.rows, "sets": len(sets),
+                  "shards": sum(s["shards"] for s in sets),
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
 """
 
-PURGE_SETTINGS = {"prl_defaults": {}, "keep_pages": {"MIMALLOC_PURGE_DELAY": "-1", "_RJEM_MALLOC_CONF": ""}}
-"""Name in the report → the build process's environment, over the ``prl`` command's defaults."""
+KEEP_PAGES = {"MIMALLOC_PURGE_DELAY": "-1", "_RJEM_MALLOC_CONF": ""}
+VARIANTS: dict[str, tuple[dict[str, str], dict]] = {
+    "prl_defaults": ({}, {}),
+    "one_set": ({}, {"max_set_samples": None}),
+    "keep_pages": (KEEP_PAGES, {}),
+}
+"""Name in the report → (the build process's environment over the ``prl`` command's defaults, build options
+over the defaults): as ``prl build-shards`` builds (sets of at most ``max_set_samples`` rows, in turns), every
+sample in one set, and in turns with the allocators keeping freed pages."""
 
 
-def build_once(store: str, out: str, settings: dict[str, str]) -> dict:
+def build_once(store: str, out: str, variant: tuple[dict[str, str], dict]) -> dict:
     """One build of every sample of ``store`` into a fresh ``out``, in its own process."""
     shutil.rmtree(out, ignore_errors=True)
+    settings, options = variant
     env = {**os.environ, **settings}
-    code = BUILD.format(root=ROOT, store=store, out=out)
+    code = BUILD.format(root=ROOT, store=store, out=out, options=options)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
     if proc.returncode:
         raise SystemExit(proc.stderr)
@@ -100,11 +112,12 @@ def main() -> None:
             row: dict = {"samples": samples, "tokens": tokens, "setup_seconds": round(time.perf_counter() - t, 1)}
             if tokens < (WORKERS + 1) * ROW_GROUP_TOKENS:
                 row["below_steady_state"] = True
-            for name, settings in PURGE_SETTINGS.items():
-                build = build_once(store, out, settings)
+            for name, variant in VARIANTS.items():
+                build = build_once(store, out, variant)
                 assert build["rows"] == samples, build
-                row["shards"] = build["shards"]
                 row[name] = {
+                    "sets": build["sets"],
+                    "shards": build["shards"],
                     "seconds": round(build["seconds"], 2),
                     "tokens_per_s": round(build["tokens"] / build["seconds"]),
                     "peak_rss_mb": round(build["peak_rss_mb"]),
@@ -117,7 +130,7 @@ def main() -> None:
                 (last[name]["peak_rss_mb"] - first[name]["peak_rss_mb"])
                 / max(1e-9, (last["samples"] - first["samples"]) / 1e6)
             )
-            for name in PURGE_SETTINGS
+            for name in VARIANTS
         }
         steps = [
             {
@@ -127,7 +140,7 @@ def main() -> None:
                     name: round(
                         (b[name]["peak_rss_mb"] - a[name]["peak_rss_mb"]) * 2**20 / max(1, b["samples"] - a["samples"])
                     )
-                    for name in PURGE_SETTINGS
+                    for name in VARIANTS
                 },
             }
             for a, b in itertools.pairwise(rows)

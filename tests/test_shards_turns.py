@@ -4,6 +4,7 @@ the frontier, each set what a cron run that had seen only those files would have
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -195,3 +196,48 @@ def test_max_set_samples_must_be_a_positive_count(value):
 def test_max_set_samples_none_is_one_set(value, cap):
     assert ShardOptions.from_mapping({"max_set_samples": value}).max_set_samples == cap
     assert ShardOptions().max_set_samples == 50_000
+
+
+def test_a_rebuild_whose_first_turn_ships_nothing_still_replaces_the_old_sets(tmp_path):
+    store = Store(str(tmp_path / "store"))
+    commit_traces(store, grouped_rows("u", 2, 2), rewarded=[])  # the oldest file: nothing of it can ship
+    commit_traces(store, grouped_rows("c1", 2, 2))
+    commit_traces(store, grouped_rows("c2", 2, 2))
+    out = str(tmp_path / "out")
+    old = build_shards(store, out, options=OPTIONS)
+    res = build_shards(store, out, options=OPTIONS.replace(max_set_samples=4), rebuild=True)
+    assert (res.status, res.rows, [s["rows"] for s in res.sets]) == ("built", 8, [4, 4])
+    assert res.drops == {"missing_reward": 4}
+    current = sorted(p.name for p in Path(out).iterdir() if not p.name.startswith("."))
+    assert old.set_id not in current and current == sorted(s["set_id"] for s in res.sets)
+    assert verify_shards(out).exit_code == 0
+
+
+def test_a_set_left_out_by_id_and_gone_between_turns_means_a_whole_scan(tmp_path, monkeypatch):
+    """Turns over an OUT whose set the frontier does not account for leave its samples out by id; a build
+    killed between turns records it as excluded, and once it is gone its samples are considered again."""
+    store = Store(str(tmp_path / "store"))
+    commit_traces(store, grouped_rows("c0", 2, 2))
+    out = str(tmp_path / "out")
+    first = build_shards(store, out, options=OPTIONS.replace(seed=9))  # other options: its frontier does not apply
+    commit_traces(store, grouped_rows("c1", 2, 2))
+    commit_traces(store, grouped_rows("c2", 2, 2))
+    options = OPTIONS.replace(max_set_samples=4)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_module, "continued_source", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_shards(store, out, options=options)  # turn 1: the c0 file, every sample already shipped
+    frontier = read_frontier(out)
+    assert frontier is not None and (frontier.sets, frontier.excluded, len(frontier.pending)) == (
+        (),
+        (first.set_id,),
+        2,
+    )
+    monkeypatch.undo()
+    shutil.rmtree(Path(out, first.set_id))
+    shutil.rmtree(Path(out, ".prl", "sets", first.set_id))
+    res = build_shards(store, out, options=options)
+    assert (res.traces_scan["from"], res.rows, [s["rows"] for s in res.sets]) == ("whole", 12, [4, 4, 4])

@@ -178,7 +178,8 @@ def _build_locked(
         source = None
         if after is not None and after[0].pending:
             source = continued_source(store, traces_version, after[0], after[1], options.max_set_samples)
-            prior, rebuild = target.set_ids(), False
+            if turn.status == "built":  # a rebuild goes on rebuilding until a turn has replaced the old sets
+                prior, rebuild = target.set_ids(), False
     return ShardResult.of_turns(turns, options)
 
 
@@ -284,6 +285,7 @@ def _advance_frontier(
         return None  # nothing scanned: the frontier there is stays right
     made = [set_id] if set_id is not None else []
     sets = [*source.covered_sets, *made] if source.pending else [*sources.prior, *made]
+    excluded = [s for s in sources.prior if s not in sets] if source.pending else []
     frontier = Frontier(
         traces_version=traces_version,
         options=options_digest(options),
@@ -292,6 +294,7 @@ def _advance_frontier(
         version_max=plan.version_max,
         backlog=new_backlog_name(),
         pending=source.pending,
+        excluded=tuple(excluded),
     )
     if plan.backlog is None:
         backlog = BACKLOG_SCHEMA.empty_table()

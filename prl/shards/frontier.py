@@ -14,7 +14,7 @@ completes (a set published, or nothing to ship), ``OUT/.prl/frontier.json`` reco
 - ``pending``: traces files of the snapshot at ``W`` that a build taking turns (:mod:`prl.shards.turns`) has not
   read yet, oldest first (``version_max`` covers their rows already). While files are pending, ``sets`` names
   only the sets the turns accounted for, so the pending files are read with the samples of the other sets left
-  out.
+  out; those are named in ``excluded`` (one of them gone means a whole scan).
 
 The next build then scans only the backlog's files (only the backlog's rows of them) plus the pending files and
 those that traces commits after ``W`` added (:func:`prl.store.changes.added_files`; as many as ``max_set_samples``
@@ -87,6 +87,9 @@ class Frontier:
     pending: tuple[str, ...] = ()
     """Traces data files of the snapshot at ``traces_version`` that no build has read yet (a build taking turns,
     :mod:`prl.shards.turns`), oldest first; ``version_max`` covers their rows already."""
+    excluded: tuple[str, ...] = ()
+    """While files are pending: the earlier sets of OUT whose samples the turns left out by id (not in ``sets``);
+    one of them gone means a whole scan, as a set of ``sets`` gone does."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,6 +101,7 @@ class Frontier:
             "version_max": self.version_max,
             "backlog": self.backlog,
             "pending": list(self.pending),
+            "excluded": list(self.excluded),
         }
 
 
@@ -117,7 +121,7 @@ def read_frontier(out: str) -> Frontier | None:
         if raw.get("format") != FRONTIER_FORMAT:
             return None
         version_max = raw["version_max"]
-        if not isinstance(raw["pending"], list):
+        if not isinstance(raw["pending"], list) or not isinstance(raw["excluded"], list):
             return None
         return Frontier(
             traces_version=int(raw["traces_version"]),
@@ -127,6 +131,7 @@ def read_frontier(out: str) -> Frontier | None:
             version_max=None if version_max is None else int(version_max),
             backlog=os.path.basename(str(raw["backlog"])),
             pending=tuple(str(p) for p in raw["pending"]),
+            excluded=tuple(str(s) for s in raw["excluded"]),
         )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -175,7 +180,7 @@ def trace_source(
     frontier = None if rebuild else read_frontier(out)
     if frontier is None or frontier.options != options_digest(options) or frontier.traces_version > version:
         return whole_snapshot(store, version, cap)
-    if not set(frontier.sets) <= set(prior_sets):
+    if not set(frontier.sets) | set(frontier.excluded) <= set(prior_sets):
         return whole_snapshot(store, version, cap)
     backlog = _read_backlog(out, frontier.backlog)
     source = None if backlog is None else continued_source(store, version, frontier, backlog, cap)

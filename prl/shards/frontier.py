@@ -18,8 +18,9 @@ completes (a set published, or nothing to ship), ``OUT/.prl/frontier.json`` reco
 
 The next build then scans only the backlog's files (only the backlog's rows of them) plus the pending files and
 those that traces commits after ``W`` added (:func:`prl.store.changes.added_files`; as many as ``max_set_samples``
-lets one turn take), and leaves out the samples of sets published since the frontier was written. It considers exactly the rows a whole scan would leave after removing shipped
-samples, so its plan, and the set it publishes, are the same bytes (``tests/test_shards_frontier.py`` asserts it).
+lets one turn take), and leaves out the samples of sets published since the frontier was written. Within the
+cap it considers exactly the rows a whole scan would leave after removing shipped samples, so its plan, and the
+set it publishes, are the same bytes (``tests/test_shards_frontier.py`` asserts it).
 Any doubt is a whole scan: no frontier, other options, ``--rebuild``, a set it accounts for gone, traces
 re-created (version below ``W``), a commit file of the range cleaned up, or a backlog or pending file no longer in
 the snapshot (``prl maintain`` compacted it); the build after that writes a fresh frontier.

@@ -48,7 +48,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -57,16 +56,8 @@ from prl.errors import RetryableIOError, UsageError
 from prl.runtime import release_free_memory
 from prl.schema import SCHEMA_VERSION, SHARD
 from prl.shards import rowgroups
-from prl.shards.frontier import (
-    BACKLOG_SCHEMA,
-    Frontier,
-    TraceSource,
-    continued_source,
-    new_backlog_name,
-    options_digest,
-    trace_source,
-    write_frontier,
-)
+from prl.shards.advance import advance_frontier
+from prl.shards.frontier import Frontier, TraceSource, continued_source, trace_source
 from prl.shards.gather import WORKERS
 from prl.shards.manifest import MANIFEST, SAMPLES_FILE, FileEntry, Manifest, ManifestError, Totals
 from prl.shards.merge_build import merged_statistics, planned_merged, unit_index, unit_scores
@@ -241,7 +232,7 @@ def _build(
             if result.all_dropped:
                 result.status = "all_dropped"
             target.discard(staging, nothing_shipped=True)
-            after = _advance_frontier(target.uri, versions, options, plan, 0, sources, None)
+            after = advance_frontier(target.uri, versions, options, plan, 0, sources.source, sources.prior, None)
             _mend_index(store, target)
             result.statistics = build_statistics(plan, None, options)
             return result, after
@@ -252,7 +243,7 @@ def _build(
         final = target.publish(staging, set_id, _lock_check(store))
         target.retire(replaces)
         target.write_index(index)
-        after = _advance_frontier(target.uri, versions, options, plan, shipped, sources, set_id)
+        after = advance_frontier(target.uri, versions, options, plan, shipped, sources.source, sources.prior, set_id)
     except BaseException:
         target.discard(staging)
         raise
@@ -263,47 +254,6 @@ def _build(
     result.shards = [e.to_json() for e in manifest.shards]
     result.statistics = manifest.statistics
     return result, after
-
-
-def _advance_frontier(
-    out: str,
-    versions: dict[str, int | None],
-    options: ShardOptions,
-    plan: Plan,
-    shipped: int,
-    sources: _Sources,
-    set_id: str | None,
-) -> tuple[Frontier, pa.Table] | None:
-    """After a build of ``out`` completed, ``shipped`` samples shipped into ``set_id`` (None: nothing shipped): the
-    frontier for the next one (:mod:`prl.shards.frontier`) and its backlog, written to ``out`` unless ``out`` holds
-    no set yet (a first build that shipped nothing leaves no folder and no objects). While files are pending, the
-    frontier accounts only for the sets the source did and this one: the pending files are still to be read
-    with the samples of the other earlier sets left out."""
-    traces_version = versions.get("traces")
-    source = sources.source
-    if traces_version is None or (plan.backlog is None and not source.pending):
-        return None  # nothing scanned: the frontier there is stays right
-    made = [set_id] if set_id is not None else []
-    sets = [*source.covered_sets, *made] if source.pending else [*sources.prior, *made]
-    excluded = [s for s in sources.prior if s not in sets] if source.pending else []
-    frontier = Frontier(
-        traces_version=traces_version,
-        options=options_digest(options),
-        sets=tuple(sets),
-        shipped=plan.already_shipped + shipped,
-        version_max=plan.version_max,
-        backlog=new_backlog_name(),
-        pending=source.pending,
-        excluded=tuple(excluded),
-    )
-    if plan.backlog is None:
-        backlog = BACKLOG_SCHEMA.empty_table()
-    else:
-        frame = plan.backlog.with_columns(pl.col("_file").cast(pl.String).alias("file")).select("sample_id", "file")
-        backlog = frame.to_arrow().cast(BACKLOG_SCHEMA)
-    if [*sources.prior, *made]:
-        write_frontier(out, frontier, backlog)
-    return frontier, backlog
 
 
 def _mend_index(store: Store, target: OutTarget) -> None:

@@ -4,6 +4,9 @@ One module per job, in the order a build takes them (:func:`prl.shards.build.bui
 
 - :mod:`~prl.shards.options` — :class:`ShardOptions`, the ``[shards]`` table of a recipe, validated; policy
   version parsing.
+- :mod:`~prl.shards.frontier` — what the last build left unshipped and which traces files the next one reads;
+  :mod:`~prl.shards.turns` — a large build's files in turns of at most ``max_set_samples`` rows, a set per turn;
+  :mod:`~prl.shards.advance` — the frontier a build (or turn) leaves.
 - :mod:`~prl.shards.scan` — the plan scans: per-sample scalars of ``traces`` / ``ref_logprobs`` at pinned table
   versions, spilling token columns as they go; latest reward and verdict per sample.
 - :mod:`~prl.shards.spill` — :class:`ScanSpill`: an Arrow IPC file of spilled rows, gathered back by row number.

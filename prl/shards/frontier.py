@@ -50,7 +50,7 @@ from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file, write_json
 from prl.shards.s3out import S3Out
 from prl.shards.turns import newest_version, snapshot_turn_files, take
-from prl.store.changes import added_files, files_dataset, snapshot_files
+from prl.store.changes import added_files, files_dataset
 from prl.store.tables import Store
 
 FRONTIER = "frontier.json"
@@ -199,13 +199,14 @@ def continued_source(
     if new_files is None:
         return None
     backlog_files = sorted(set(pc.unique(backlog.column("file")).to_pylist()))
-    if backlog_files or frontier.pending:
-        in_snapshot = set(snapshot_files(store, "traces", version))
-        if not set(backlog_files) <= in_snapshot or not set(frontier.pending) <= in_snapshot:
+    known: dict[str, int] = {}
+    if backlog_files or frontier.pending or cap is not None:
+        in_snapshot, known = snapshot_turn_files(store, version)  # one read of the snapshot's add actions
+        if not set(backlog_files) <= set(in_snapshot) or not set(frontier.pending) <= set(in_snapshot):
             return None
     files = [*frontier.pending, *new_files]
     budget = None if cap is None else cap - backlog.num_rows
-    taken, pending = take(store, files, snapshot_turn_files(store, version)[1] if cap is not None else {}, budget)
+    taken, pending = take(store, files, known, budget)
     version_max = frontier.version_max
     unseen = files[max(len(taken), len(frontier.pending)) :]  # left pending, not yet in frontier.version_max
     newest = newest_version(store, unseen)

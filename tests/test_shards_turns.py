@@ -241,3 +241,30 @@ def test_a_set_left_out_by_id_and_gone_between_turns_means_a_whole_scan(tmp_path
     shutil.rmtree(Path(out, ".prl", "sets", first.set_id))
     res = build_shards(store, out, options=options)
     assert (res.traces_scan["from"], res.rows, [s["rows"] for s in res.sets]) == ("whole", 12, [4, 4, 4])
+
+
+@pytest.mark.parametrize("damage", ["pending_gone", "pending_not_a_list", "excluded_missing"])
+def test_a_frontier_whose_pending_files_cannot_be_followed_is_a_whole_scan(tmp_path, monkeypatch, damage):
+    store = _store(tmp_path, commits=3)
+    out, options = str(tmp_path / "out"), OPTIONS.replace(max_set_samples=4)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build_module, "continued_source", killed)
+    with pytest.raises(KeyboardInterrupt):
+        build_shards(store, out, options=options)  # one set, two files pending
+    monkeypatch.undo()
+    path = Path(out, ".prl", "frontier.json")
+    raw = json.loads(path.read_text())
+    assert len(raw["pending"]) == 2
+    if damage == "pending_gone":
+        raw["pending"][0] = "part-00000-not-in-the-snapshot.parquet"
+    elif damage == "pending_not_a_list":
+        raw["pending"] = raw["pending"][0]
+    else:
+        del raw["excluded"]
+    path.write_text(json.dumps(raw))
+    res = build_shards(store, out, options=options)
+    assert (res.traces_scan["from"], res.rows, [s["rows"] for s in res.sets]) == ("whole", 8, [4, 4])
+    assert verify_shards(out).exit_code == 0  # the first set's samples left out by id: nothing twice

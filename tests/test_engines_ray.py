@@ -23,6 +23,7 @@ from tests.test_shards_merged_build import store_with as merged_store
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.campaign,  # a Ray cluster: `make test-all`
     pytest.mark.xdist_group("ray"),  # one cluster per session: every Ray test in one xdist worker
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the prl[ray] extra"),
 ]

@@ -26,6 +26,7 @@ from tests.s3_server import moto_endpoint, s3  # noqa: F401
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.campaign,  # a Ray cluster: `make test-all`
     pytest.mark.xdist_group("ray"),  # one cluster per session: every Ray test in one xdist worker
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the prl[ray] extra"),
 ]

@@ -24,6 +24,7 @@ from tests.score_helpers import Behaviour, Reference, build_tiny_model, score_se
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.campaign,  # a Ray cluster: `make test-all`
     pytest.mark.xdist_group("ray"),  # one cluster per session: every Ray test in one xdist worker
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the prl[ray] extra"),
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs the prl[ref] extra"),

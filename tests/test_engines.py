@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from prl.engines import LOCAL, get_engine
+from prl.engines import LOCAL, get_engine, split
 from prl.errors import UsageError
 from prl.pipeline.recipe import from_mapping
 
@@ -19,6 +19,25 @@ def test_engine_names():
     assert get_engine(ray_engine) is ray_engine
     with pytest.raises(UsageError, match="unknown engine 'spark'; choose one of local, ray"):
         get_engine("spark")
+
+
+def test_local_map_runs_the_tasks_in_order_in_this_process():
+    seen: list[int] = []
+
+    def task(n: int) -> list[int]:
+        seen.append(n)
+        return [n] * n
+
+    assert list(LOCAL.map(task, [2, 0, 3])) == [2, 2, 3, 3, 3] and seen == [2, 0, 3]
+    assert LOCAL.in_process and (LOCAL.width(5), LOCAL.width(0)) == (1, 0)
+
+
+def test_split_cuts_consecutive_runs_as_equal_as_they_can_be():
+    assert split([1, 2, 3, 4, 5], 2) == [[1, 2, 3], [4, 5]]
+    assert split([1, 2, 3, 4, 5], 3) == [[1, 2], [3, 4], [5]]
+    assert split([1, 2], 9) == [[1], [2]]
+    assert split([1, 2, 3], 0) == [[1, 2, 3]]
+    assert split([], 4) == []
 
 
 def test_recipe_engine_key(tmp_path):

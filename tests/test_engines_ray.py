@@ -146,22 +146,17 @@ def test_a_second_run_on_ray_still_exits_3(tmp_path, ray_cluster):
     assert pa.__version__  # the store was left as it was: no verdicts committed under someone else's lock
 
 
-def test_read_task_args_are_named_parameters_where_this_ray_has_them_else_ray_remote_args():
-    from types import SimpleNamespace
+def _twice_or_refuse(task: int) -> list[int]:
+    if task < 0:
+        raise LockedError(f"task {task} refused")
+    return [task, task * 10]
 
-    from prl.engines.ray.checks import _read_task_args
 
-    def newer(paths, *, runtime_env=None, ray_remote_args=None): ...
+def test_ray_map_runs_each_task_on_the_cluster_and_raises_a_prl_error_as_itself(ray_cluster):
+    from prl.engines.ray import RayEngine
 
-    def older(paths, *, ray_remote_args=None): ...
-
-    args = {"runtime_env": {"env_vars": {"AWS_REGION": "us-east-1"}}}
-    assert _read_task_args(SimpleNamespace(data=SimpleNamespace(read_parquet=newer)), args) == args
-    assert _read_task_args(SimpleNamespace(data=SimpleNamespace(read_parquet=older)), args) == {"ray_remote_args": args}
-    assert _read_task_args(SimpleNamespace(data=SimpleNamespace(read_parquet=older)), {}) == {}
-    import inspect
-
-    import ray
-
-    if "runtime_env" in inspect.signature(ray.data.read_parquet).parameters:  # this Ray: named
-        assert _read_task_args(ray, args) == args
+    engine = RayEngine()  # RAY_ADDRESS: the cluster
+    assert sorted(engine.map(_twice_or_refuse, [1, 2, 3])) == [1, 2, 3, 10, 20, 30]
+    assert list(engine.map(_twice_or_refuse, [])) == []
+    with pytest.raises(LockedError, match="task -1 refused"):
+        list(engine.map(_twice_or_refuse, [4, -1]))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prl.formats.base import ParseOptions
-from prl.ingestion.remote import IngestJob, UnitRead, merged, read_unit
+from prl.ingestion.remote import IngestJob, merged, read_unit
 from prl.io.sources import SourceFile, scan
 from prl.store.index import SampleIndex
 from prl.store.tables import Store
@@ -37,7 +37,7 @@ def test_runs_read_apart_fold_into_the_read_of_the_whole_group(tmp_path):
     job = _job(scan([str(tmp_path / "in")]).files, store.uri)
     index = SampleIndex(store, write=False)
     whole = read_unit(job, 0, 2, index)
-    apart = [UnitRead.from_row(read_unit(job, lo, hi, index).to_row()) for lo, hi in job.units(2)]
+    apart = [read_unit(job, lo, hi, index) for lo, hi in job.units(2)]
     assert [r.seen.keys() & {"c1#0"} for r in apart] == [{"c1#0"}, {"c1#0"}]  # each run alone keeps c1
     folded = merged(job, reversed(apart), index)
     assert (folded.lo, folded.hi, folded.seen) == (0, 2, whole.seen)

@@ -1,16 +1,17 @@
 """check-tokens batches checked away from the driver (another engine's workers, :mod:`prl.engines`).
 
 The driver describes the run in a :class:`CheckJob` (the store, the tokenizer as the driver loaded it, the
-options, the traces version and files, the anti-join filter, the session index). A worker runs
-:func:`check_block` on each block of pending traces rows: the same :class:`prl.checks.run.BatchChecker` the local
-engine uses, batch by batch, each batch coming back as one :class:`CheckedBatch` row (its verdict rows as an
-Arrow IPC stream, and the counts the run summary adds up). The driver folds them into the summary and commits
-them exactly as the local engine does; nothing here writes to the store.
+options, the traces version and files, the anti-join filter, the session index) and cuts its files into tasks. A
+worker runs :func:`check_files` on each task: the pending rows of those files, checked by the same
+:class:`prl.checks.run.BatchChecker` the local engine uses, batch by batch, each batch coming back as one
+:class:`CheckedBatch` (its verdict rows and the counts the run summary adds up). The driver folds them into the
+summary and commits them exactly as the local engine does; nothing here writes to the store.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,32 +56,6 @@ class CheckedBatch:
     tokens_encoded: int
     undetermined: dict[str, int]
 
-    def to_row(self) -> dict[str, Any]:
-        """Plain values for a Ray Data row: the verdicts as one Arrow IPC stream."""
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, CHECKS) as writer:
-            writer.write_batch(self.verdicts)
-        return {
-            "verdicts": sink.getvalue().to_pybytes(),
-            "sampled_out": self.sampled_out,
-            "tokens": self.tokens,
-            "tokens_encoded": self.tokens_encoded,
-            "undetermined": orjson.dumps(self.undetermined).decode(),
-        }
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> CheckedBatch:
-        table = pa.ipc.open_stream(pa.py_buffer(row["verdicts"])).read_all().combine_chunks()
-        batches = table.to_batches()
-        verdicts = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=CHECKS)
-        return cls(
-            verdicts,
-            int(row["sampled_out"]),
-            int(row["tokens"]),
-            int(row["tokens_encoded"]),
-            {str(k): int(v) for k, v in orjson.loads(row["undetermined"]).items()},
-        )
-
     def flagged(self) -> list[RowVerdict]:
         """The rows with any reason, as :func:`prl.checks.verdict.assemble` reported them (detail decoded)."""
         out = self.verdicts
@@ -124,15 +99,19 @@ def _checker(job: CheckJob) -> Any:
     return checker
 
 
-def check_block(block: pa.Table, job: CheckJob) -> pa.Table:
-    """Check a block of pending traces rows (``prl.checks.batch.COLUMNS``) in batches of ``job.batch_size``;
-    one :meth:`CheckedBatch.to_row` row per batch."""
+def check_files(job: CheckJob, files: Sequence[str]) -> Iterator[CheckedBatch]:
+    """Check the pending traces rows (``prl.checks.batch.COLUMNS``) of ``files`` in batches of
+    ``job.batch_size``; one :class:`CheckedBatch` per batch."""
+    from prl.checks.batch import COLUMNS
     from prl.checks.run import keep_sampled
+    from prl.store.tables import Store
 
     checker = _checker(job)
-    rows = []
+    data = ds.dataset(list(files), format="parquet", filesystem=Store(job.store_uri).fs)
     try:
-        for rb in block.to_batches(max_chunksize=job.batch_size):
+        for rb in data.to_batches(columns=list(COLUMNS), filter=job.pending, batch_size=job.batch_size):
+            if not rb.num_rows:
+                continue
             checker.remember(rb)
             sampled_out = 0
             if job.sample_rate < 1.0:
@@ -146,18 +125,15 @@ def check_block(block: pa.Table, job: CheckJob) -> pa.Table:
             else:
                 verdicts = pa.RecordBatch.from_pylist([], schema=CHECKS)
             gone = {k: v - undetermined.get(k, 0) for k, v in checker.undetermined.items()}
-            rows.append(
-                CheckedBatch(
-                    verdicts,
-                    sampled_out,
-                    stats.tokens - tokens,
-                    stats.tokens_encoded - encoded,
-                    {k: v for k, v in gone.items() if v},
-                ).to_row()
+            yield CheckedBatch(
+                verdicts,
+                sampled_out,
+                stats.tokens - tokens,
+                stats.tokens_encoded - encoded,
+                {k: v for k, v in gone.items() if v},
             )
     finally:
-        checker.close()  # the render worker ends with the block (a later block starts a new one)
-    return pa.Table.from_pylist(rows)
+        checker.close()  # the render worker ends with the task (a later task starts a new one)
 
 
-__all__ = ["CheckJob", "CheckedBatch", "check_block"]
+__all__ = ["CheckJob", "CheckedBatch", "check_files"]

@@ -34,7 +34,7 @@ from prl.checks.logprobs import check_logprobs
 from prl.checks.options import CheckOptions
 from prl.checks.prefix import check_prefix
 from prl.checks.progress import progress
-from prl.checks.remote import CheckedBatch, CheckJob
+from prl.checks.remote import CheckedBatch, CheckJob, check_files
 from prl.checks.result import GROUP_COLUMNS, CheckResult, Example
 from prl.checks.roundtrip import PendingSegments, RoundTripper, roundtrip_findings
 from prl.checks.special import check_special
@@ -42,7 +42,7 @@ from prl.checks.template import TemplateChecker
 from prl.checks.tokenizer import CheckTokenizer
 from prl.checks.verdict import REASONS, SEVERITY, RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
-from prl.engines import Engine, get_engine
+from prl.engines import Engine, get_engine, split
 from prl.errors import UsageError
 from prl.store.changes import files_dataset, snapshot_files
 from prl.store.locks import holding
@@ -264,7 +264,7 @@ def _run(
         multi_turn = new.count_rows(filter=pc.field("session_id").is_valid()) > 0
         sessions = trajectory_index(store, traces_version) if multi_turn else NO_SESSIONS
     counts = _Counts()
-    if where.engine.name == "local":
+    if where.engine.in_process:
         checker = BatchChecker(store, tok, opts, fingerprint, traces_version, sessions, overlap=True)
         checked = _checked_here(checker, rows, sample_rate, counts)
     else:
@@ -409,7 +409,8 @@ def _checked_there(
             tb = TokenBatch.from_record_batch(rb)
             guard_vocab(tb, check_vocab(tb, tok.vocab_size)[1], tok)
             break
-    for batch in engine.check_batches(job):
+    tasks = split(job.files, engine.width(len(job.files)))
+    for batch in engine.map(functools.partial(check_files, job), tasks):
         counts.add(batch)
         yield batch.verdicts, batch.flagged(), batch.status(), batch.sampled_out
 

@@ -1,41 +1,37 @@
-"""What an engine does for the steps: run their per-batch functions somewhere and hand the results back."""
+"""What an engine does for a step: run one function over a list of tasks somewhere, and hand the results back.
+
+An engine knows no step. A step cuts its work into tasks (plain, picklable values), names the function that does
+one task (a module-level function, or a ``functools.partial`` of one), and folds the results in this process.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from prl.checks.remote import CheckedBatch, CheckJob
-    from prl.ingestion.remote import IngestJob, UnitRead
-    from prl.score.remote import ScoreJob
-    from prl.score.scored import ScoredBatch
-    from prl.shards.parts import PartJob, PartWritten
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Engine(Protocol):
-    """Runs the per-batch work of a step. The ``local`` engine's steps run their own threads and never call
-    these methods; another engine implements them."""
+    """Where a step's tasks run."""
 
     @property
     def name(self) -> str:
         """``local``, ``ray``: what ``--engine`` calls it."""
         ...
 
-    def write_parts(self, job: PartJob) -> list[PartWritten]:
-        """Write every part of ``job`` (:meth:`PartJob.write_published`, published in place); any order."""
+    @property
+    def in_process(self) -> bool:
+        """True when the tasks run in this process (a step may then stream its work without cutting it up)."""
         ...
 
-    def check_batches(self, job: CheckJob) -> Iterator[CheckedBatch]:
-        """Check every pending row of ``job`` in batches; yields each batch's verdicts as it is done."""
+    def width(self, items: int) -> int:
+        """How many tasks ``items`` units of work are best cut into here: at least one, at most ``items``."""
         ...
 
-    def read_units(self, job: IngestJob) -> Iterator[UnitRead]:
-        """Read the files of one ingest commit group in runs of consecutive files (:meth:`IngestJob.units`),
-        each run's new rows written as data files; yields each run's read as it is done, in any order."""
-        ...
-
-    def score_files(self, job: ScoreJob) -> Iterator[ScoredBatch]:
-        """Score every pending sample of ``job``'s traces files, batch by batch, each batch's rows written as a
-        data file; yields each batch as it is done, in any order."""
+    def map(self, fn: Callable[[T], Iterable[R]], tasks: Sequence[T], *, gpu: bool = False) -> Iterator[R]:
+        """Every result of ``fn`` over ``tasks``: each task's results in order, the tasks in the order they
+        finish. ``gpu``: a task takes one GPU where the engine has GPUs. A :class:`~prl.errors.PrlError` that a
+        task raises is raised here as itself."""
         ...

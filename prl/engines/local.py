@@ -1,36 +1,31 @@
-"""The ``local`` engine: every step runs its batches on threads of this process (the default)."""
+"""The ``local`` engine: a step's tasks run in this process (the default)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from prl.checks.remote import CheckedBatch, CheckJob
-    from prl.ingestion.remote import IngestJob, UnitRead
-    from prl.score.remote import ScoreJob
-    from prl.score.scored import ScoredBatch
-    from prl.shards.parts import PartJob, PartWritten
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
 class LocalEngine:
-    """This process. The steps recognise it by name and use their own thread pools."""
+    """This process: the tasks run one after another, each task's results handed back as they come."""
 
     name: str = "local"
 
-    def write_parts(self, job: PartJob) -> list[PartWritten]:
-        raise NotImplementedError("build-shards writes local parts on its own threads")
+    @property
+    def in_process(self) -> bool:
+        return True
 
-    def check_batches(self, job: CheckJob) -> Iterator[CheckedBatch]:
-        raise NotImplementedError("check-tokens checks local batches itself")
+    def width(self, items: int) -> int:
+        return 1 if items else 0
 
-    def read_units(self, job: IngestJob) -> Iterator[UnitRead]:
-        raise NotImplementedError("ingest reads local groups itself")
-
-    def score_files(self, job: ScoreJob) -> Iterator[ScoredBatch]:
-        raise NotImplementedError("score-ref scores local batches itself")
+    def map(self, fn: Callable[[T], Iterable[R]], tasks: Sequence[T], *, gpu: bool = False) -> Iterator[R]:
+        for task in tasks:
+            yield from fn(task)
 
 
 LOCAL = LocalEngine()

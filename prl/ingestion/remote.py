@@ -1,4 +1,4 @@
-"""Reading a commit group of an ingest run in units of consecutive files, here or on another engine's workers.
+"""Reading a commit group of an ingest run in units of consecutive files, here or as an engine's tasks.
 
 The driver describes one commit group in an :class:`IngestJob` (the store, the group's files, the options, the
 resume points, the run's clock and the state of its sample index). :func:`read_unit` reads files ``lo:hi`` of the
@@ -18,10 +18,8 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
-import orjson
 import pyarrow as pa
 from deltalake.transaction import AddAction
 
@@ -32,8 +30,6 @@ from prl.ingestion.resume import ResumePoint
 from prl.io.sources import SourceFile
 from prl.store.index import IndexView, SampleIndex
 from prl.store.tables import Store
-
-SEEN = pa.schema([pa.field("sample_id", pa.string()), pa.field("record_digest", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -97,44 +93,6 @@ class UnitRead:
         self.bytes += other.bytes
         self.seen.update(other.seen)
 
-    def to_row(self) -> dict[str, Any]:
-        """Plain values for a Ray Data row: JSON for the small parts, the kept IDs as one Arrow IPC stream."""
-        sink = pa.BufferOutputStream()
-        seen = pa.record_batch([pa.array(list(self.seen), pa.string()), pa.array(list(self.seen.values()))], SEEN)
-        with pa.ipc.new_stream(sink, SEEN) as writer:
-            writer.write_batch(seen)
-        parts = {
-            "reports": [asdict(r) for r in self.reports],
-            "quarantine": self.state.quarantine_rows,
-            "ledger": self.state.ledger,
-            "rewards": self.state.reward_rows,
-            "adds": [asdict(a) for a in self.adds],
-        }
-        return {
-            "lo": self.lo,
-            "hi": self.hi,
-            "parts": orjson.dumps(parts),
-            "rows": self.rows,
-            "bytes": self.bytes,
-            "seen": sink.getvalue().to_pybytes(),
-        }
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> UnitRead:
-        parts = orjson.loads(row["parts"])
-        seen = pa.ipc.open_stream(pa.py_buffer(row["seen"])).read_all()
-        ids, digests = seen.column("sample_id").to_pylist(), seen.column("record_digest").to_pylist()
-        return cls(
-            int(row["lo"]),
-            int(row["hi"]),
-            [FileReport(**r) for r in parts["reports"]],
-            ReadState(parts["quarantine"], parts["ledger"], parts["rewards"]),
-            [AddAction(**a) for a in parts["adds"]],
-            int(row["rows"]),
-            int(row["bytes"]),
-            dict(zip(ids, digests, strict=True)),
-        )
-
 
 def read_unit(
     job: IngestJob,
@@ -178,13 +136,10 @@ def _index(job: IngestJob) -> SampleIndex:
     return index
 
 
-def read_block(block: pa.Table, job: IngestJob) -> pa.Table:
-    """A worker's part: each ``(lo, hi)`` row of ``block`` read with :func:`read_unit`; one
-    :meth:`UnitRead.to_row` row each."""
-    rows = []
-    for lo, hi in zip(block.column("lo").to_pylist(), block.column("hi").to_pylist(), strict=True):
-        rows.append(read_unit(job, int(lo), int(hi), _index(job)).to_row())
-    return pa.Table.from_pylist(rows)
+def read_units(job: IngestJob, unit: tuple[int, int]) -> list[UnitRead]:
+    """An engine's task: files ``lo:hi`` of ``job`` read with :func:`read_unit` by this worker's index."""
+    lo, hi = unit
+    return [read_unit(job, lo, hi, _index(job))]
 
 
 def merged(
@@ -220,4 +175,4 @@ def _discard(store: Store, read: UnitRead) -> None:
             store.fs.delete_file(f"{store.table_path('traces')}/{add.path}")
 
 
-__all__ = ["IngestJob", "UnitRead", "merged", "read_block", "read_unit"]
+__all__ = ["IngestJob", "UnitRead", "merged", "read_unit", "read_units"]

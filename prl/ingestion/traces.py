@@ -21,6 +21,7 @@ engine; the tables hold the same rows.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -32,7 +33,7 @@ from prl.formats.base import ParseOptions, Sample
 from prl.ingestion.inline_rewards import reward_batches
 from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.ingestion.reading import RAW_KEEP
-from prl.ingestion.remote import IngestJob, UnitRead, merged, read_unit
+from prl.ingestion.remote import IngestJob, UnitRead, merged, read_unit, read_units
 from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, IngestResult
 from prl.ingestion.resume import app_id, earlier_points
 from prl.io import sources as io_sources
@@ -156,13 +157,14 @@ def _ingest_group(
     version after it (``version``: before it)."""
     index.refresh()
     job = replace(job, now_ms=int(time.time() * 1000))
-    if engine.name == "local":
+    if engine.in_process:
         read = read_unit(job, 0, len(job.files), index, progress=progress)
     else:
         if not job.dry_run:
             store.ensure("traces")  # created here, not by each worker
         job = replace(job, index=index.view())
-        read = merged(job, engine.read_units(job), index, progress)
+        units = job.units(engine.width(len(job.files)))
+        read = merged(job, engine.map(functools.partial(read_units, job), units), index, progress)
     return _commit_group(store, index, read, job.dry_run, result, version)
 
 

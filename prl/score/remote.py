@@ -1,11 +1,11 @@
 """score-ref batches scored away from the driver (another engine's workers, :mod:`prl.engines`).
 
 The driver describes the run in a :class:`ScoreJob` (the store, the reference model's name, how to open the
-backend, the traces files and the anti-join filter). A worker runs :func:`score_block` on each block of file
-indices: each file's pending rows are cut into the same batches as on the local engine
-(:func:`prl.score.select.file_batches`), scored by the backend this worker process opened once for the run, and
-written as ``ref_logprobs`` data files; one :class:`~prl.score.scored.ScoredBatch` row per batch comes back. The
-driver commits them as the local engine commits its batches; nothing here commits.
+backend, the traces files and the anti-join filter). A worker runs :func:`score_file` on each file's number: the
+file's pending rows are cut into the same batches as on the local engine (:func:`prl.score.select.file_batches`),
+scored by the backend this worker process opened once for the run, and written as ``ref_logprobs`` data files;
+one :class:`~prl.score.scored.ScoredBatch` per batch comes back. The driver commits them as the local engine
+commits its batches; nothing here commits.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import pyarrow as pa
 import pyarrow.dataset as ds
 
 from prl.score.backends import BackendSpec
 from prl.score.base import Backend
-from prl.score.scored import score_batch
+from prl.score.scored import ScoredBatch, score_batch
 from prl.score.select import file_batches
 from prl.store.tables import Store
 
@@ -54,25 +53,18 @@ def _backend(job: ScoreJob) -> tuple[Backend, float]:
     return opened
 
 
-def score_block(block: pa.Table, job: ScoreJob) -> pa.Table:
-    """Score the pending rows of the traces files numbered in ``block["file"]``; one
-    :meth:`~prl.score.scored.ScoredBatch.to_row` row per batch. The backend is opened at the first batch (a
-    file with nothing pending loads no model)."""
+def score_file(job: ScoreJob, file: int) -> list[ScoredBatch]:
+    """Score the pending rows of the traces file numbered ``file``; one :class:`ScoredBatch` per batch. The
+    backend is opened at the first batch (a file with nothing pending loads no model)."""
     store = Store(job.store_uri)
-    rows = []
-    for file in block.column("file").to_pylist():
-        batches = file_batches(store, job.paths[file], job.where, job.backend.batch_tokens)
-        for number, batch in enumerate(batches):
-            fresh = job.run_id not in _BACKEND
-            scorer, load_seconds = _backend(job)
-            scored = score_batch(store, scorer, job.ref_model, batch, file, number)
-            scored.load_seconds = load_seconds if fresh else 0.0
-            rows.append(scored.to_row())
-    if not rows:
-        return pa.table(
-            {"file": pa.array([], pa.int64()), "number": pa.array([], pa.int64()), "body": pa.array([], pa.binary())}
-        )
-    return pa.Table.from_pylist(rows)
+    out = []
+    for number, batch in enumerate(file_batches(store, job.paths[file], job.where, job.backend.batch_tokens)):
+        fresh = job.run_id not in _BACKEND
+        scorer, load_seconds = _backend(job)
+        scored = score_batch(store, scorer, job.ref_model, batch, file, number)
+        scored.load_seconds = load_seconds if fresh else 0.0
+        out.append(scored)
+    return out
 
 
-__all__ = ["ScoreJob", "score_block"]
+__all__ = ["ScoreJob", "score_file"]

@@ -21,6 +21,7 @@ mid-run leaves only uncommitted files: the next run scores what is still missing
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
@@ -34,7 +35,7 @@ from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches
 from prl.score.backends import BackendSpec, backend_kind
 from prl.score.base import ScoreRequest
 from prl.score.http import public_url
-from prl.score.remote import ScoreJob
+from prl.score.remote import ScoreJob, score_file
 from prl.score.scored import ScoredBatch, score_batch
 from prl.score.select import Pending, file_batches, pending
 from prl.store.locks import holding
@@ -136,7 +137,7 @@ def score_ref(
                 result.candidates += len(batch)
                 result.input_tokens += sum(r.tokens for r in batch)
                 result.completion_tokens += sum(len(r.completion_ids) for r in batch)
-        elif todo is not None and engine.name == "local":
+        elif todo is not None and engine.in_process:
             _score_here(store, spec, ref_model, todo, result)
         elif todo is not None and todo.count(store):  # nothing missing: no task starts, no model is loaded
             _score_there(store, engine, ScoreJob(store.uri, ref_model, spec, todo.paths, todo.where), result)
@@ -178,7 +179,8 @@ def _score_there(store: Store, engine: Engine, job: ScoreJob, result: ScoreResul
     """Score on ``engine``'s workers and commit each batch as it comes back; a batch that comes back twice (a
     task run again) is committed once."""
     done: set[tuple[int, int]] = set()
-    for scored in engine.score_files(job):
+    tasks = list(range(len(job.paths)))
+    for scored in engine.map(functools.partial(score_file, job), tasks, gpu=job.backend.kind == "local"):
         if (scored.file, scored.number) in done:
             continue
         done.add((scored.file, scored.number))

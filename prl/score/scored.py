@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import orjson
 import pyarrow as pa
 from deltalake.transaction import AddAction
 
@@ -51,17 +50,6 @@ class ScoredBatch:
     def pending(self, store: Store) -> PendingCommit:
         """The batch's rows, to be committed to ``store``'s ``ref_logprobs``."""
         return PendingCommit(store, "ref_logprobs", adds=list(self.adds), rows=self.rows, bytes=self.bytes)
-
-    def to_row(self) -> dict[str, Any]:
-        """Plain values for a Ray Data row (JSON)."""
-        body = {**asdict(self), "adds": [asdict(a) for a in self.adds]}
-        return {"file": self.file, "number": self.number, "body": orjson.dumps(body)}
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> ScoredBatch:
-        body = orjson.loads(row["body"])
-        body["adds"] = [AddAction(**a) for a in body["adds"]]
-        return cls(**body)
 
 
 def score_batch(

@@ -51,7 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prl.engines import Engine, get_engine
+from prl.engines import Engine, get_engine, split
 from prl.errors import RetryableIOError, UsageError
 from prl.runtime import release_free_memory
 from prl.schema import SCHEMA_VERSION, SHARD
@@ -435,8 +435,9 @@ def _write_shards(job: PartJob, io: ThreadPoolExecutor, engine: Engine) -> _Writ
     disk overlaps the next shard's work. Any other engine runs
     :meth:`PartJob.write_published` where it likes and hands back the parts written.
     """
-    if engine.name != "local":
-        return _Written.of(engine.write_parts(job))
+    if not engine.in_process:
+        tasks = split(list(range(job.parts)), engine.width(job.parts))
+        return _Written.of(sorted(engine.map(job.write_published, tasks), key=lambda w: w.shard))
 
     def one(s: int) -> tuple[PartWritten, Future[None]]:
         written = job.write(s, job.gather(s))

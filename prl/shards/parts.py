@@ -6,14 +6,13 @@ values, scores and places in the spills, :class:`prl.shards.shiprows.ShipRows`, 
 :class:`PartWritten` (manifest entry and counts), the table itself already on disk. Every value in a part
 depends only on its own samples, so the bytes do not depend on which thread, process or machine writes it: the
 local engine runs :meth:`PartJob.write` on threads (:mod:`prl.shards.build`), the Ray engine runs
-:meth:`PartJob.write_published` in Ray tasks (:mod:`prl.engines.ray.shards`), and both yield the same files.
+:meth:`PartJob.write_published` as its tasks, and both yield the same files.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import polars as pl
@@ -94,33 +93,6 @@ class PartWritten:
     unsafe_tokens: int
     unsafe_samples: int
     unmerged_tokens: int = 0
-
-    def to_row(self) -> dict[str, Any]:
-        """Plain scalars (what a Ray Data row carries back to the driver)."""
-        counts = {"kl_sum": self.kl_sum, "kl_tokens": self.kl_tokens, "unsafe_tokens": self.unsafe_tokens}
-        samples = {"unsafe_samples": self.unsafe_samples, "unmerged_tokens": self.unmerged_tokens}
-        return {"shard": self.shard, **self.entry.to_json(), **counts, **samples}
-
-    @classmethod
-    def from_row(cls, row: dict[str, Any]) -> PartWritten:
-        entry = FileEntry(
-            file=str(row["file"]),
-            rows=int(row["rows"]),
-            bytes=int(row["bytes"]),
-            sha256=str(row["sha256"]),
-            groups=int(row["groups"]),
-            tokens=int(row["tokens"]),
-            completion_tokens=int(row["completion_tokens"]),
-        )
-        return cls(
-            int(row["shard"]),
-            entry,
-            float(row["kl_sum"]),
-            int(row["kl_tokens"]),
-            int(row["unsafe_tokens"]),
-            int(row["unsafe_samples"]),
-            int(row["unmerged_tokens"]),
-        )
 
 
 @dataclass
@@ -226,12 +198,15 @@ class PartJob:
         entry = FileEntry(name, tally.rows, size, sha256, groups, tally.tokens, tally.completion_tokens)
         return tally.part(s, entry)
 
-    def write_published(self, s: int) -> dict[str, Any]:
-        """Gather, assemble and write part ``s``, fsync it and rename it into place; its :meth:`PartWritten.to_row`."""
-        written = self.write(s, self.gather(s))
-        path = os.path.join(self.folder, written.entry.file)
-        publish_file(f"{path}.tmp", path)
-        return written.to_row()
+    def write_published(self, parts: list[int]) -> list[PartWritten]:
+        """An engine's task: gather, assemble and write each of ``parts``, fsync it and rename it into place."""
+        out = []
+        for s in parts:
+            written = self.write(s, self.gather(s))
+            path = os.path.join(self.folder, written.entry.file)
+            publish_file(f"{path}.tmp", path)
+            out.append(written)
+        return out
 
 
 __all__ = ["PartJob", "PartRows", "PartWritten", "Spills", "part_name"]

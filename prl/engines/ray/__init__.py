@@ -14,25 +14,20 @@ Ray is imported when a step first needs it, never by ``import prl``.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
-import pyarrow as pa
+import numpy as np
 
 from prl.errors import PrlError, UsageError
 
-if TYPE_CHECKING:
-    from prl.checks.remote import CheckedBatch, CheckJob
-    from prl.ingestion.remote import IngestJob, UnitRead
-    from prl.score.remote import ScoreJob
-    from prl.score.scored import ScoredBatch
-    from prl.shards.parts import PartJob, PartWritten
+T = TypeVar("T")
+R = TypeVar("R")
 
 FORWARDED_PREFIXES = ("AWS_",)
 FORWARDED_NAMES = ("PRL_REF_API_KEY", "OPENAI_API_KEY", "TINKER_API_KEY", "TINKER_CREDENTIAL_CMD")
@@ -52,11 +47,15 @@ def import_ray() -> ModuleType:
 
 @dataclass
 class RayEngine:
-    """A Ray cluster. ``partitions``: Ray Data blocks a step's work is cut into (None: the cluster's CPUs)."""
+    """A Ray cluster. ``partitions``: how many tasks a step's work is cut into (None: the cluster's CPUs)."""
 
     address: str | None = None
     partitions: int | None = None
     name: str = "ray"
+
+    @property
+    def in_process(self) -> bool:
+        return False
 
     def connect(self) -> ModuleType:
         """Join the cluster (once per process) and quiet Ray Data's progress output; returns ``ray``."""
@@ -69,11 +68,11 @@ class RayEngine:
         logging.getLogger("ray.data").setLevel(logging.WARNING)
         return ray
 
-    def blocks(self, items: int) -> int:
-        """How many blocks to cut ``items`` work items into: ``partitions``, else the cluster's CPUs; at least
-        one, at most ``items``."""
-        ray = self.connect()
-        wanted = self.partitions or int(ray.cluster_resources().get("CPU", 1))
+    def width(self, items: int) -> int:
+        """``partitions``, else the cluster's CPUs; at least one, at most ``items``."""
+        if items < 1:
+            return 0
+        wanted = self.partitions or int(self.connect().cluster_resources().get("CPU", 1))
         return max(1, min(items, wanted))
 
     def remote_args(self) -> dict[str, Any]:
@@ -87,54 +86,42 @@ class RayEngine:
         }
         return {"runtime_env": {"env_vars": env}} if env else {}
 
-    def rows(self, dataset: Any) -> Iterator[dict[str, Any]]:
-        """The rows a step's tasks (each wrapped in :func:`reporting`) return, block by block as they finish. A
-        prl error a task met is raised here as itself, so that the step exits with its code (Ray would wrap it
-        in errors of its own and drop its type)."""
-        for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
-            if ERROR_COLUMN in batch.schema.names:
-                raise _rebuilt(batch.column(ERROR_COLUMN)[0].as_py())
-            yield from batch.to_pylist()
-
-    def write_parts(self, job: PartJob) -> list[PartWritten]:
-        from prl.engines.ray.shards import write_parts
-
-        return write_parts(self, job)
-
-    def check_batches(self, job: CheckJob) -> Iterator[CheckedBatch]:
-        from prl.engines.ray.checks import check_batches
-
-        return check_batches(self, job)
-
-    def read_units(self, job: IngestJob) -> Iterator[UnitRead]:
-        from prl.engines.ray.ingest import read_units
-
-        return read_units(self, job)
-
-    def score_files(self, job: ScoreJob) -> Iterator[ScoredBatch]:
-        from prl.engines.ray.score import score_files
-
-        return score_files(self, job)
+    def map(self, fn: Callable[[T], Iterable[R]], tasks: Sequence[T], *, gpu: bool = False) -> Iterator[R]:
+        """One Ray Data block per task, run by ``map_batches`` on the cluster's workers; each task's results come
+        back as one row (Ray Data carries them as Python objects). A prl error a task met is raised here as
+        itself, so that the step exits with its code (Ray would wrap it in errors of its own and drop its type)."""
+        if not tasks:
+            return
+        ray = self.connect()
+        resources = self.remote_args()
+        if gpu and ray.cluster_resources().get("GPU", 0) >= 1:
+            resources["num_gpus"] = 1
+        items = ray.data.range(len(tasks), override_num_blocks=len(tasks))
+        done = items.map_batches(
+            _run_tasks, fn_kwargs={"fn": fn, "tasks": list(tasks)}, batch_format="numpy", batch_size=1, **resources
+        )
+        for batch in done.iter_batches(batch_format="numpy", batch_size=None):
+            for outcome in batch[RESULT_COLUMN]:
+                kind, value = outcome
+                if kind == "error":
+                    raise _rebuilt(value)
+                yield from value
 
 
-ERROR_COLUMN = "prl_error"
-"""The one column of the block a task returns in place of its rows when it met a prl error (JSON: kind,
-message)."""
+RESULT_COLUMN = "prl_result"
+"""The one column of the rows the tasks return: ``("ok", [results...])``, or ``("error", report)`` when the task met
+a prl error (JSON: kind, message)."""
 
 
-def reporting(fn: Callable[..., pa.Table]) -> Callable[..., pa.Table]:
-    """A task function that returns, in place of raising, the prl error ``fn`` met: a one-row block of
-    :data:`ERROR_COLUMN` that :meth:`RayEngine.rows` raises again in the driver."""
-
-    @functools.wraps(fn)
-    def task(block: pa.Table, **kwargs: Any) -> pa.Table:
+def _run_tasks(batch: dict[str, np.ndarray], fn: Callable[[Any], Iterable[Any]], tasks: list[Any]) -> dict[str, Any]:
+    """A worker's part: the tasks numbered in ``batch["id"]``, each run to the end; one outcome row each."""
+    outcomes = np.empty(len(batch["id"]), dtype=object)
+    for row, number in enumerate(batch["id"]):
         try:
-            return fn(block, **kwargs)
+            outcomes[row] = ("ok", list(fn(tasks[int(number)])))
         except PrlError as exc:
-            report = {"kind": type(exc).__name__, "message": str(exc)}
-            return pa.table({ERROR_COLUMN: [json.dumps(report)]})
-
-    return task
+            outcomes[row] = ("error", json.dumps({"kind": type(exc).__name__, "message": str(exc)}))
+    return {RESULT_COLUMN: outcomes}
 
 
 def _rebuilt(report: str) -> PrlError:

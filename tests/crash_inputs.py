@@ -119,7 +119,7 @@ class RewardInput(HoldsUnfinished):
     samples: int = 0
     accepted: list[tuple[str, list[tuple[str, float]]]] = field(default_factory=list)
     """The lines of the current file that give events, with them ``(name, value)``: repeats are drawn from them
-    (identical unstamped events of two files are one event, see :mod:`prl.ingestion.event_ids`)."""
+    (identical unstamped events of two files are one event, see :mod:`prl.event_ids`)."""
     events: list[tuple[str, int, str, str, float]] = field(default_factory=list)
     bad: list[tuple[str, int]] = field(default_factory=list)
     pending: Unfinished | None = None

@@ -218,7 +218,8 @@ def test_common_prefix_lengths_match_pair_by_pair_in_any_step_size():
     import numpy as np
 
     from prl.checks.arrays import Ragged
-    from prl.checks.prefix import common_prefix, common_prefix_lengths
+    from prl.checks.prefix import common_prefix_lengths
+    from prl.trajectory import common_prefix
 
     prompts = [[5, 6, 7, 8], [5, 6], [], [1, 2, 3, 4, 5, 6]]
     values = np.array([t for p in prompts for t in p], dtype=np.int64)

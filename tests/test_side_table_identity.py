@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from prl.ingestion.event_ids import Occurrences, ref_id, reward_content, reward_contents, reward_id, reward_ids
+from prl.event_ids import Occurrences, ref_id, reward_content, reward_contents, reward_id, reward_ids
 from prl.ingestion.side_tables import ingest_side_table
 from prl.ingestion.traces import ingest
 from prl.schema import REWARDS

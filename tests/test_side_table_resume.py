@@ -11,7 +11,7 @@ import pytest
 
 import prl.ingestion.side_resume as side_resume
 import prl.ingestion.side_tables as side_tables
-from prl.ingestion.event_ids import Occurrences, reward_content
+from prl.event_ids import Occurrences, reward_content
 from prl.ingestion.side_tables import ingest_side_table
 from prl.store.tables import Store
 

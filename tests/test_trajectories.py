@@ -10,11 +10,11 @@ import polars as pl
 import pytest
 
 from prl.checks import check_tokens
-from prl.checks.history import order_steps, trajectory_order, with_order_keys
 from prl.formats.agents import agent_of
 from prl.formats.fields import finer_ms
 from prl.ingestion.traces import ingest
 from prl.store.tables import Store
+from prl.trajectory import order_steps, trajectory_order, with_order_keys
 from tests.checks_helpers import EOS, chat_prompt, enc, make_store, row, tokenizer_dir
 
 SECOND = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

@@ -1,6 +1,6 @@
 """``prefix`` check (token-in/token-out): within a trajectory (session, agent), the previous turn's prompt +
 completion must be a bit-exact prefix of this turn's prompt. Each agent of a session is its own trajectory, so
-interleaved agents are never compared with each other (order and trajectories: :mod:`prl.checks.history`).
+interleaved agents are never compared with each other (order and trajectories: :mod:`prl.trajectory`).
 
 Status per multi-turn sample (null for a trajectory's first turn and for samples without a session):
 
@@ -12,7 +12,7 @@ Status per multi-turn sample (null for a trajectory's first turn and for samples
   calls, stripped reasoning, truncation): a new trajectory starts here.
 
 A sample whose predecessor cannot be determined gets no status and reason ``prefix_unordered`` (warn), with why
-in its evidence (:data:`prl.checks.history.UNDETERMINED`): it is counted, never skipped silently.
+in its evidence (:data:`prl.trajectory.UNDETERMINED`): it is counted, never skipped silently.
 
 The position is the first differing position of this turn's prompt. When the previous step holds several
 samples (n > 1 choices), the one sharing the longest prefix is the previous turn. This follows slime
@@ -29,28 +29,10 @@ import numpy as np
 from prl.checks.arrays import Ragged
 from prl.checks.batch import TokenBatch
 from prl.checks.findings import Findings
-from prl.checks.history import PREVIOUS_MISSING, UNDETERMINED
+from prl.trajectory import CLEAN, FORK, PREVIOUS_MISSING, REALIGN, UNDETERMINED
 
-CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"
 WINDOW_BEFORE = 3
 WINDOW_AFTER = 6
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two 1-D int arrays."""
-    m = min(len(a), len(b))
-    diff = np.flatnonzero(a[:m] != b[:m])
-    return int(diff[0]) if len(diff) else m
-
-
-def classify_prefix(prev_seq: np.ndarray, prev_prompt_len: int, prompt: np.ndarray, window: int) -> tuple[str, int]:
-    """(status, first divergent prompt position; -1 when CLEAN)."""
-    at = common_prefix(prev_seq, prompt)
-    if at == len(prev_seq):
-        return CLEAN, -1
-    if at >= prev_prompt_len and at >= len(prev_seq) - window:
-        return REALIGN, at
-    return FORK, at
 
 
 def check_prefix(

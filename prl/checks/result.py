@@ -49,7 +49,7 @@ class CheckResult:
     """Samples with at least one reason of each check family."""
     prefix: dict[str, int] = field(default_factory=lambda: {"CLEAN": 0, "REALIGN": 0, "FORK": 0})
     prefix_undetermined: dict[str, int] = field(default_factory=dict)
-    """Why → multi-turn samples whose previous turn could not be determined (``prl.checks.history.UNDETERMINED``;
+    """Why → multi-turn samples whose previous turn could not be determined (``prl.trajectory.UNDETERMINED``;
     reason ``prefix_unordered``): counted, never skipped silently."""
     groups: dict[str, dict[str, dict[str, int]]] = field(default_factory=lambda: {name: {} for name in GROUP_COLUMNS})
     """column → value → verdict counts (plus "checked")."""

@@ -13,8 +13,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from prl.event_ids import reward_id
 from prl.formats.base import Quarantined, Sample
-from prl.ingestion.event_ids import reward_id
 from prl.schema import REWARDS
 
 

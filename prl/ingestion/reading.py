@@ -30,10 +30,10 @@ from prl.ingestion.collect import RAW_KEEP, Collector
 from prl.ingestion.columnar import CHAT_FORMAT, ColumnarRun, framed_items, takes
 from prl.ingestion.inline_rewards import inline_reward_rows
 from prl.ingestion.ledger import ledger_entry
-from prl.ingestion.quarantine import quarantine_row
 from prl.ingestion.result import FileReport
 from prl.ingestion.resume import ResumePoint, continuation, fresh_reader, point_after
 from prl.io.sources import LineReader, SourceFile, first_lines, lines_of
+from prl.quarantine import quarantine_row
 from prl.runtime import collect_young
 from prl.schema import TRACES
 from prl.store.index import SampleIndex

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
+from prl.event_ids import Occurrences, reward_ids
 from prl.formats.fields import _MS_LIMIT, _MS_THRESHOLD
-from prl.ingestion.event_ids import Occurrences, reward_ids
 from prl.schema import REWARDS
 
 NUMBER_TYPES = (pa.int64(), pa.float64())
@@ -63,7 +63,7 @@ def reward_block(
 ) -> tuple[pa.RecordBatch, np.ndarray] | None:
     """The block's reward events as a ``rewards`` batch and the line number of each row (int64[N]), or None
     when the block must be read row by row. With ``occurrences`` (the file's, see
-    :mod:`prl.ingestion.event_ids`), ``event_id`` is filled in; else it is null."""
+    :mod:`prl.event_ids`), ``event_id`` is filled in; else it is null."""
     if not block.strip():
         return None
     try:

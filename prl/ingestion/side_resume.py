@@ -4,7 +4,7 @@
 The side table's ledger entry of a plain JSONL file carries ``resume``: a :class:`ResumePoint` (the end of the
 whole lines consumed, the number of lines before it and the :class:`prl.io.prefix.PrefixDigest` of the bytes
 before it; framing ``jsonl``, format option the table's name), and for rewards ``occurrences``: how often each
-event content occurred before the point (:meth:`prl.ingestion.event_ids.Occurrences.to_json`), so the identical
+event content occurred before the point (:meth:`prl.event_ids.Occurrences.to_json`), so the identical
 events after it are numbered on exactly as a read of the whole file numbers them, and their ``event_id`` is the
 same. (Reference rows carry no occurrence: identical rows are one event.) A later run that finds the file at
 least that long with the same first and last blocks reads on from the point; a rotated, truncated or rewritten
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from prl.ingestion.event_ids import Occurrences
+from prl.event_ids import Occurrences
 from prl.ingestion.resume import ResumePoint, fresh_reader, point_after
 from prl.io.prefix import PrefixWindow, matching_prefix
 from prl.io.sources import LineReader, SourceFile

@@ -15,7 +15,7 @@ Bad rows are quarantined (table ``rewards`` or ``ref_logprobs``) with a reason: 
 ``missing_value``, ``bad_value``, ``nonfinite_reward``, ``bad_logprob``, ``nonfinite_logprob``,
 ``positive_logprob``, ``bad_timestamp``, ``malformed_json``, ``truncated_line`` (a last line left unfinished by a
 file that stopped changing). Files already consumed (same uri, size, mtime) are skipped. Every row has an
-``event_id``, a digest of its content (:mod:`prl.ingestion.event_ids`); a file read again, grown, rotated (same
+``event_id``, a digest of its content (:mod:`prl.event_ids`); a file read again, grown, rotated (same
 name, new content) or copied under another name adds exactly the events not in the table yet. A plain JSONL file
 that grew is read on from where the last run stopped (:mod:`prl.ingestion.side_resume`), its event ids numbered
 on from the counts that run recorded, so each run costs the file's new bytes.
@@ -36,17 +36,17 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from prl.errors import ExitCode
+from prl.event_ids import Occurrences, legacy_ids, ref_id, reward_content
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
 from prl.ingestion.assemble import list_column
-from prl.ingestion.event_ids import Occurrences, legacy_ids, ref_id, reward_content
-from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.ingestion.resume import app_id as resume_app_id
 from prl.ingestion.resume import earlier_entries
 from prl.ingestion.rewards_columnar import reward_block
 from prl.ingestion.side_resume import SideStart, open_file, resume_entry
 from prl.io import sources as io_sources
 from prl.io.sources import LineReader, SourceFile, lines_of, scan
+from prl.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.store.index import EVENT_INDEXES, SampleIndex
 from prl.store.locks import holding
@@ -233,7 +233,7 @@ def ingest_side_table(
 ) -> SideIngestResult:
     """Ingest reward events (``kind="rewards"``) or reference logprobs (``kind="ref"``) into ``store``.
 
-    Events already in the table are recognised by content (``event_id``, :mod:`prl.ingestion.event_ids`),
+    Events already in the table are recognised by content (``event_id``, :mod:`prl.event_ids`),
     looked up in the table's event index, so a re-read, grown, rotated or renamed file adds exactly what is new.
     ``partial_line_grace``: as in :func:`prl.ingestion.traces.ingest` (a JSONL file still being written keeps its
     unfinished last line for a later run and is not marked consumed)."""

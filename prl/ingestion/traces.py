@@ -31,13 +31,13 @@ from prl.errors import UsageError
 from prl.formats import registry
 from prl.formats.base import ParseOptions, Sample
 from prl.ingestion.inline_rewards import reward_batches
-from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.ingestion.reading import RAW_KEEP
 from prl.ingestion.remote import IngestJob, UnitRead, merged, read_unit, read_units
 from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, IngestResult
 from prl.ingestion.resume import app_id, earlier_points
 from prl.io import sources as io_sources
 from prl.io.sources import SourceFile, scan
+from prl.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.runtime import young_collections
 from prl.schema import FINISH_REASONS
 from prl.store.index import SampleIndex

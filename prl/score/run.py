@@ -31,7 +31,7 @@ from typing import Any
 
 from prl.engines import Engine, get_engine
 from prl.errors import ExitCode, UsageError
-from prl.ingestion.quarantine import new_quarantine_rows, quarantine_batches
+from prl.quarantine import new_quarantine_rows, quarantine_batches
 from prl.score.backends import BackendSpec, backend_kind
 from prl.score.base import ScoreRequest
 from prl.score.http import public_url

@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 from deltalake.transaction import AddAction
 
+from prl.event_ids import ref_ids
 from prl.formats.base import Quarantined
-from prl.ingestion.event_ids import ref_ids
-from prl.ingestion.quarantine import quarantine_row
+from prl.quarantine import quarantine_row
 from prl.schema import REF_LOGPROBS
 from prl.score.base import Backend, ScoreRequest
 from prl.store.tables import PendingCommit, Store

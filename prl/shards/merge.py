@@ -31,9 +31,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from prl.checks.history import KEY_COLUMNS, trajectory_order
-from prl.checks.prefix import CLEAN, REALIGN, classify_prefix
 from prl.shards.merge_sampling import settings_change
+from prl.trajectory import CLEAN, KEY_COLUMNS, REALIGN, classify_prefix, trajectory_order
 
 REWARD_MODES = ("last", "sum", "mean")
 """How a merged row's reward is taken from its turns' rewards: the last turn's, their sum or their mean."""
@@ -232,7 +231,7 @@ def plan_units(plan: pl.DataFrame, reward_mode: str = "last") -> pl.DataFrame:
 
     ``plan``: one row per candidate turn with ``row`` (the scan row), ``kept`` (bool: it passed every filter),
     ``prefix_status`` (from ``prl check-tokens``: CLEAN / REALIGN / FORK / null), ``sample_id``, ``group_id``,
-    ``score``, ``prompt_len``, ``completion_len``, the order keys of :data:`prl.checks.history.KEY_COLUMNS` and
+    ``score``, ``prompt_len``, ``completion_len``, the order keys of :data:`prl.trajectory.KEY_COLUMNS` and
     the sampling settings it has (:data:`prl.shards.merge_sampling.SAMPLING_SETTINGS`).
     A kept turn continues the row of the turn before it in its trajectory when that turn is kept too, its own
     status is CLEAN or REALIGN and its sampling settings equal the predecessor's; anything else (a FORK, an

@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from prl.checks.history import KEY_COLUMNS
 from prl.numerics import heads
 from prl.numerics import kl as klmod
 from prl.runtime import release_free_memory
@@ -28,6 +27,7 @@ from prl.shards.frontier import TraceSource, relative_file, whole_snapshot
 from prl.shards.options import ShardOptions
 from prl.shards.spill import ScanSpill
 from prl.store.tables import READAHEAD_FILES, Store
+from prl.trajectory import KEY_COLUMNS
 
 SCAN_BATCH_ROWS = 1024
 """Rows per scanned batch while spilling (eight times as many in a dry run, which keeps no token data)."""

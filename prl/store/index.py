@@ -116,7 +116,7 @@ EVENT_INDEXES = {
     )
     for table in ("rewards", "ref_logprobs")
 }
-"""The side tables' indexes: ``event_id`` (a content digest, see :mod:`prl.ingestion.event_ids`) → ``sample_id``."""
+"""The side tables' indexes: ``event_id`` (a content digest, see :mod:`prl.event_ids`) → ``sample_id``."""
 INDEX_TABLES = (INDEX_TABLE, *(spec.index_table for spec in EVENT_INDEXES.values()))
 
 

@@ -1,4 +1,5 @@
-"""Quarantine rows: a record that was read and not kept, with why (table ``quarantine``, design.md §1)."""
+"""Quarantine rows: a record that was read and not kept, with why (table ``quarantine``); every step that reads
+records makes them the same way."""
 
 from __future__ import annotations
 

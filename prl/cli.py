@@ -1,6 +1,6 @@
 """The ``prl`` command line: options → one library call → rendering. No pipeline logic lives here.
 
-Exit codes (design.md §7): 0 done (also when there was nothing new), 1 done but data problems passed a threshold,
+Exit codes (docs/design.md): 0 done (also when there was nothing new), 1 done but data problems passed a threshold,
 2 usage or configuration error, 3 another run holds the lock, 5 retryable I/O error, 130 interrupted.
 """
 

@@ -1,4 +1,4 @@
-"""Exceptions and the exit codes they map to (design.md §7). Every exit code means one thing.
+"""Exceptions and the exit codes they map to (docs/design.md). Every exit code means one thing.
 
 Messages never carry credentials: an error's text has the userinfo of every URL in it removed
 (``http://key:secret@host`` → ``http://***@host``), whatever library wrote the text — an endpoint such as

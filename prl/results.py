@@ -4,7 +4,7 @@ A result (``IngestResult``, ``SideIngestResult``, ``CheckResult``, ``ShardResult
 ``RunResult``, ``StoreInspection`` / ``ShardsInspection``, ``VerifyResult``, and :class:`ErrorResult` for a
 command that failed) has
 
-- ``exit_code``: the process exit code it stands for (design.md §7, :class:`prl.errors.ExitCode`);
+- ``exit_code``: the process exit code it stands for (docs/design.md, :class:`prl.errors.ExitCode`);
 - ``to_json()``: the one machine-readable summary ``--json`` prints, a dict of JSON values that holds
   ``"command"`` and ``"exit_code"`` (equal to ``exit_code``);
 - ``headline()``: one line of plain text (no markup, no newline) saying what happened, for logs and for the

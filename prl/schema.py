@@ -1,4 +1,4 @@
-"""The Arrow schemas of every table prl writes, in one place (design.md §2, §4, §6).
+"""The Arrow schemas of every table prl writes, in one place (docs/design.md).
 
 Names follow what arrays are aligned to: ``completion_*`` arrays have one entry per completion token,
 ``topk_*`` arrays are ``[completion_len][k]``.

@@ -1,4 +1,4 @@
-"""Every command's exit codes (design.md §7) through the CLI, each with its one-line ``--json`` summary.
+"""Every command's exit codes (docs/design.md) through the CLI, each with its one-line ``--json`` summary.
 
 0 done · 1 data problems past a threshold · 2 usage / configuration / unknown format / a path that is no store ·
 3 locked · 5 retryable I/O (permission denied, read-only filesystem) · 130 interrupted.

@@ -1,4 +1,4 @@
-"""Killing ``prl run`` at any instant loses nothing and duplicates nothing (design.md §7).
+"""Killing ``prl run`` at any instant loses nothing and duplicates nothing (docs/design.md).
 
 Real processes: ``prl run`` (ingest → rewards → check-tokens with the DeepSeek-V4 tokenizer → build-shards) is
 SIGKILLed at seeded random instants while its input grows between runs, then run to completion. Every input record

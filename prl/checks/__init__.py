@@ -1,4 +1,4 @@
-"""Token checks (design.md §4): does a sample's token data say what the model saw and sampled?
+"""Token checks: does a sample's token data say what the model saw and sampled?
 
 ``check_tokens(store, tokenizer, ...)`` runs every check family on the traces table and appends one
 verdict per sample to ``STORE/checks``. One module per family (``vocab``, ``logprobs``, ``roundtrip``,

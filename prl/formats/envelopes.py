@@ -1,6 +1,6 @@
 """Envelopes: records that wrap a response in something else. Each is unwrapped, its body dispatched to the
 format that recognises it (:func:`prl.formats.registry.detect_record`), and the request side fills in what
-the response does not say (design.md §3):
+the response does not say:
 
 * OpenAI / vLLM batch output (``vllm run-batch``, OpenAI Batch API)::
 

@@ -1,6 +1,6 @@
 """Text-only OpenAI records: chat completions without any token IDs, Responses API objects, and chat
 ``messages`` records (fine-tuning style). They carry text and no IDs, and prl never retokenizes text (the
-tokens a model sampled cannot be recovered from it, design.md §9), so every record is quarantined as
+tokens a model sampled cannot be recovered from it), so every record is quarantined as
 ``no_token_ids`` with a message saying how to capture IDs instead."""
 
 from __future__ import annotations

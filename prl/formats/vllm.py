@@ -1,7 +1,7 @@
 """OpenAI-style responses that carry token IDs: vLLM ``/v1/chat/completions`` and ``/v1/completions``, and the
 same shape from SGLang's OpenAI-compatible server, NeMo and LiteLLM.
 
-Where the IDs come from (design.md §3):
+Where the IDs come from:
 - chat prompt: top-level ``prompt_token_ids`` (vLLM ≥ 0.10.2 ``return_token_ids``) or per choice (SGLang);
 - chat completion: ``choices[i].token_ids``, ``provider_specific_fields.token_ids`` (LiteLLM),
   ``message.generation_token_ids`` (NeMo), else ``"token_id:N"`` in ``logprobs.content[].token``

@@ -1,7 +1,7 @@
 """Validation of one parsed sample (the explainer of a bad row: :mod:`prl.ingestion.batch` validates whole
 batches and asks this module why a row failed), and the digests that identify a record.
 
-Validation never fixes data: the only normalisation is design.md's vLLM ``-9999.0`` floor → null. Everything
+Validation never fixes data: the only normalisation is vLLM's ``-9999.0`` floor → null. Everything
 else that is wrong sends the sample to quarantine with one reason code:
 
 | reason | when |

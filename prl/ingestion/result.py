@@ -38,7 +38,7 @@ class FileReport:
 
 @dataclass
 class IngestResult:
-    """Summary of an ingest run; ``exit_code`` follows design.md §7."""
+    """Summary of an ingest run; ``exit_code`` follows docs/design.md."""
 
     store: str
     files: list[FileReport] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""Scores and group-relative advantages (design.md §5), as pure functions over numpy arrays.
+"""Scores and group-relative advantages (docs/design.md), as pure functions over numpy arrays.
 
 Shapes are in the names: ``_N`` is one entry per sample, ``_G`` one per centering group, ``_F`` one per
 fallback group. ``group_index_N`` holds dense group numbers in ``[0, G)`` (see :func:`dense_index`).

@@ -1,4 +1,4 @@
-"""Fixed-k sampler heads for score centering (design.md §5), over Arrow list arrays.
+"""Fixed-k sampler heads for score centering (docs/design.md), over Arrow list arrays.
 
 A head is the sampler's top-k at one completion position: ``topk_ids`` and their full-vocabulary
 ``topk_logprobs``, sorted by logprob, descending. Traces store them as ``list<list<…>>`` per sample

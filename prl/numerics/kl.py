@@ -1,4 +1,4 @@
-"""Sampled KL against a reference policy, per completion token (design.md §5), over flat arrays.
+"""Sampled KL against a reference policy, per completion token (docs/design.md), over flat arrays.
 
 Token arrays of a batch are flat (``_T``: all completion tokens of all samples, concatenated) with
 ``offsets_N1`` (int64, length N + 1, ``offsets_N1[0] == 0``) marking where each sample's tokens begin and end,

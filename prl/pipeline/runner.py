@@ -81,7 +81,7 @@ class RunResult:
 
     @property
     def exit_code(self) -> int:
-        """The stopping step's code if one stopped the run, else the worst step code (design.md §7)."""
+        """The stopping step's code if one stopped the run, else the worst step code (docs/design.md)."""
         if self.error_code is not None:
             return self.error_code
         for step in self.steps:

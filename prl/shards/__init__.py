@@ -1,4 +1,4 @@
-"""Shard sets: checked traces + rewards (+ reference logprobs) → Parquet shards and a manifest (design.md §5–6).
+"""Shard sets: checked traces + rewards (+ reference logprobs) → Parquet shards and a manifest (docs/design.md).
 
 One module per job, in the order a build takes them (:func:`prl.shards.build.build_shards` runs them):
 

@@ -1,4 +1,4 @@
-"""One shard's rows: the ``SHARD`` table (design.md §6) of a run of shipped samples, from their gathered token
+"""One shard's rows: the ``SHARD`` table (docs/design.md) of a run of shipped samples, from their gathered token
 columns, their plan rows and the scores.
 
 Per-token values are computed over cache-sized blocks of whole samples (:func:`prl.shards.gather.blocks`):

@@ -1,4 +1,4 @@
-"""``OUT/.prl/index.json``: one line per current set (design.md §6), kept up to date without reading every manifest.
+"""``OUT/.prl/index.json``: one line per current set (docs/design.md), kept up to date without reading every manifest.
 
 :func:`index_json` is the index of some manifests: ``{"schema_version", "sets": [line, …]}``, one line per set
 (:func:`index_line`) in :func:`index_order`. A build rewrites the index after it publishes or retires sets;

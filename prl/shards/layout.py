@@ -1,4 +1,4 @@
-"""Where a shard set's files live in ``OUT`` (design.md §6), and which sets are current and complete.
+"""Where a shard set's files live in ``OUT`` (docs/design.md), and which sets are current and complete.
 
 A set folder holds exactly its rows, so any Parquet reader pointed at it reads the set and nothing else::
 

@@ -1,4 +1,4 @@
-"""A shard set's ``manifest.json`` as a typed :class:`Manifest` (design.md §6), and the sets of ``OUT``.
+"""A shard set's ``manifest.json`` as a typed :class:`Manifest` (docs/design.md), and the sets of ``OUT``.
 
 Where a set's files live is :mod:`prl.shards.layout`; the manifest is written last, after every file it names. :meth:`Manifest.to_json` is exactly the JSON object written;
 :meth:`Manifest.from_json` reads one back and raises :class:`ManifestError` (a ``ValueError`` and a usage error, exit 2) naming the first key

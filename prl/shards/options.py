@@ -43,7 +43,7 @@ BASELINE_FIELDS = ("request_id", "session_id", "model", "policy_version", "sourc
 
 @dataclass(frozen=True)
 class ShardOptions:
-    """What ``build_shards`` keeps and how it scores it. See design.md §5–6 and each field's note."""
+    """What ``build_shards`` keeps and how it scores it. See docs/design.md and each field's note."""
 
     rewards: dict[str, float] = field(default_factory=dict)
     """Score = Σ weight · value of these named reward components (latest event per sample and name). Empty: the

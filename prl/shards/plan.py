@@ -1,4 +1,4 @@
-"""The plan of a build: which samples ship, in which order and shard, and why the others do not (design.md §5–6).
+"""The plan of a build: which samples ship, in which order and shard, and why the others do not (docs/design.md).
 
 :func:`make_plan` runs the plan scans (:mod:`prl.shards.scan`; the side reads, then the traces scan, in turn),
 leaves out samples an earlier set in ``OUT`` shipped, joins the latest reward per component, verdict and

@@ -1,4 +1,4 @@
-"""Atomic publication of a shard set in the layout of :mod:`prl.shards.layout` (design.md §6).
+"""Atomic publication of a shard set in the layout of :mod:`prl.shards.layout` (docs/design.md).
 
 A build writes into a staging folder ``OUT/.prl/staging/<set-id>-<pid>-<nonce>/`` (:class:`Staging`): the parts
 into ``parts/`` and the sample ids and ``manifest.json`` into ``meta/``, each file as ``*.tmp``, fsynced and

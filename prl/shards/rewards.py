@@ -1,4 +1,4 @@
-"""Which rewards score a build (design.md §5): the recipe's choice, or the one reward the table holds.
+"""Which rewards score a build (docs/design.md): the recipe's choice, or the one reward the table holds.
 
 ``[shards] rewards`` (``--set rewards=…``) names the components and weights. When it names none, the score is
 the single reward name the rewards table holds at the pinned version; several names and no choice is a usage error

@@ -1,5 +1,5 @@
 """Shard sets in an ``s3://`` OUT: the layout of :mod:`prl.shards.layout` under a prefix, published by uploads
-that end with one conditional put (design.md §6).
+that end with one conditional put (docs/design.md).
 
 A build into ``s3://bucket/prefix`` stages its set in a local folder (``$TMPDIR/prl-s3out-<digest of OUT>``,
 which the next build into that OUT on this host clears of what killed builds left) exactly as a local build does,

@@ -1,5 +1,5 @@
 """Scores of the shipped samples: KL into the reward or the batch mean log ratio, then group-relative advantages
-(design.md §5), computed over exactly the rows that ship, in final order.
+(docs/design.md), computed over exactly the rows that ship, in final order.
 
 With ``kl = "reward"``, a pass over the spilled rows sums each sample's per-token KL (:func:`log_ratio_totals`);
 with ``kl = "advantages"`` only the batch mean of ``d = log q − log p_ref`` is needed, and the plan scans already

@@ -1,5 +1,5 @@
 """Summaries a build reports and records in its manifest: counts, drops, per-sample distributions, heads and
-sampling settings, KL (design.md §5–6). Every summary is computed from the plan and the scores, never from the
+sampling settings, KL (docs/design.md). Every summary is computed from the plan and the scores, never from the
 clock, so a rebuild writes the same manifest."""
 
 from __future__ import annotations

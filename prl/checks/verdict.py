@@ -1,6 +1,8 @@
 """Verdict assembly: per-sample findings of every check → one ``checks`` row (schema ``prl.schema.CHECKS``).
 
-Reason codes, their check family and the verdict they force (the worst one wins: invalid > drift > warn > ok):
+Reason codes, their check family and the verdict they force (the worst one wins: invalid > drift > warn > note >
+ok). ``invalid`` and ``drift`` say the sample would train on wrong tokens or wrong logprobs; ``warn`` says a check
+could not be completed; ``note`` is information about a sample whose IDs are as sampled (docs/verdicts.md):
 
 =============================  =========  =======  ===========================================================
 reason                         check      verdict  meaning
@@ -12,18 +14,21 @@ logprob_missing                logprobs   invalid  null logprob on a scored toke
 logprob_nonfinite              logprobs   invalid  NaN / ±inf
 logprob_positive               logprobs   invalid  logprob > 0
 heads_*                        heads      invalid  malformed, misaligned or degenerate top-k heads
-roundtrip_prompt/_completion   roundtrip  drift    encode(decode(ids)) ≠ ids
+roundtrip_prompt               roundtrip  drift    encode(decode(prompt IDs)) ≠ prompt IDs
 template_prompt                template   drift    chat template rendering ≠ prompt IDs
-prefix_fork                    prefix     drift    previous turn is not a prefix of this prompt
 logprob_placeholder            logprobs   drift    exact 0.0 placeholders
 logprob_low                    logprobs   drift    many sampled tokens below −15: retokenized data
-prefix_realign                 prefix     warn     only the previous turn's last few tokens differ
-prefix_unordered               prefix     warn     the previous turn of its trajectory cannot be determined
-special_no_stop                special    warn     finish_reason stop without a stop token at the end
-special_mid_completion         special    warn     a special token inside the completion
-roundtrip_partial_char         roundtrip  warn     a UTF-8 character cut at the end of the sequence
 template_error                 template   warn     messages could not be parsed or rendered
 template_budget                template   warn     rendering broke its time, memory or size budget
+roundtrip_completion           roundtrip  note     sampled IDs whose text re-encodes to other IDs
+roundtrip_boundary             roundtrip  note     the prompt round-trips alone; prompt + completion merge at the
+                                                   boundary (``"." + "skin"`` re-encodes as ``".s" + "kin"``)
+roundtrip_partial_char         roundtrip  note     a UTF-8 character cut at the end of the sequence
+prefix_fork                    prefix     note     previous turn is not a prefix of this prompt
+prefix_realign                 prefix     note     only the previous turn's last few tokens differ
+prefix_unordered               prefix     note     the previous turn of its trajectory cannot be determined
+special_no_stop                special    note     finish_reason stop without a stop token at the end
+special_mid_completion         special    note     a special token the model sampled inside the completion
 =============================  =========  =======  ===========================================================
 
 ``first_divergence`` is the position of the worst reason that has one (a prompt position for ``*_prompt``,
@@ -42,13 +47,14 @@ from typing import Any
 import numpy as np
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from prl.checks.batch import TokenBatch
 from prl.checks.findings import Findings
 from prl.checks.tokenizer import CheckTokenizer
 from prl.schema import CHECKS
 
-SEVERITY = {"ok": 0, "warn": 1, "drift": 2, "invalid": 3}
+SEVERITY = {"ok": 0, "note": 1, "warn": 2, "drift": 3, "invalid": 4}
 
 REASONS: dict[str, tuple[str, str]] = {
     "vocab_prompt": ("vocab", "invalid"),
@@ -69,18 +75,19 @@ REASONS: dict[str, tuple[str, str]] = {
     "heads_misaligned": ("heads", "invalid"),
     "heads_degenerate": ("heads", "invalid"),
     "roundtrip_prompt": ("roundtrip", "drift"),
-    "roundtrip_completion": ("roundtrip", "drift"),
     "template_prompt": ("template", "drift"),
-    "prefix_fork": ("prefix", "drift"),
     "logprob_placeholder": ("logprobs", "drift"),
     "logprob_low": ("logprobs", "drift"),
-    "prefix_realign": ("prefix", "warn"),
-    "prefix_unordered": ("prefix", "warn"),
-    "special_no_stop": ("special", "warn"),
-    "special_mid_completion": ("special", "warn"),
-    "roundtrip_partial_char": ("roundtrip", "warn"),
     "template_error": ("template", "warn"),
     "template_budget": ("template", "warn"),
+    "roundtrip_completion": ("roundtrip", "note"),
+    "roundtrip_boundary": ("roundtrip", "note"),
+    "roundtrip_partial_char": ("roundtrip", "note"),
+    "prefix_fork": ("prefix", "note"),
+    "prefix_realign": ("prefix", "note"),
+    "prefix_unordered": ("prefix", "note"),
+    "special_no_stop": ("special", "note"),
+    "special_mid_completion": ("special", "note"),
 }
 """reason code → (check family, verdict)."""
 
@@ -207,3 +214,30 @@ def _attach_pieces(
         details[r]["evidence"] = {
             key: list(map(pair, value)) if key in _ID_LISTS else value for key, value in ev.items()
         }
+
+
+_GRADES = tuple(SEVERITY)
+
+
+def regrade(verdict: pa.Array, reasons: pa.Array) -> pa.Array:
+    """Each row's verdict as :data:`REASONS` grades its ``reasons`` now (string[n]): the worst of them, so that
+    checks written under another reason table (a reason moved from ``drift`` to ``note``) are read as graded
+    today. A row without reasons, or with one the table does not know, keeps the ``verdict`` it was given."""
+    verdict = verdict.combine_chunks() if isinstance(verdict, pa.ChunkedArray) else verdict
+    reasons = reasons.combine_chunks() if isinstance(reasons, pa.ChunkedArray) else reasons
+    n = len(verdict)
+    if n == 0:
+        return verdict
+    codes = pa.array(list(REASONS), pa.string())
+    grade_of = np.array([SEVERITY[v] for _, v in REASONS.values()] + [-1], dtype=np.int64)
+    flat = pc.list_flatten(reasons)
+    rows = pc.list_parent_indices(reasons).to_numpy(zero_copy_only=False)
+    index = pc.fill_null(pc.index_in(flat, value_set=codes), len(codes)).to_numpy(zero_copy_only=False)
+    worst = np.zeros(n, dtype=np.int64)
+    np.maximum.at(worst, rows, grade_of[index])
+    unknown = np.zeros(n, dtype=bool)
+    unknown[rows[index == len(codes)]] = True
+    graded = pa.array(np.asarray(_GRADES, dtype=object)[worst], pa.string())
+    none = pc.fill_null(pc.list_value_length(reasons), 0).to_numpy(zero_copy_only=False) == 0
+    keep = pa.array(unknown | none)
+    return pc.if_else(keep, verdict, graded)

@@ -95,7 +95,7 @@ class TgiStream(Format):
 def joined(events: list[dict[str, Any]]) -> dict[str, Any]:
     """The ``/generate`` response (``generated_text`` + ``details``) a stream's events add up to."""
     last = events[-1]
-    stream_details = last.get("details") if isinstance(last.get("details"), dict) else {}
+    stream_details: dict[str, Any] = last["details"] if isinstance(last.get("details"), dict) else {}
     details: dict[str, Any] = {
         "finish_reason": stream_details.get("finish_reason"),
         "generated_tokens": stream_details.get("generated_tokens", len(events)),

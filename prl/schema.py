@@ -106,7 +106,7 @@ REF_LOGPROBS = pa.schema(
 )
 """Reference-model log p(token), one entry per completion token; ``event_id`` as in ``rewards``."""
 
-VERDICTS = ("ok", "warn", "drift", "invalid")
+VERDICTS = ("ok", "note", "warn", "drift", "invalid")
 
 CHECKS = pa.schema(
     [

@@ -55,19 +55,19 @@ def _brief(rows: list[dict]) -> dict[str, tuple]:
 
 EXPECTED = {
     "clean0": ("ok", [], None, None),
-    "clean1": ("drift", ["roundtrip_completion"], 2, "CLEAN"),
-    "dup-a": ("drift", ["roundtrip_completion"], 2, None),
-    "dup-b": ("drift", ["roundtrip_completion"], 2, None),
+    "clean1": ("note", ["roundtrip_completion"], 2, "CLEAN"),
+    "dup-a": ("note", ["roundtrip_completion"], 2, None),
+    "dup-b": ("note", ["roundtrip_completion"], 2, None),
     "fork0": ("ok", [], None, None),
-    "fork1": ("drift", ["prefix_fork"], 21, "FORK"),
+    "fork1": ("note", ["prefix_fork"], 21, "FORK"),
     "g0-0": ("ok", [], None, None),
-    "g0-1": ("drift", ["roundtrip_completion"], 2, None),
-    "g0-2": ("warn", ["roundtrip_partial_char"], 3, None),
-    "g0-3": ("warn", ["special_no_stop"], 5, None),
+    "g0-1": ("note", ["roundtrip_completion"], 2, None),
+    "g0-2": ("note", ["roundtrip_partial_char"], 3, None),
+    "g0-3": ("note", ["special_no_stop"], 5, None),
     "g1-0": ("ok", [], None, None),
-    "g1-1": ("drift", ["roundtrip_completion"], 2, None),
-    "g1-2": ("warn", ["roundtrip_partial_char"], 3, None),
-    "g1-3": ("warn", ["special_mid_completion"], 1, None),
+    "g1-1": ("note", ["roundtrip_completion"], 2, None),
+    "g1-2": ("note", ["roundtrip_partial_char"], 3, None),
+    "g1-3": ("note", ["special_mid_completion"], 1, None),
     "g2-0": ("drift", ["roundtrip_prompt"], 8, None),
     "g2-1": ("drift", ["roundtrip_prompt"], 8, None),
     "g2-2": ("drift", ["roundtrip_prompt"], 8, None),
@@ -75,7 +75,7 @@ EXPECTED = {
     "oov": ("invalid", ["vocab_completion"], 8, None),
     "positive": ("invalid", ["logprob_positive"], 0, None),
     "re0": ("ok", [], None, None),
-    "re1": ("warn", ["prefix_realign"], 29, "REALIGN"),
+    "re1": ("note", ["prefix_realign"], 29, "REALIGN"),
 }
 """(verdict, reasons, first_divergence, prefix_status) per sample."""
 

@@ -13,7 +13,9 @@ PROMPT = chat_prompt("Greet")
 
 
 def test_check_tokens_json_and_exit_codes(tmp_path):
-    rows = [row("g", PROMPT, [*enc("Hello world."), EOS]), row("s", PROMPT, [*enc("Hel"), *enc("lo world."), EOS])]
+    split_prompt = enc("<｜begin▁of▁sentence｜>You are helpful.<｜User｜>") + enc("Hel") + enc("lo world.")
+    split_prompt += enc("<｜Assistant｜></think>")
+    rows = [row("g", PROMPT, [*enc("Hello world."), EOS]), row("s", split_prompt, [*enc("Hello world."), EOS])]
     make_store(tmp_path / "store", rows)
     runner = CliRunner()
     args = ["check-tokens", "--store", str(tmp_path / "store"), "--tokenizer", tokenizer_dir()]
@@ -23,7 +25,7 @@ def test_check_tokens_json_and_exit_codes(tmp_path):
     assert (data["command"], data["checked"], data["verdicts"]["drift"], data["exit_code"]) == ("check-tokens", 2, 1, 1)
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert "roundtrip_completion" in res.stdout and "'Hel'" in res.stdout
+    assert "roundtrip_prompt" in res.stdout and "'Hel'" in res.stdout
     res = runner.invoke(app, [*args, "--json"])
     assert (res.exit_code, json.loads(res.stdout)["skipped_existing"]) == (0, 2)
 

@@ -55,7 +55,7 @@ def test_logprob_checks(tmp_path):
     assert brief(got["greedy_zeros"]) == ("ok", [], None)
     assert brief(got["retokenized"]) == ("drift", ["logprob_low"], 2)
     assert brief(got["one_confident_zero"]) == ("ok", [], None)
-    assert result.verdicts == {"ok": 3, "warn": 0, "drift": 2, "invalid": 5}
+    assert result.verdicts == {"ok": 3, "note": 0, "warn": 0, "drift": 2, "invalid": 5}
     assert result.checks["logprobs"] == 7
 
 
@@ -84,10 +84,10 @@ def test_special_token_checks(tmp_path):
         row("stray", PROMPT, stray, lps(N + 1)),
     ]
     _, got = run(tmp_path, rows)
-    assert brief(got["no_stop"]) == ("warn", ["special_no_stop"], N - 2)
+    assert brief(got["no_stop"]) == ("note", ["special_no_stop"], N - 2)
     assert brief(got["length_ok"]) == ("ok", [], None)
     assert brief(got["eot"]) == ("ok", [], None)
-    assert brief(got["stray"]) == ("warn", ["special_mid_completion"], 3)
+    assert brief(got["stray"]) == ("note", ["special_mid_completion"], 3)
 
 
 def heads_for(completion, logprobs, k=3):

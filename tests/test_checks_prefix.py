@@ -60,10 +60,10 @@ def test_clean_realign_and_fork(tmp_path):
     assert brief(got["clean0"]) == ("ok", [], None, None)
     assert brief(got["clean1"]) == ("ok", [], None, "CLEAN")
     assert brief(got["clean2"]) == ("ok", [], None, "CLEAN")
-    assert brief(got["re1"]) == ("warn", ["prefix_realign"], len(P0) + len(C0) - 1, "REALIGN")
+    assert brief(got["re1"]) == ("note", ["prefix_realign"], len(P0) + len(C0) - 1, "REALIGN")
     fork_at = len(P0) + common(C0, forked_history)
     assert 0 < common(C0, forked_history) < len(C0) - 4
-    assert brief(got["fork1"]) == ("drift", ["prefix_fork"], fork_at, "FORK")
+    assert brief(got["fork1"]) == ("note", ["prefix_fork"], fork_at, "FORK")
     assert brief(got["single"]) == ("ok", [], None, None)
     assert result.prefix == {"CLEAN": 2, "REALIGN": 1, "FORK": 1}
     detail = json.loads(got["fork1"]["detail"])
@@ -84,7 +84,7 @@ def test_tool_call_json_reserialized_in_history_is_a_fork(tmp_path):
     _, got = run(tmp_path, rows)
     k = common(sampled, rerendered)
     assert 0 < k < len(sampled) - 4
-    assert brief(got["t1"]) == ("drift", ["prefix_fork"], len(P0) + k, "FORK")
+    assert brief(got["t1"]) == ("note", ["prefix_fork"], len(P0) + k, "FORK")
     assert brief(got["t0"]) == ("ok", [], None, None)
 
 
@@ -111,7 +111,7 @@ def test_new_turn_of_an_already_checked_session(tmp_path):
     result = check_tokens(store, tokenizer_dir())
     got = {r["sample_id"]: r for r in store.read("checks").to_pylist()}
     assert result.checked == 1 and result.skipped_existing == 1
-    assert brief(got["a1"]) == ("drift", ["prefix_fork"], len(P0) + 2, "FORK")
+    assert brief(got["a1"]) == ("note", ["prefix_fork"], len(P0) + 2, "FORK")
 
 
 KEEP_THINK = (

@@ -29,7 +29,8 @@ def tok() -> CheckTokenizer:
     return loaded()
 
 
-def test_non_canonical_split_is_drift_at_its_position(tmp_path):
+def test_non_canonical_split_of_a_completion_is_a_note_at_its_position(tmp_path):
+    """Sampled IDs whose text re-encodes otherwise are what was sampled: a note, not drift."""
     prompt = chat_prompt("Greet the world")
     hello = enc("Hello")
     hel, lo = enc("Hel"), enc("lo")
@@ -40,11 +41,12 @@ def test_non_canonical_split_is_drift_at_its_position(tmp_path):
     result = check_tokens(store, tokenizer_dir())
     got = verdicts(store)
     pos = len(enc("Sure:\n"))
-    assert got["split"]["verdict"] == "drift"
+    assert got["split"]["verdict"] == "note"
     assert got["split"]["reasons"] == ["roundtrip_completion"]
     assert got["split"]["first_divergence"] == pos
     assert got["clean"]["verdict"] == "ok" and got["clean"]["reasons"] == []
-    assert result.verdicts == {"ok": 1, "warn": 0, "drift": 1, "invalid": 0}
+    assert result.verdicts == {"ok": 1, "note": 1, "warn": 0, "drift": 0, "invalid": 0}
+    assert result.drift_rate == 0.0
     ev = result.worst[0].detail["evidence"]
     assert ev["where"] == "completion"
     start = ev["window_start"]
@@ -65,7 +67,37 @@ def test_non_canonical_split_in_prompt_is_reported_as_prompt(tmp_path):
     )
 
 
-def test_completion_cut_mid_character_is_only_a_warning(tmp_path):
+def test_prompt_and_completion_merging_at_the_boundary_is_its_own_note(tmp_path):
+    """A text completion: "." ends the prompt, "skin" starts the sample; the whole re-encodes as ".s" + "kin" while
+    the prompt alone round-trips."""
+    bos = enc("<｜begin▁of▁sentence｜>")
+    prompt = bos + enc("Protect your face.")
+    assert enc("Protect your face.")[-1] == 16 and enc("skin") == [96861] and enc(".skin") == [2349, 8705]
+    completion = [*enc("skin"), *enc(" care"), EOS]
+    alone = bos + enc("Hel") + enc("lo") + enc(".")
+    store = make_store(
+        tmp_path,
+        [
+            row("boundary", prompt, completion),
+            row("prompt", alone, completion),
+        ],
+    )
+    result = check_tokens(store, tokenizer_dir())
+    got = verdicts(store)
+    assert (got["boundary"]["verdict"], got["boundary"]["reasons"], got["boundary"]["first_divergence"]) == (
+        "note",
+        ["roundtrip_boundary"],
+        len(prompt) - 1,
+    )
+    assert (got["prompt"]["verdict"], got["prompt"]["reasons"], got["prompt"]["first_divergence"]) == (
+        "drift",
+        ["roundtrip_prompt"],
+        len(bos),
+    )
+    assert result.reasons == {"roundtrip_boundary": 1, "roundtrip_prompt": 1}
+
+
+def test_completion_cut_mid_character_is_only_a_note(tmp_path):
     prompt = chat_prompt("An emoji please")
     smile = enc("😀")
     assert len(smile) == 2  # the emoji's bytes span two tokens
@@ -74,7 +106,7 @@ def test_completion_cut_mid_character_is_only_a_warning(tmp_path):
     check_tokens(store, tokenizer_dir())
     got = verdicts(store)["cut"]
     assert (got["verdict"], got["reasons"], got["first_divergence"]) == (
-        "warn",
+        "note",
         ["roundtrip_partial_char"],
         len(completion) - 1,
     )

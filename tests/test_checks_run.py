@@ -20,12 +20,18 @@ from tests.delta_log import commit_infos
 
 PROMPT = chat_prompt("Greet")
 GOOD = [*enc("Hello world."), EOS]
-SPLIT = enc("Hel") + enc("lo world.") + [EOS]
+SPLIT_PROMPT = (
+    enc("<｜begin▁of▁sentence｜>You are helpful.<｜User｜>")
+    + enc("Hel")
+    + enc("lo world.")
+    + enc("<｜Assistant｜></think>")
+)
+"""A prompt whose IDs are not what the tokenizer makes of its text ("Hel" + "lo"): drift (roundtrip_prompt)."""
 
 
 def rows(n_good, n_split, prefix=""):
     out = [row(f"{prefix}g{i}", PROMPT, GOOD) for i in range(n_good)]
-    out += [row(f"{prefix}s{i}", PROMPT, SPLIT, [-0.25] * len(SPLIT)) for i in range(n_split)]
+    out += [row(f"{prefix}s{i}", SPLIT_PROMPT, GOOD) for i in range(n_split)]
     return out
 
 
@@ -72,14 +78,22 @@ def test_sample_rate_is_deterministic(tmp_path):
 
 
 def test_exit_code_follows_max_drift_rate_and_allow_warn(tmp_path):
-    store = make_store(tmp_path, [*rows(3, 1), row("w", PROMPT, GOOD[:-1], [-0.25] * (len(GOOD) - 1))])
-    r = check_tokens(store, tokenizer_dir(), max_drift_rate=0.25, dry_run=True)
-    assert (r.verdicts["drift"], r.verdicts["warn"], r.drift_rate, r.exit_code) == (1, 1, 0.2, 0)
-    r = check_tokens(store, tokenizer_dir(), max_drift_rate=0.1, dry_run=True)
+    """drift counts; warn (a check that could not be completed) counts when warns are not allowed; a note (here
+    a stop without a stop token: information about what was sampled) never counts."""
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text("{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}")
+    warn = row("w", PROMPT, GOOD, messages="{not json")
+    note = row("n", PROMPT, GOOD[:-1], [-0.25] * (len(GOOD) - 1))
+    store = make_store(tmp_path / "s", [*rows(3, 1), warn, note])
+    r = check_tokens(store, tokenizer_dir(), chat_template=str(tpl), max_drift_rate=0.2, dry_run=True)
+    assert r.verdicts == {"ok": 3, "note": 1, "warn": 1, "drift": 1, "invalid": 0}
+    assert r.reasons == {"roundtrip_prompt": 1, "template_error": 1, "special_no_stop": 1}
+    assert (r.drift_rate, r.exit_code) == (1 / 6, 0)
+    r = check_tokens(store, tokenizer_dir(), chat_template=str(tpl), max_drift_rate=0.1, dry_run=True)
     assert r.exit_code == 1
-    r = check_tokens(store, tokenizer_dir(), max_drift_rate=0.25, allow_warn=False, dry_run=True)
-    assert (r.drift_rate, r.exit_code) == (0.4, 1)
-    r = check_tokens(store, tokenizer_dir(), dry_run=True)
+    r = check_tokens(store, tokenizer_dir(), chat_template=str(tpl), max_drift_rate=0.2, allow_warn=False, dry_run=True)
+    assert (r.drift_rate, r.exit_code) == (2 / 6, 1)
+    r = check_tokens(store, tokenizer_dir(), chat_template=str(tpl), dry_run=True)
     assert r.exit_code == 0
 
 
@@ -120,10 +134,10 @@ def test_json_and_report(tmp_path):
     store = make_store(tmp_path, rows(2, 1))
     result = check_tokens(store, tokenizer_dir(), max_drift_rate=0.5)
     data = json.loads(json.dumps(result.to_json()))
-    assert data["verdicts"] == {"ok": 2, "warn": 0, "drift": 1, "invalid": 0}
+    assert data["verdicts"] == {"ok": 2, "note": 0, "warn": 0, "drift": 1, "invalid": 0}
     assert data["check_rates"]["roundtrip"] == pytest.approx(1 / 3)
     assert data["group_rates"]["source_format"]["vllm_chat"] == pytest.approx(1 / 3)
-    assert data["reasons"] == {"roundtrip_completion": 1}
+    assert data["reasons"] == {"roundtrip_prompt": 1}
     assert data["exit_code"] == 0
     assert data["worst"][0]["sample_id"] == "s0"
     buf = io.StringIO()
@@ -131,4 +145,4 @@ def test_json_and_report(tmp_path):
     text = buf.getvalue()
     assert "[ 14505 'Hel'][  4979 'lo']" in text
     assert "[ 19923 'Hello'][  2058 ' world']" in text
-    assert "roundtrip_completion" in text
+    assert "roundtrip_prompt" in text

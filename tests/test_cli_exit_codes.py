@@ -64,7 +64,7 @@ def test_ingest_codes(tmp_path, monkeypatch):
     unknown = tmp_path / "odd.jsonl"
     unknown.write_text('{"hello": "world"}\n')
     code, summary = invoke(["ingest", str(unknown), "--store", store])
-    assert code == 2 and "no known format" in summary["files"][0]["error"]
+    assert code == 1 and summary["quarantined"] == {"unknown_format": 1}  # a record of no known format
     assert invoke(["ingest", str(unknown), "--store", store, "--format", "csv-ish"])[0] == 2
     assert invoke(["ingest", str(unknown), "--store", store, "--kind", "labels"])[0] == 2
 

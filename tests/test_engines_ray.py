@@ -83,7 +83,8 @@ SPLIT = enc("Hel") + enc("lo world.") + [EOS]
 
 
 def _check_rows() -> list[dict]:
-    """Good and drifted samples, a bad logprob, and two sessions: one clean second turn, one forked."""
+    """Good samples and sampled splits (notes), a bad logprob, and two sessions: one clean second turn, one
+    forked."""
     out = [row(f"g{i}", PROMPT, GOOD) for i in range(5)]
     out += [row(f"s{i}", PROMPT, SPLIT, [-0.25] * len(SPLIT)) for i in range(3)]
     out.append(row("lp", PROMPT, GOOD, [0.5] * len(GOOD)))
@@ -115,7 +116,7 @@ def test_check_tokens_on_ray_commits_the_rows_local_does(tmp_path, ray_cluster, 
     on_ray = check_tokens(ray_store, tokenizer_dir(), sample_rate=sample_rate, batch_size=4, engine="ray")
     expected = {1.0: (13, 0, 8, 4, 1, 1), 0.5: (8, 5, 6, 1, 1, 0)}[sample_rate]
     v, p = local.verdicts, local.prefix
-    assert (local.checked, local.sampled_out, v["ok"], v["drift"], v["invalid"], p["CLEAN"]) == expected
+    assert (local.checked, local.sampled_out, v["ok"], v["note"], v["invalid"], p["CLEAN"]) == expected
     assert p["FORK"] == 1
     assert _verdicts(ray_store) == _verdicts(local_store)
     assert _summary(on_ray) == _summary(local)

@@ -182,18 +182,22 @@ def test_large_values_stay_exact(store, write_trace):
     assert all(math.isfinite(x) for x in row["completion_logprobs"])
 
 
-def test_unknown_format_is_a_clear_error_and_others_still_land(store, write_trace):
+def test_records_of_no_known_format_are_quarantined_one_by_one(store, write_trace):
+    """A JSON-lines file none of whose records is of a known format is read record by record: each is one
+    quarantine row (unknown_format), the file is consumed, and records of a known format appended later land."""
     good = write_trace("good.jsonl", [vllm_chat("ok", [1], [([2], [-1.0])])])
-    odd = write_trace("odd.jsonl", [{"hello": "world"}])
+    odd = write_trace("odd.jsonl", [{"hello": "world"}, {"hello": "again"}])
     result = ingest([str(good), str(odd)], store)
-    assert result.exit_code == ExitCode.USAGE
-    failed = [f for f in result.files if f.status == "failed"]
-    assert [f.uri for f in failed] == [str(odd)]
-    assert "no known format matches" in failed[0].error and "openai_chat" in failed[0].error
+    assert result.exit_code == ExitCode.DATA_PROBLEMS  # 2 of 3 records quarantined, over the 5 % default
+    assert [f.status for f in result.files] == ["ingested", "ingested"]
+    assert (result.samples, result.quarantined) == (1, {"unknown_format": 2})
+    rows = quarantine(store).sort("source_line")
+    assert rows["source_line"].to_list() == [1, 2] and set(rows["reason"]) == {"unknown_format"}
     assert traces(store)["sample_id"].to_list() == ["ok#0"]
-    # the unknown file is not marked consumed: once readable it is ingested
-    odd.write_text(json.dumps(vllm_chat("later", [1], [([2], [-1.0])])) + "\n")
-    assert ingest([str(odd)], store).samples == 1
+    with open(odd, "a") as fh:
+        fh.write(json.dumps(vllm_chat("later", [1], [([2], [-1.0])])) + "\n")
+    again = ingest([str(odd)], store)
+    assert (again.samples, again.quarantined) == (1, {})
 
 
 def test_forced_format(store, write_trace):

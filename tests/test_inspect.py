@@ -88,17 +88,19 @@ def test_store_aggregates_exact(tmp_path):
         {
             "tokenizer_fingerprint": "tok-a",
             "checked": 3,
-            "verdicts": {"ok": 2, "warn": 0, "drift": 0, "invalid": 1},
+            "verdicts": {"ok": 2, "note": 0, "warn": 0, "drift": 0, "invalid": 1},
             "drift_rate": 1 / 3,
             "warn_rate": 0.0,
+            "note_rate": 0.0,
             "top_reasons": {"logprobs": 1, "vocab": 1},
         },
         {
             "tokenizer_fingerprint": "tok-b",
             "checked": 1,
-            "verdicts": {"ok": 0, "warn": 1, "drift": 0, "invalid": 0},
+            "verdicts": {"ok": 0, "note": 0, "warn": 1, "drift": 0, "invalid": 0},
             "drift_rate": 0.0,
             "warn_rate": 1.0,
+            "note_rate": 0.0,
             "top_reasons": {"special": 1},
         },
     ]

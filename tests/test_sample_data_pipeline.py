@@ -56,10 +56,10 @@ def test_sessions_classified_as_planted(checked_store):
     df = _verdicts(checked_store)
     flagged = df.filter(pl.col("prefix_status").is_in(["REALIGN", "FORK"])).sort("session_id", "turn")
     assert flagged.select("session_id", "turn", "prefix_status", "verdict").rows() == [
-        ("sess-multi-79fac48c5e12", None, "FORK", "drift"),  # the worker's earlier reasoning stripped from history
-        ("sess-thinking-d090d62f8916", 1, "FORK", "drift"),  # reasoning stripped from history
-        ("sess-thinking-d090d62f8916", 2, "FORK", "drift"),
-        ("sess-trailing-3406b735ee18", 1, "REALIGN", "warn"),  # trailing '\n\n' trimmed by the client
+        ("sess-multi-79fac48c5e12", None, "FORK", "note"),  # the worker's earlier reasoning stripped from history
+        ("sess-thinking-d090d62f8916", 1, "FORK", "note"),  # reasoning stripped from history
+        ("sess-thinking-d090d62f8916", 2, "FORK", "note"),
+        ("sess-trailing-3406b735ee18", 1, "REALIGN", "note"),  # trailing '\n\n' trimmed by the client
     ]
     # every other later turn (trivia, code, agent, the trailing session's last turn, the proxy session, and in the
     # multi-agent session 2 of the planner's and 2 of the worker's) is clean
@@ -68,7 +68,7 @@ def test_sessions_classified_as_planted(checked_store):
 
 def test_verdict_counts_and_the_floored_logprob(checked_store):
     df = _verdicts(checked_store)
-    assert dict(df.group_by("verdict").len().rows()) == {"ok": 113, "warn": 1, "drift": 3, "invalid": 1}
+    assert dict(df.group_by("verdict").len().rows()) == {"ok": 113, "note": 4, "invalid": 1}
     invalid = df.filter(pl.col("verdict") == "invalid").row(0, named=True)
     # vllm_completions.jsonl.gz holds one token at vLLM's -9999.0 floor: stored as null, flagged, never 0.0
     assert invalid["source_format"] == "openai_completions"

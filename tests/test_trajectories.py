@@ -70,7 +70,7 @@ def test_turns_sampled_in_the_same_second_are_ordered_by_arrival_and_checked(tmp
     assert got["t1"] == ("ok", [], "CLEAN")
     assert got["t2"] == ("ok", [], "CLEAN")
     assert got["e1"] == ("ok", [], "CLEAN")
-    assert got["t2x"] == ("drift", ["prefix_fork"], "FORK")
+    assert got["t2x"] == ("note", ["prefix_fork"], "FORK")
     assert result.prefix == {"CLEAN": 3, "REALIGN": 0, "FORK": 1}
     assert result.prefix_undetermined == {}
 
@@ -189,8 +189,8 @@ def test_undetermined_predecessors_are_reported_by_the_check(tmp_path):
         row("v1", *turns[1], session_id="v", created_at=None, source_uri="file:///b.jsonl"),
     ]
     result, got, full = checked(tmp_path, rows)
-    assert got["u1"] == ("warn", ["prefix_unordered"], None)
-    assert got["v1"] == ("warn", ["prefix_unordered"], None)
+    assert got["u1"] == ("note", ["prefix_unordered"], None)
+    assert got["v1"] == ("note", ["prefix_unordered"], None)
     assert got["u0"] == ("ok", [], None) and got["v0"] == ("ok", [], None)
     assert result.prefix_undetermined == {"across_files": 1, "no_turn": 1}
     assert result.reasons == {"prefix_unordered": 2}
@@ -250,7 +250,7 @@ def test_without_agent_ids_the_interleaved_session_forks(tmp_path):
 
 def test_a_fork_in_one_agent_does_not_touch_the_other(tmp_path):
     result, got, _ = checked(tmp_path, multi_agent_rows(fork=True))
-    assert got["worker2"] == ("drift", ["prefix_fork"], "FORK")
+    assert got["worker2"] == ("note", ["prefix_fork"], "FORK")
     assert got["worker3"] == ("ok", [], "CLEAN")  # extends the edited history: a new trajectory went on cleanly
     assert [got[f"planner{i}"] for i in range(3)] == [("ok", [], None), ("ok", [], "CLEAN"), ("ok", [], "CLEAN")]
     assert result.prefix == {"CLEAN": 4, "REALIGN": 0, "FORK": 1}

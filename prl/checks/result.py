@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prl.checks.verdict import CHECK_FAMILIES, REASONS, SEVERITY
 from prl.errors import ExitCode
+from prl.verdicts import CHECK_FAMILIES, REASONS, SEVERITY
 
 GROUP_COLUMNS = ("source_format", "model", "policy_version")
 

@@ -9,8 +9,12 @@ every later turn is decoded and encoded once; only new segments reach the tokeni
 
 Reasons (positions are prompt or completion positions, by reason):
 
-- ``roundtrip_prompt`` / ``roundtrip_completion`` (drift): the re-encoded IDs differ first at that position.
-- ``roundtrip_partial_char`` (warn): the only difference is a UTF-8 character cut at the very end of the
+- ``roundtrip_prompt`` (drift) / ``roundtrip_completion`` (note): the re-encoded IDs differ first at that
+  position.
+- ``roundtrip_boundary`` (note): they differ first in the prompt, inside a segment that runs on into the
+  completion, and the prompt's part of it round-trips alone: the prompt's text and the sampled text merge
+  across the boundary (``"." + "skin"`` re-encodes as ``".s" + "kin"``), which says nothing against the prompt.
+- ``roundtrip_partial_char`` (note): the only difference is a UTF-8 character cut at the very end of the
   sequence (a completion stopped mid-character), which decodes to U+FFFD.
 """
 
@@ -313,13 +317,19 @@ def roundtrip_findings(
     plen = batch.prompt.lengths.tolist()
     offsets = seq.offsets.tolist()
     values = seq.values.tolist()
+    boundary = _boundary_merges(seq, failures, plen, rt)
     for row, (pos, seg_start, failure) in sorted(failures.items()):
         row_start, row_end = offsets[row], offsets[row + 1]
         at_end = failure.partial_tail and _segment_reaches(seq, seg_start, row_end, rt)
         in_prompt = pos < plen[row]
         where = "prompt" if in_prompt else "completion"
         shift = 0 if in_prompt else plen[row]
-        reason = "roundtrip_partial_char" if at_end else f"roundtrip_{where}"
+        if at_end:
+            reason = "roundtrip_partial_char"
+        elif row in boundary:
+            reason = "roundtrip_boundary"
+        else:
+            reason = f"roundtrip_{where}"
         w0 = seg_start + failure.window_start
         out.add_one(
             row,
@@ -333,6 +343,31 @@ def roundtrip_findings(
             },
         )
     return out
+
+
+def _boundary_merges(
+    seq: Ragged, failures: dict[int, tuple[int, int, SegmentFailure]], plen: list[int], rt: RoundTripper
+) -> set[int]:
+    """The failing rows whose first difference lies in a segment that runs from the prompt on into the
+    completion (no boundary token between its start and the prompt's end, and a completion after it) while
+    the prompt's part of that segment round-trips alone: one decode and one encode call for all of them."""
+    lut = rt.tok.boundary_lut
+    offsets = seq.offsets
+    candidates: list[tuple[int, list[int]]] = []
+    for row, (pos, seg_start, _failure) in failures.items():
+        row_start, row_end = int(offsets[row]), int(offsets[row + 1])
+        prompt_end = row_start + plen[row]
+        if pos >= plen[row] or prompt_end >= row_end or seg_start >= prompt_end:
+            continue
+        head = seq.values[seg_start:prompt_end]
+        if lut[np.clip(head, 0, len(lut) - 1)].any() or lut[min(max(int(seq.values[prompt_end]), 0), len(lut) - 1)]:
+            continue  # the segment ends inside the prompt, or the completion starts with a boundary token
+        candidates.append((row, head.tolist()))
+    if not candidates:
+        return set()
+    texts = rt.tok.decode_batch([head for _, head in candidates])
+    encoded = rt.tok.encode_batch(texts)
+    return {row for (row, head), again in zip(candidates, encoded, strict=True) if list(again) == head}
 
 
 def _segment_reaches(seq: Ragged, seg_start: int, row_end: int, rt: RoundTripper) -> bool:

@@ -40,7 +40,7 @@ from prl.checks.roundtrip import PendingSegments, RoundTripper, roundtrip_findin
 from prl.checks.special import check_special
 from prl.checks.template import TemplateChecker
 from prl.checks.tokenizer import CheckTokenizer
-from prl.checks.verdict import REASONS, SEVERITY, RowVerdict, assemble
+from prl.checks.verdict import RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.engines import Engine, get_engine, split
 from prl.errors import UsageError
@@ -48,6 +48,7 @@ from prl.store.changes import files_dataset, snapshot_files
 from prl.store.locks import holding
 from prl.store.resolve import open_store
 from prl.store.tables import Store
+from prl.verdicts import REASONS, SEVERITY
 
 NO_SESSIONS = pl.DataFrame(schema=INDEX_SCHEMA)
 """The session index of new rows that belong to no session: the multi-turn history need not be read."""

@@ -1,35 +1,5 @@
-"""Verdict assembly: per-sample findings of every check → one ``checks`` row (schema ``prl.schema.CHECKS``).
-
-Reason codes, their check family and the verdict they force (the worst one wins: invalid > drift > warn > ok):
-
-=============================  =========  =======  ===========================================================
-reason                         check      verdict  meaning
-=============================  =========  =======  ===========================================================
-vocab_prompt/_completion       vocab      invalid  a token ID outside [0, vocab size)
-logprob_count                  logprobs   invalid  len(logprobs) ≠ len(completion IDs) (off by one, …)
-mask_count                     logprobs   invalid  len(completion_mask) ≠ len(completion IDs)
-logprob_missing                logprobs   invalid  null logprob on a scored token
-logprob_nonfinite              logprobs   invalid  NaN / ±inf
-logprob_positive               logprobs   invalid  logprob > 0
-heads_*                        heads      invalid  malformed, misaligned or degenerate top-k heads
-roundtrip_prompt/_completion   roundtrip  drift    encode(decode(ids)) ≠ ids
-template_prompt                template   drift    chat template rendering ≠ prompt IDs
-prefix_fork                    prefix     drift    previous turn is not a prefix of this prompt
-logprob_placeholder            logprobs   drift    exact 0.0 placeholders
-logprob_low                    logprobs   drift    many sampled tokens below −15: retokenized data
-prefix_realign                 prefix     warn     only the previous turn's last few tokens differ
-prefix_unordered               prefix     warn     the previous turn of its trajectory cannot be determined
-special_no_stop                special    warn     finish_reason stop without a stop token at the end
-special_mid_completion         special    warn     a special token inside the completion
-roundtrip_partial_char         roundtrip  warn     a UTF-8 character cut at the end of the sequence
-template_error                 template   warn     messages could not be parsed or rendered
-template_budget                template   warn     rendering broke its time, memory or size budget
-=============================  =========  =======  ===========================================================
-
-``first_divergence`` is the position of the worst reason that has one (a prompt position for ``*_prompt``,
-``template_*`` and ``prefix_*`` reasons, a completion position otherwise); ``detail`` is a JSON object with
-each reason's position and, for the worst reason, the token window as ``[id, piece]`` pairs.
-"""
+"""Verdict assembly: per-sample findings of every check → one ``checks`` row (schema ``prl.schema.CHECKS``); the
+reason codes and the verdicts they force are :mod:`prl.verdicts`."""
 
 from __future__ import annotations
 
@@ -47,44 +17,8 @@ from prl.checks.batch import TokenBatch
 from prl.checks.findings import Findings
 from prl.checks.tokenizer import CheckTokenizer
 from prl.schema import CHECKS
+from prl.verdicts import REASONS, SEVERITY
 
-SEVERITY = {"ok": 0, "warn": 1, "drift": 2, "invalid": 3}
-
-REASONS: dict[str, tuple[str, str]] = {
-    "vocab_prompt": ("vocab", "invalid"),
-    "vocab_completion": ("vocab", "invalid"),
-    "logprob_count": ("logprobs", "invalid"),
-    "mask_count": ("logprobs", "invalid"),
-    "logprob_missing": ("logprobs", "invalid"),
-    "logprob_nonfinite": ("logprobs", "invalid"),
-    "logprob_positive": ("logprobs", "invalid"),
-    "heads_shape": ("heads", "invalid"),
-    "heads_k_varies": ("heads", "invalid"),
-    "heads_id_range": ("heads", "invalid"),
-    "heads_id_duplicate": ("heads", "invalid"),
-    "heads_nonfinite": ("heads", "invalid"),
-    "heads_not_sorted": ("heads", "invalid"),
-    "heads_positive": ("heads", "invalid"),
-    "heads_mass": ("heads", "invalid"),
-    "heads_misaligned": ("heads", "invalid"),
-    "heads_degenerate": ("heads", "invalid"),
-    "roundtrip_prompt": ("roundtrip", "drift"),
-    "roundtrip_completion": ("roundtrip", "drift"),
-    "template_prompt": ("template", "drift"),
-    "prefix_fork": ("prefix", "drift"),
-    "logprob_placeholder": ("logprobs", "drift"),
-    "logprob_low": ("logprobs", "drift"),
-    "prefix_realign": ("prefix", "warn"),
-    "prefix_unordered": ("prefix", "warn"),
-    "special_no_stop": ("special", "warn"),
-    "special_mid_completion": ("special", "warn"),
-    "roundtrip_partial_char": ("roundtrip", "warn"),
-    "template_error": ("template", "warn"),
-    "template_budget": ("template", "warn"),
-}
-"""reason code → (check family, verdict)."""
-
-CHECK_FAMILIES = ("vocab", "logprobs", "roundtrip", "template", "prefix", "special", "heads")
 _ORDER = {code: i for i, code in enumerate(REASONS)}
 _RANK = {code: (-SEVERITY[verdict], _ORDER[code]) for code, (_, verdict) in REASONS.items()}
 """reason code → its place among a row's reasons: the worst verdict first, then the table's order."""

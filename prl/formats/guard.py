@@ -56,7 +56,7 @@ def read_record(
 
     ``fmt`` is the file's format (:meth:`Format.reader` picks the one for this record: detection is per
     record). Never raises: every exception becomes a :class:`Quarantined` (see the module table); a reason
-    other than ``no_token_ids`` on a record that holds no token IDs anywhere is replaced by ``no_token_ids``.
+    on a record that holds no token IDs anywhere is replaced by ``no_token_ids`` (:func:`text_only_reasons`).
     ``position`` (see :func:`source_position`) makes the derived request IDs of records that carry none
     distinct per position in their source."""
     reader = fmt
@@ -70,12 +70,8 @@ def read_record(
         out = [as_quarantined(exc)]
     if not out and type(reader).frame is Format.frame:  # a record must end as samples or as a quarantine row
         out = [Quarantined("no_choices", f"{reader.name} record with no sample in it (an empty choices/outputs list)")]
-    if (
-        type(reader).frame is Format.frame  # a decoded JSON record (SSE framers hand over their own objects)
-        and any(isinstance(item, Quarantined) and item.reason != "no_token_ids" for item in out)
-        and _text_only(obj)
-    ):
-        out = [_no_ids(item) if isinstance(item, Quarantined) else item for item in out]
+    if type(reader).frame is Format.frame:  # a decoded JSON record (SSE framers hand over their own objects)
+        out = text_only_reasons(obj, out)
     if position is not None:
         for item in out:
             if isinstance(item, Sample) and item.request_id.startswith(DERIVED_ID_PREFIX):
@@ -118,6 +114,21 @@ def source_position(key: str, line: int) -> str:
     log grows, is renamed or compressed by rotation, or is copied: reading it again under any name gives the
     same IDs and adds nothing, while another file (another first record) gives other IDs."""
     return f"{key}:{line}"
+
+
+KEPT_REASONS = frozenset({"no_token_ids", "unknown_format"})
+"""Reasons :func:`text_only_reasons` keeps: a record of no known format says so, whatever it holds."""
+
+
+def text_only_reasons(obj: Any, out: list[Sample | Quarantined]) -> list[Sample | Quarantined]:
+    """``out`` (what reading the decoded record ``obj`` gave) with each quarantine reason replaced by
+    ``no_token_ids`` when ``obj`` holds no token IDs anywhere: the reason a text-only record cannot be kept,
+    whatever else is wrong with it (a missing request ID, an empty choice). :data:`KEPT_REASONS` stay."""
+    if any(isinstance(item, Quarantined) and item.reason not in KEPT_REASONS for item in out) and _text_only(obj):
+        return [
+            _no_ids(item) if isinstance(item, Quarantined) and item.reason not in KEPT_REASONS else item for item in out
+        ]
+    return out
 
 
 def _no_ids(q: Quarantined) -> Quarantined:

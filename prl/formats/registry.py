@@ -8,6 +8,7 @@ from prl.errors import FormatDetectionError, UsageError
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.formats.envelopes import LiteLLMLog, OpenAIBatch, ProxyCapture
 from prl.formats.nemo_gym import NemoGym
+from prl.formats.ollama import Ollama
 from prl.formats.openai_text import OpenAIText
 from prl.formats.prime_rl import PrimeRL
 from prl.formats.rollouts import SkyRL, Slime, Verl
@@ -15,6 +16,8 @@ from prl.formats.sglang import SglangGenerate
 from prl.formats.sse.exact import Sse
 from prl.formats.text_dumps import TextDump
 from prl.formats.tgi import Tgi
+from prl.formats.tgi_stream import TgiStream
+from prl.formats.verifiers_eval import VerifiersEval
 from prl.formats.vllm import VllmChat, VllmCompletions
 from prl.formats.vllm_generate import VllmGenerate, VllmRequestOutput
 
@@ -26,11 +29,14 @@ BODY_FORMATS: list[Format] = [
     Sse(),
     VllmGenerate(),
     VllmRequestOutput(),
+    TgiStream(),
     Tgi(),
+    Ollama(),
     Verl(),
     Slime(),
     SkyRL(),
     PrimeRL(),
+    VerifiersEval(),
     TextDump(),
     OpenAIText(),
 ]
@@ -99,9 +105,11 @@ def per_record(fmt: Format) -> Format:
 
 
 def detect_file(uri: str, lines: list[tuple[int, bytes]]) -> Format:
-    """The format of a file, from its first lines: each format frames them and sniffs the result.
+    """The format of a file, from its first lines: each format frames them and sniffs the result. JSON lines
+    that no format sniffs are read record by record (:class:`PerRecord`): a record of no known format is
+    quarantined as ``unknown_format``, so a file of unknown records is one quarantine row per record.
 
-    Raises :class:`FormatDetectionError` naming every format tried when none matches.
+    Raises :class:`FormatDetectionError` naming every format tried when the first lines are not JSON at all.
     """
     framed: dict[Any, list[RawRecord]] = {}  # formats that frame alike (one JSON per line) decode the head once
     for fmt in FORMATS:
@@ -112,8 +120,8 @@ def detect_file(uri: str, lines: list[tuple[int, bytes]]) -> Format:
         if head and fmt.sniff(head):
             return fmt
     json_head = framed.get(Format.frame, [])
-    if any(r.error is None and detect_record(r.obj) is not None for r in json_head):
-        return PerRecord(None)  # JSON lines whose first record is of no known format, but a later one is
+    if any(r.error is None for r in json_head):
+        return PerRecord(None)  # JSON lines of no known format (yet): each record is read, or is unknown_format
     if json_head and all(r.error is not None and r.error.reason in UNREADABLE_JSON for r in json_head):
         return PerRecord(None)  # JSON lines too big or too deep to decode: each is quarantined with its reason
     raise FormatDetectionError(

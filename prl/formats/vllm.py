@@ -172,6 +172,27 @@ def _plain_sample(
         return None
 
 
+def _refuse_without_prompt(choice: dict[str, Any]) -> None:
+    """A chat choice without prompt IDs: ``no_prompt_ids`` when it carries its completion IDs as
+    ``logprobs.token_ids`` beside ``logprobs.token_logprobs`` (Together's ``LogprobsPart``; they are read, so
+    that malformed ones say so), else ``no_token_ids``."""
+    logprobs = choice.get("logprobs")
+    ids_raw = logprobs.get("token_ids") if isinstance(logprobs, dict) else None
+    if ids_raw is None:
+        raise Quarantined("no_token_ids", "no prompt_token_ids (start vLLM with return_token_ids)")
+    ids = token_id_array(ids_raw, "logprobs.token_ids")
+    values = logprob_array(logprobs.get("token_logprobs", []), "logprobs.token_logprobs")  # type: ignore[union-attr]
+    if len(values) != len(ids):
+        raise Quarantined(
+            "length_mismatch", f"logprobs.token_ids has {len(ids)} entries, logprobs.token_logprobs {len(values)}"
+        )
+    raise Quarantined(
+        "no_prompt_ids",
+        f"the completion's {len(ids)} token IDs are in logprobs.token_ids, but the response has no prompt IDs: "
+        "a sample needs the IDs the model was conditioned on (log the request's prompt IDs beside it)",
+    )
+
+
 class VllmChat(_OpenAIReader):
     name = "openai_chat"
     description = "OpenAI-style chat.completion with token IDs (vLLM, SGLang, NeMo, LiteLLM)"
@@ -184,7 +205,7 @@ class VllmChat(_OpenAIReader):
         message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
         prompt_raw = top_prompt if top_prompt is not None else choice.get("prompt_token_ids")
         if prompt_raw is None:
-            raise Quarantined("no_token_ids", "no prompt_token_ids (start vLLM with return_token_ids)")
+            _refuse_without_prompt(choice)
         prompt = token_id_array(prompt_raw, "prompt_token_ids")
         psf = choice.get("provider_specific_fields")
         ids_raw = choice.get("token_ids")

@@ -11,9 +11,9 @@ from rich.table import Table
 from rich.text import Text
 
 from prl.checks.result import CheckResult, Example
-from prl.checks.verdict import REASONS
+from prl.verdicts import REASONS
 
-VERDICT_STYLE = {"ok": "green", "warn": "yellow", "drift": "red", "invalid": "bold red"}
+VERDICT_STYLE = {"ok": "green", "note": "cyan", "warn": "yellow", "drift": "red", "invalid": "bold red"}
 
 SEQUENCE_LABELS = {
     "reencoded": "re-encoded",
@@ -112,13 +112,13 @@ def render(result: CheckResult, console: Console | None = None) -> None:
             continue
         table = Table(title=f"by {column}")
         table.add_column(column)
-        for name in ("checked", "ok", "warn", "drift", "invalid"):
+        for name in ("checked", "ok", "note", "warn", "drift", "invalid"):
             table.add_column(name, justify="right")
         table.add_column("drift rate", justify="right")
         for value, counts in sorted(values.items()):
             table.add_row(
                 value,
-                *(str(counts.get(k, 0)) for k in ("checked", "ok", "warn", "drift", "invalid")),
+                *(str(counts.get(k, 0)) for k in ("checked", "ok", "note", "warn", "drift", "invalid")),
                 f"{100 * rates[column][value]:.2f}%",
             )
         console.print(table)

@@ -271,7 +271,7 @@ def _render_store(result: Any, console: Console) -> None:
         v = check["verdicts"]
         console.print(
             f"[bold]checks[/bold] {check['tokenizer_fingerprint'][:16]}: {check['checked']:,} samples — "
-            f"ok {v['ok']:,}, warn {v['warn']:,}, drift {v['drift']:,}, invalid {v['invalid']:,}; "
+            f"ok {v['ok']:,}, note {v.get('note', 0):,}, warn {v['warn']:,}, drift {v['drift']:,}, invalid {v['invalid']:,}; "
             f"drift rate {check['drift_rate']:.2%}, warn rate {check['warn_rate']:.2%}"
         )
         if check["top_reasons"]:

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prl.errors import ExitCode, UsageError
-from prl.schema import TABLES
+from prl.schema import TABLES, VERDICTS
 from prl.shards.layout import is_out, resolve
 from prl.shards.manifest import Manifest
 from prl.store.resolve import open_store
@@ -266,7 +266,7 @@ def _check_summary(checks: pl.LazyFrame) -> list[dict[str, Any]]:
     )
     out = []
     for (fingerprint,), part in sorted(verdicts.group_by("tokenizer_fingerprint"), key=lambda kv: str(kv[0])):
-        counts = dict.fromkeys(("ok", "warn", "drift", "invalid"), 0)
+        counts = dict.fromkeys(VERDICTS, 0)
         counts.update(dict(part.select("verdict", "n").rows()))
         checked = sum(counts.values())
         top = reasons.filter(pl.col("tokenizer_fingerprint") == fingerprint).head(8)
@@ -277,6 +277,7 @@ def _check_summary(checks: pl.LazyFrame) -> list[dict[str, Any]]:
                 "verdicts": counts,
                 "drift_rate": (counts["drift"] + counts["invalid"]) / checked if checked else 0.0,
                 "warn_rate": counts["warn"] / checked if checked else 0.0,
+                "note_rate": counts["note"] / checked if checked else 0.0,
                 "top_reasons": dict(top.select("reasons", "n").rows()),
             }
         )

@@ -353,6 +353,7 @@ def _write_set(
         drops=plan.drops,
         conventions=_conventions(options),
         sampling=sampling,
+        check_reasons=plan.check_reasons,
     )
     write_json(os.path.join(staging.meta, MANIFEST), manifest.to_json())
     return manifest

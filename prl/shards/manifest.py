@@ -97,6 +97,8 @@ class Manifest:
     conventions: dict[str, Any]
     sampling: dict[str, Any] = field(default_factory=dict)
     """Sampling settings and policy versions of the shipped rows (:func:`prl.shards.statistics.sampling_summary`)."""
+    check_reasons: dict[str, int] = field(default_factory=dict)
+    """Shipped samples per token-check reason (the ``note`` reasons a build keeps; docs/verdicts.md)."""
 
     @property
     def kl(self) -> str:
@@ -128,6 +130,7 @@ class Manifest:
             "drops": self.drops,
             "conventions": self.conventions,
             "sampling": self.sampling,
+            "check_reasons": self.check_reasons,
         }
 
     @classmethod
@@ -158,6 +161,7 @@ class Manifest:
             drops={str(k): int(v) for k, v in dict(obj.get("drops", {})).items()},
             conventions=dict(obj.get("conventions", {})),
             sampling=dict(obj.get("sampling", {})),
+            check_reasons={str(k): int(v) for k, v in dict(obj.get("check_reasons", {})).items()},
         )
 
     @classmethod

@@ -21,6 +21,7 @@ from prl.numerics.advantages import METHODS
 from prl.numerics.kl import ESTIMATORS, PLACEMENTS
 from prl.schema import FINISH_REASONS
 from prl.validation import Validator
+from prl.verdicts import REASONS
 
 VERSION_RE = r"(\d+)\D*$"
 MAX_SET_SAMPLES = 50_000
@@ -73,7 +74,13 @@ class ShardOptions:
     max_completion_tokens: int | None = None
     max_total_tokens: int | None = None
     allow_warn: bool = False
-    """Keep samples whose token-check verdict is ``warn`` (``ok`` is always kept)."""
+    """Keep samples whose token-check verdict is ``warn`` (a check could not be completed). ``ok`` and ``note``
+    (information about IDs as sampled) are always kept, ``drift`` and ``invalid`` always dropped
+    (docs/verdicts.md)."""
+    drop_checks: tuple[str, ...] | None = None
+    """Check reasons (:data:`prl.verdicts.REASONS`) that drop a sample whatever its verdict, e.g.
+    ``["roundtrip_completion"]``. None: ``prefix_fork`` in a build that merges turns, nothing otherwise; ``[]``:
+    nothing."""
     require_checks: bool = True
     """Drop samples without a token-check verdict."""
     tokenizer_fingerprint: str | None = None
@@ -122,8 +129,17 @@ class ShardOptions:
         """Canonical JSON-able form (recorded in manifests, hashed into set ids)."""
         out = asdict(self)
         out["finish_reasons"] = sorted(self.finish_reasons)
+        if self.drop_checks is not None:
+            out["drop_checks"] = list(self.drop_checks)
         out["rewards"] = dict(sorted(self.rewards.items()))
         return out
+
+    @property
+    def dropped_checks(self) -> tuple[str, ...]:
+        """The check reasons that drop a sample in this build (:attr:`drop_checks`, or its default)."""
+        if self.drop_checks is not None:
+            return self.drop_checks
+        return ("prefix_fork",) if self.merge_turns else ()
 
     def digest(self) -> str:
         """sha256 of the canonical JSON form."""
@@ -202,6 +218,7 @@ _RULES: dict[str, Callable[[Validator, str, Any], Any]] = {
     "max_completion_tokens": _count(0),
     "max_total_tokens": _count(0),
     "allow_warn": Validator.boolean,
+    "drop_checks": lambda v, key, value: tuple(sorted(set(v.names(key, value, REASONS)))),
     "require_checks": Validator.boolean,
     "tokenizer_fingerprint": Validator.string,
     "topk": _topk,
@@ -222,6 +239,7 @@ _OPTIONAL = {
     "max_completion_tokens",
     "max_total_tokens",
     "tokenizer_fingerprint",
+    "drop_checks",
     "topk",
     "max_drop_rate",
     "max_set_samples",

@@ -11,7 +11,7 @@ final order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,7 @@ DROP_REASONS = (
     "verdict_warn",
     "verdict_drift",
     "verdict_invalid",
+    "check_reason",
     "missing_reward",
     "nonfinite_reward",
     "missing_ref",
@@ -91,6 +92,8 @@ def drop_reasons(options: ShardOptions, with_ref: bool) -> pl.Expr:
         rules.append(("verdict_warn", c("verdict") == "warn"))
     rules.append(("verdict_drift", c("verdict") == "drift"))
     rules.append(("verdict_invalid", c("verdict") == "invalid"))
+    if o.dropped_checks:
+        rules.append(("check_reason", c("reasons").list.eval(pl.element().is_in(list(o.dropped_checks))).list.any()))
     rules.append(("missing_reward", c("_score_missing")))
     rules.append(("nonfinite_reward", ~c("score").is_finite()))
     if with_ref:
@@ -138,12 +141,25 @@ class Plan:
     """Traces rows the scan read (all rows of the table, or a frontier's backlog and new files)."""
     scan: str = "whole"
     """``whole`` (the table at the pinned version) or ``frontier`` (:mod:`prl.shards.frontier`)."""
+    check_reasons: dict[str, int] = field(default_factory=dict)
+    """Shipped samples per check reason (:data:`prl.verdicts.REASONS`; the ``note`` reasons a build keeps)."""
 
 
 def plan_only(options: ShardOptions) -> list[str]:
     """Columns of the plan frame that only the filters and the drop counts read, left out of :attr:`Plan.ship`
     (they would be held per shipped sample while the shards are written)."""
-    only = ["_file", "finish_reason", "mask_len", "_v", "verdict", "prefix_status", "_score_missing", "drop", "ref_len"]
+    only = [
+        "_file",
+        "finish_reason",
+        "mask_len",
+        "_v",
+        "verdict",
+        "reasons",
+        "prefix_status",
+        "_score_missing",
+        "drop",
+        "ref_len",
+    ]
     return only + [f"r::{n}" for n in options.rewards]
 
 
@@ -223,7 +239,9 @@ def _read_sides(
     without KL), read in turn, each read's freed pages handed back before the next."""
     rewards = latest_rewards(store, versions["rewards"], list(options.rewards), only)
     release_free_memory()
-    verdicts = latest_verdicts(store, versions["checks"], options.tokenizer_fingerprint, only, options.merge_turns)
+    verdicts = latest_verdicts(
+        store, versions["checks"], options.tokenizer_fingerprint, only, options.merge_turns, reasons=True
+    )
     refs = None
     if options.kl != "none":
         release_free_memory()
@@ -316,6 +334,15 @@ def _drop_constant_groups(plan: pl.DataFrame, kept_K: np.ndarray) -> tuple[pl.Da
     return plan, kept_K[~const_K], int(const_G.sum())
 
 
+def _check_reasons(plan: pl.DataFrame, kept_K: np.ndarray) -> dict[str, int]:
+    """Shipped samples per check reason (``note`` reasons mostly: a sample with a ``drift`` or ``invalid``
+    reason does not ship), reasons with none left out, by name."""
+    if not len(kept_K) or "reasons" not in plan.columns:
+        return {}
+    counts = plan.select("reasons")[kept_K].explode("reasons").drop_nulls().group_by("reasons").len()
+    return {str(k): int(v) for k, v in sorted(counts.rows())}
+
+
 def _drop_counts(plan: pl.DataFrame) -> dict[str, int]:
     """Samples per drop reason, in :data:`DROP_REASONS` order, reasons with none left out."""
     counts = plan.group_by("drop").len().drop_nulls("drop")
@@ -385,6 +412,7 @@ def make_plan(
         scanned,
         scan,
     )
+    out.check_reasons = _check_reasons(plan, kept_K)
     if options.merge_turns and len(kept_K):
         keep = mark_units(plan, plan[kept_K], options)
         out.k = _head_k(keep.get_column("head_width") if options.topk is not None else None, options)

@@ -28,6 +28,7 @@ from prl.shards.options import ShardOptions
 from prl.shards.spill import ScanSpill
 from prl.store.tables import READAHEAD_FILES, Store
 from prl.trajectory import KEY_COLUMNS
+from prl.verdicts import SEVERITY, regrade
 
 SCAN_BATCH_ROWS = 1024
 """Rows per scanned batch while spilling (eight times as many in a dry run, which keeps no token data)."""
@@ -376,24 +377,34 @@ def latest_verdicts(
     fingerprint: str | None,
     only: pa.Array | None = None,
     prefix: bool = True,
+    reasons: bool = False,
 ) -> pl.DataFrame:
-    """``sample_id``, ``verdict`` and with ``prefix`` ``prefix_status`` (what merging turns reads): the latest check
-    per sample (``fingerprint``'s only, when given), of the samples ``only`` names (default: every sample)."""
+    """``sample_id``, ``verdict``, with ``prefix`` ``prefix_status`` (what merging turns reads) and with
+    ``reasons`` the ``reasons`` list: the latest check per sample (``fingerprint``'s only, when given), of the
+    samples ``only`` names (default: every sample). ``verdict`` is the latest check's reasons graded by today's
+    reason table (:func:`prl.verdicts.regrade`), so that checks written before a reason changed verdict
+    are read as graded now."""
     keep = ["sample_id", "verdict", "prefix_status"] if prefix else ["sample_id", "verdict"]
+    if reasons:
+        keep.append("reasons")
     if version is None:
-        return pl.DataFrame(schema={c: pl.String for c in keep})
+        return pl.DataFrame(schema={c: (pl.List(pl.String) if c == "reasons" else pl.String) for c in keep})
     flt = pc.field("tokenizer_fingerprint") == fingerprint if fingerprint else None
+    read = [*keep, "reasons"] if not reasons else keep
     table = store.read(
         "checks",
-        columns=[*keep, "checked_at", "tokenizer_fingerprint"],
+        columns=[*read, "checked_at", "tokenizer_fingerprint"],
         filter=_only(flt, only),
         version=version,
     )
-    severity = ("ok", "warn", "drift", "invalid")
+    severity = tuple(SEVERITY)
     sev = pc.fill_null(pc.index_in(table["verdict"], value_set=pa.array(severity)), len(severity))
-    table = table.append_column("_sev", sev)  # ok, warn, drift, invalid: 0-3, anything else 4
+    table = table.append_column("_sev", sev)  # ok, note, warn, drift, invalid: 0-4, anything else 5
     by = ["sample_id", "checked_at", "_sev", "tokenizer_fingerprint"]
-    return last_of_runs(table, by, ["sample_id"], keep)
+    latest = last_of_runs(table, by, ["sample_id"], [*keep, "reasons"] if not reasons else keep)
+    graded = regrade(latest.get_column("verdict").to_arrow(), latest.get_column("reasons").to_arrow())
+    latest = latest.with_columns(pl.Series("verdict", graded))
+    return latest if reasons else latest.drop("reasons")
 
 
 def _ref_filter(options: ShardOptions) -> ds.Expression | None:

@@ -36,9 +36,11 @@ from operator import itemgetter
 from typing import Any, ClassVar
 
 import orjson
+import pyarrow as pa
 
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
 from prl.formats.fields import as_dict, as_list
+from prl.formats.guard import text_only_reasons
 from prl.formats.sse.blocks import FIRST_KEY, FIRST_LINE_KEY, JOINED_KEY, TEXT_KEY, frame_blocks, with_lines
 from prl.formats.sse.bulk import JoinedStream
 from prl.formats.sse.lines import (
@@ -206,7 +208,11 @@ def read_joined(record: dict[str, Any], options: ParseOptions) -> list[Sample | 
     for q in record.pop("_bad"):
         out.append(q)
     if record["choices"]:
-        out.extend(reader.parse(record, options))
+        try:
+            items = reader.parse(record, options)
+        except Quarantined as q:
+            items = [q]
+        out.extend(items if _holds_arrays(record) else text_only_reasons(record, items))
     message = "the stream ended without a finish_reason for this choice"
     for position, item in enumerate(out):
         if isinstance(item, Quarantined) and item.choice_index in truncated:
@@ -214,6 +220,20 @@ def read_joined(record: dict[str, Any], options: ParseOptions) -> list[Sample | 
         elif isinstance(item, Sample) and item.choice_index in truncated:
             out[position] = Quarantined("truncated_stream", message, item.choice_index)
     return out
+
+
+def _holds_arrays(record: dict[str, Any]) -> bool:
+    """Whether a joined stream holds lists already converted to Arrow (joined in bulk), which the text-only walk
+    (:func:`prl.formats.guard.text_only_reasons`) does not look into."""
+    if isinstance(record.get("prompt_token_ids"), pa.Array):
+        return True
+    for choice in record["choices"]:
+        logprobs = choice.get("logprobs")
+        values = [choice.get("token_ids"), choice.get("prompt_token_ids")]
+        values += list(logprobs.values()) if isinstance(logprobs, dict) else []
+        if any(isinstance(v, pa.Array) for v in values):
+            return True
+    return False
 
 
 class _Choice:

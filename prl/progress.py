@@ -161,30 +161,55 @@ def interval() -> float:
 
 class LogSink:
     """A log line (logger ``prl.progress``, level INFO, shown without ``-v``) every ``seconds`` while a task runs,
-    and one when a task that logged ends. A task shorter than ``seconds`` logs nothing."""
+    and one when a task that logged ends; a task shorter than ``seconds`` logs nothing. With ``heartbeat`` (the
+    default) a thread per task logs on time even while no batch ends (a long first batch, a model loading);
+    without it, lines are due only as the task advances."""
 
     def __init__(
-        self, seconds: float | None = None, logger: logging.Logger = LOG, clock: Callable[[], float] = time.monotonic
+        self,
+        seconds: float | None = None,
+        logger: logging.Logger = LOG,
+        clock: Callable[[], float] = time.monotonic,
+        heartbeat: bool = True,
     ) -> None:
         self.seconds = interval() if seconds is None else seconds
         self.logger = logger
         self.clock = clock
+        self.heartbeat = heartbeat
         self._next: dict[int, float] = {}
         self._logged: set[int] = set()
+        self._beats: dict[int, tuple[threading.Event, threading.Thread]] = {}
+        self._lock = threading.Lock()
 
     def start(self, task: Task) -> None:
         self._next[id(task)] = task.started + self.seconds
+        if self.heartbeat:
+            stop = threading.Event()
+            beat = threading.Thread(target=self._beat, args=(task, stop), name="prl-progress", daemon=True)
+            self._beats[id(task)] = (stop, beat)
+            beat.start()
+
+    def _beat(self, task: Task, stop: threading.Event) -> None:
+        while not stop.wait(self.seconds):
+            self.update(task)
 
     def update(self, task: Task) -> None:
         due = self._next.get(id(task))
         now = self.clock()
         if due is None or now < due:
             return
-        self._next[id(task)] = now + self.seconds
-        self._logged.add(id(task))
+        with self._lock:  # the task's thread and its heartbeat: one line per interval
+            if now < self._next.get(id(task), now + 1):
+                return
+            self._next[id(task)] = now + self.seconds
+            self._logged.add(id(task))
         self.logger.info("%s", task.line(now))
 
     def stop(self, task: Task) -> None:
+        beat = self._beats.pop(id(task), None)
+        if beat is not None:
+            beat[0].set()
+            beat[1].join()
         self._next.pop(id(task), None)
         if id(task) in self._logged:
             self._logged.discard(id(task))

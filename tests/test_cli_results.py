@@ -57,8 +57,15 @@ def test_every_result_keeps_the_protocol(name):
 
 def test_headlines_say_what_happened():
     assert RESULTS["ingest"].headline() == (
-        "ingest: 3 samples new (0 tokens), 0 already present, 0 quarantined (0.00%); 1 files (0 unchanged, 1 failed)"
+        "ingest: 3 samples new (0 tokens), 0 already present, 0 quarantined (0.00%); 1 file (0 unchanged, 1 failed)"
     )
+    assert RESULTS["ingest --kind rewards"].headline() == (
+        "ingest --kind rewards: 20 rows written, 0 already present, 1 quarantined; 1 file read, 0 unchanged"
+    )
+    assert (
+        RESULTS["build-shards"].headline() == "build-shards built: 5 samples, 50 tokens in 0 shards, 2 dropped → set-1"
+    )
+    assert RESULTS["inspect shards"].headline() == "1 shard set in /out: 5 rows, 2 groups, 50 tokens in 1 shard"
     assert RESULTS["verify"].headline() == "verify 1 problem(s): 0 set(s), 0 shards, 0 rows, 0 tokens in /out"
     assert RESULTS["run"].headline() == "run: ingest done; exit 0 after 0.00s"
     assert RESULTS["run"].steps[0].headline() == "ingest: 3 samples new"
@@ -121,3 +128,22 @@ def test_cli_reference_usage_lines_name_the_arguments():
     assert "`prl ingest [OPTIONS] SOURCES...`\n" in usage
     assert "`prl export [OPTIONS] SHARDS OUT`\n" in usage
     assert not [line for line in usage if "{" in line]
+
+
+def test_build_shards_headline_says_which_drops_are_old_and_how_to_mend_unchecked():
+    one = ShardResult("/out", "built", set_id="s", rows=1, tokens=1, shards=[{"file": "p"}], drops={"stale": 1})
+    assert one.headline() == "build-shards built: 1 sample, 1 token in 1 shard, 1 dropped → s"
+    again = ShardResult("/out", "nothing_new", drops={"missing_reward": 30, "verdict_drift": 5}, dropped_before=35)
+    assert again.headline() == (
+        "build-shards nothing_new: 0 samples, 0 tokens in 0 shards, 35 dropped (all dropped by an earlier build too)"
+    )
+    again.dropped_before = 12
+    assert again.headline().endswith("35 dropped (12 of them by an earlier build too)")
+    again.dropped_before = None  # a whole scan: not known
+    assert again.headline().endswith("in 0 shards, 35 dropped")
+    assert again.to_json()["dropped_before"] is None
+    unchecked = ShardResult("/out", "all_dropped", drops={"unchecked": 7}, all_dropped=True)
+    assert unchecked.headline() == (
+        "build-shards all_dropped: every new sample was dropped: 7 of 7 as unchecked (no check-tokens verdict for "
+        "them: run `prl check-tokens` on the store first, or set require_checks=false to ship unchecked samples)"
+    )

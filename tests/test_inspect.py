@@ -189,6 +189,49 @@ def test_histogram_bins():
     assert floats["edges"] == [0.0, 0.25, 0.5, 0.75, 1.0] and floats["counts"] == [2, 0, 1, 2]
     assert histogram(np.array([0.5, 0.5]))["counts"] == [2]
     assert histogram(np.array([np.inf]))["count"] == 0
+    assert (h["unknown"], histogram(np.array([np.inf, np.nan]))["unknown"], wide["unknown"]) == (1, 2, 0)
+
+
+def test_a_histogram_title_counts_the_unknown_values():
+    hist = histogram(np.array([0, 1, 1, 2, np.nan, np.nan, np.nan]))
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(report.histogram_table("staleness", hist))
+    assert console.export_text().splitlines()[0] == "staleness: n=4 (3 unknown) min=0 p50=1 mean=1 max=2"
+    console = Console(file=io.StringIO(), width=200, record=True)
+    console.print(report.histogram_table("reward", histogram(np.array([0.0, 1.0]))))
+    assert console.export_text().splitlines()[0].startswith("reward: n=2 min=0 p50=0.5")
+
+
+def test_inspect_uses_the_whole_width_in_a_pipe_or_the_width_asked(tmp_path):
+    """Piped (a cron log), the tables take the width they need: nothing is cut to 80 columns."""
+    import subprocess
+    import sys
+
+    traces = [
+        trace(f"s{i}:0", "g", [1] * 40, [2] * 40, source_format=f"a_rather_long_format_name_{i:03d}") for i in range(3)
+    ]
+    make_store(str(tmp_path / "s"), traces)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | {"PYTHONPATH": repo}
+
+    def shown(*extra: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "prl", "inspect", str(tmp_path / "s"), *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout.splitlines()
+
+    piped = shown()
+    assert max(len(line) for line in piped) > 80
+    rows = [line for line in piped if "a_rather_long_format_name_" in line]
+    assert len(rows) == 3 and all("…" not in line for line in rows)
+    assert str(tmp_path / "s") in piped[0]
+    narrow = shown("--width", "60")
+    assert max(len(line) for line in narrow) <= 60
+    assert report.sized(72).width == 72
 
 
 @given(st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(float("nan"))), max_size=200), st.integers(1, 30))

@@ -128,3 +128,20 @@ def test_merged_rows_of_the_multi_agent_session(checked_store, tmp_path):
     for t in planner[1:] + worker[1:2] + worker[2:3] + worker[4:]:
         assert t["sample_id"] not in rows  # inside a merged row, or dropped
     assert res.statistics["merged_turns"]["rows"] == len(rows)
+
+
+def test_the_demo_recipe_comments_say_what_the_demo_quarantines(checked_store):
+    """recipes/demo.toml explains its quarantine threshold with the counts the demo's ingest reports."""
+    quarantine = pl.read_delta(checked_store.table_uri("quarantine"))
+    traces_bad = quarantine.filter(pl.col("table") == "traces").height
+    rewards_bad = quarantine.filter(pl.col("table") == "rewards").height
+    samples = pl.read_delta(checked_store.table_uri("traces")).height
+    rate = traces_bad / (samples + traces_bad)  # as ingest's quarantine_rate counts it
+    with open(os.path.join(REPO, "recipes", "demo.toml"), encoding="utf-8") as fh:
+        comments = " ".join(line.lstrip("# ").strip() for line in fh if line.startswith("#"))
+    assert (traces_bad, rewards_bad, samples) == (6, 4, 118)
+    assert (
+        f"{traces_bad} are quarantined with a reason, {100 * rate:.2f} % of the {samples + traces_bad} samples and "
+        "quarantined records"
+    ) in comments
+    assert f"The rewards step quarantines {rewards_bad} more" in comments

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import polars as pl
@@ -44,6 +45,7 @@ from prl.checks.verdict import RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.engines import Engine, get_engine, split
 from prl.errors import UsageError
+from prl.progress import Task, task
 from prl.store.changes import files_dataset, snapshot_files
 from prl.store.locks import holding
 from prl.store.resolve import open_store
@@ -227,8 +229,12 @@ def check_tokens(
         return result
     engine = get_engine(engine)
     where = _Where(engine, tokenizer, chat_template)
-    with holding(store.uri, "check-tokens", enabled=lock and not dry_run), store.one_run():
-        _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch, where)
+    with (
+        holding(store.uri, "check-tokens", enabled=lock and not dry_run),
+        store.one_run(),
+        task("check-tokens", unit="samples") as meter,
+    ):
+        _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch, where, meter)
     result.elapsed_s = time.perf_counter() - started
     return result
 
@@ -244,8 +250,10 @@ def _run(
     worst: int,
     on_batch: Callable[[int], None] | None,
     where: _Where,
+    meter: Task,
 ) -> None:
-    """Stream, check and commit (``result`` is filled in place)."""
+    """Stream, check and commit (``result`` is filled in place); ``meter`` counts the samples done, of those to
+    check."""
     fingerprint, traces_version, sample_rate = result.fingerprint, result.traces_version, result.sample_rate
     assert traces_version is not None
 
@@ -265,6 +273,7 @@ def _run(
         multi_turn = new.count_rows(filter=pc.field("session_id").is_valid()) > 0
         sessions = trajectory_index(store, traces_version) if multi_turn else NO_SESSIONS
     counts = _Counts()
+    meter.grow(_rows_to_check(store, traces_version, plan.paths, plan.done))
     if where.engine.in_process:
         checker = BatchChecker(store, tok, opts, fingerprint, traces_version, sessions, overlap=True)
         checked = _checked_here(checker, rows, sample_rate, counts)
@@ -289,6 +298,7 @@ def _run(
     def verdict_batches() -> Iterator[pa.RecordBatch]:
         for out, flagged, status, sampled_out in checked:
             result.sampled_out += sampled_out
+            meter.advance(sampled_out + (0 if out is None else out.num_rows))
             if out is None or out.num_rows == 0:
                 continue
             _tally(result, out, flagged, status, heap, worst)
@@ -335,6 +345,19 @@ def _run(
     result.prefix_undetermined = dict(sorted(counts.undetermined.items()))
     result.tokens_roundtripped = counts.tokens_encoded
     result.worst = [ex for *_, ex in sorted(heap, reverse=True)]
+
+
+def _rows_to_check(store: Store, traces_version: int, paths: list[str] | None, done: pa.Array | None) -> int:
+    """About how many rows a run scans: the rows of the traces files it reads (``paths``, None: the snapshot),
+    from the log's add actions (no file is opened), less those already checked (``done``)."""
+    actions = store.read_at("traces", traces_version, lambda t: pa.table(t.get_add_actions(flatten=True)))
+    if actions is None:
+        return 0
+    counts = actions.column("num_records").to_pylist()
+    if paths is not None:
+        wanted = set(paths)
+        counts = [n for p, n in zip(actions.column("path").to_pylist(), counts, strict=True) if unquote(p) in wanted]
+    return max(0, sum(n or 0 for n in counts) - (0 if done is None else len(done)))
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 
 from prl.checks.tiktoken_bpe import added_tokens_of, bpe_tokenizer, is_tiktoken_file, tiktoken_file_in
 from prl.errors import UsageError
+from prl.io.packages import resolved
 
 END_OF_TURN_NAMES = (
     "<|EOT|>",
@@ -98,8 +99,13 @@ class CheckTokenizer:
         config's ``added_tokens_decoder`` (:mod:`prl.checks.tiktoken_bpe`). ``chat_template`` is a file or
         template source; without it the config's template is used when present.
 
+        Either may also be ``package:NAME[/PATH]``, a file or folder inside an installed package
+        (:mod:`prl.io.packages`), as a recipe names them.
+
         Raises :class:`UsageError` when the path or template is missing or unreadable.
         """
+        path = resolved(path)
+        chat_template = None if chat_template is None else resolved(chat_template)
         if not os.path.exists(path):
             raise UsageError(f"tokenizer not found: {path} (give a tokenizer.json, a model folder or a tiktoken file)")
         folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))

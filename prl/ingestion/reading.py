@@ -33,6 +33,7 @@ from prl.ingestion.ledger import ledger_entry
 from prl.ingestion.result import FileReport
 from prl.ingestion.resume import ResumePoint, continuation, fresh_reader, point_after
 from prl.io.sources import LineReader, SourceFile, first_lines, lines_of
+from prl.progress import Task
 from prl.quarantine import quarantine_row
 from prl.runtime import collect_young
 from prl.schema import TRACES
@@ -119,11 +120,11 @@ def read_file(
     dedup: Deduper,
     now_ms: int,
     batch_tokens: int,
-    progress: Callable[[int], None] | None,
+    progress: Task | None,
 ) -> Iterator[pa.RecordBatch]:
     """The new ``traces`` rows of one source, batch by batch (about ``batch_tokens`` tokens each); what it
-    quarantines and its ledger entry go into ``state``, its counts into ``report``; ``progress`` is called with
-    the source bytes read since its last call."""
+    quarantines and its ledger entry go into ``state``, its counts into ``report``; ``progress`` advances by
+    the source bytes read, a MiB or more at a time."""
     opened = _open_source(src, format, report, state, now_ms)
     if opened is None:
         return
@@ -163,7 +164,7 @@ def read_file(
             for _ in collector.add_run(record, batch_tokens):  # each time the batch is full
                 yield from flush()
             if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
-                progress(reader.bytes_read - last_progress)
+                progress.advance(reader.bytes_read - last_progress)
                 last_progress = reader.bytes_read
             continue
         if garbage >= COLLECT_QUARANTINED or report.records % COLLECT_EVERY == 0:
@@ -188,11 +189,11 @@ def read_file(
         if collector.tokens >= batch_tokens:
             yield from flush()
         if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
-            progress(reader.bytes_read - last_progress)
+            progress.advance(reader.bytes_read - last_progress)
             last_progress = reader.bytes_read
     yield from flush()
     if progress is not None:
-        progress(reader.bytes_read - last_progress)
+        progress.advance(reader.bytes_read - last_progress)
     report.quarantined = dict(counts)
     report.formats = dict(formats)
     if len(formats) == 1:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -28,6 +28,7 @@ from prl.ingestion.reading import Deduper, ReadState, read_file
 from prl.ingestion.result import FileReport
 from prl.ingestion.resume import ResumePoint
 from prl.io.sources import SourceFile
+from prl.progress import Task
 from prl.store.index import IndexView, SampleIndex
 from prl.store.tables import Store
 
@@ -100,7 +101,7 @@ def read_unit(
     hi: int,
     index: SampleIndex,
     earlier: dict[str, str] | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Task | None = None,
 ) -> UnitRead:
     """Read files ``lo:hi`` of ``job`` and write their new rows into ``index``'s store (nothing in a dry run);
     ``earlier``: the samples the units before these keep (None: these files come first)."""
@@ -116,6 +117,8 @@ def read_unit(
             yield from read_file(
                 src, job.format, job.options, report, state, dedup, job.now_ms, job.batch_tokens, progress
             )
+            if progress is not None:
+                progress.advance(files=1)
 
     pending = store.write_files("traces", batches(), dry_run=job.dry_run)
     read.adds, read.rows, read.bytes = pending.adds, pending.rows, pending.bytes
@@ -146,11 +149,11 @@ def merged(
     job: IngestJob,
     reads: Iterable[UnitRead],
     index: SampleIndex,
-    progress: Callable[[int], None] | None = None,
+    progress: Task | None = None,
 ) -> UnitRead:
     """The group's one read from its units' reads (any order; together they must cover the group once): a unit
     that kept a sample an earlier unit kept is read again here, after the units before it (see the module
-    docstring). ``progress`` gets each unit's bytes read as it is folded in."""
+    docstring). ``progress`` advances by each unit's bytes and files as it is folded in."""
     ordered = sorted(reads, key=lambda r: r.lo)
     spans = [(r.lo, r.hi) for r in ordered]
     expected = list(zip([0, *(hi for _, hi in spans[:-1])], [hi for _, hi in spans], strict=True))
@@ -163,7 +166,7 @@ def merged(
             read = read_unit(job, read.lo, read.hi, index, earlier=out.seen)
         out.extend(read)
         if progress is not None:
-            progress(sum(r.bytes_read for r in read.reports))
+            progress.advance(sum(r.bytes_read for r in read.reports), files=len(read.reports))
     return out
 
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prl.errors import ExitCode
+from prl.text import counted
 
 DEFAULT_MAX_QUARANTINE_RATE = 0.05
 
@@ -93,7 +94,8 @@ class IngestResult:
         unchanged = sum(1 for f in self.files if f.status == "unchanged")
         failed = sum(1 for f in self.files if f.status == "failed")
         return (
-            f"ingest{' (dry run)' if self.dry_run else ''}: {self.samples:,} samples new ({self.tokens:,} tokens), "
+            f"ingest{' (dry run)' if self.dry_run else ''}: {counted(self.samples, 'sample')} new "
+            f"({counted(self.tokens, 'token')}), "
             f"{self.already_present:,} already present, {self.quarantined_total:,} quarantined "
-            f"({self.quarantine_rate:.2%}); {len(self.files)} files ({unchanged} unchanged, {failed} failed)"
+            f"({self.quarantine_rate:.2%}); {counted(len(self.files), 'file')} ({unchanged} unchanged, {failed} failed)"
         )

@@ -53,6 +53,7 @@ from prl.store.locks import holding
 from prl.store.resolve import open_store
 from prl.store.tables import Store, filesystem_for
 from prl.store.txns import transactions
+from prl.text import counted
 
 KINDS = {"rewards": "rewards", "ref": "ref_logprobs"}
 BATCH_ROWS = 50_000
@@ -92,11 +93,11 @@ class SideIngestResult:
         return {**asdict(self), "command": f"ingest --kind {self.table}", "exit_code": int(self.exit_code)}
 
     def headline(self) -> str:
-        """``ingest --kind rewards: 20 rows written, 0 already present, 2 quarantined; 1 files read, 0 unchanged``."""
+        """``ingest --kind rewards: 20 rows written, 0 already present, 2 quarantined; 1 file read, 0 unchanged``."""
         return (
-            f"ingest --kind {self.table}{' (dry run)' if self.dry_run else ''}: {self.rows:,} rows written, "
+            f"ingest --kind {self.table}{' (dry run)' if self.dry_run else ''}: {counted(self.rows, 'row')} written, "
             f"{self.already_present:,} already present, {sum(self.quarantined.values()):,} quarantined; "
-            f"{self.files} files read, {self.unchanged_files} unchanged"
+            f"{counted(self.files, 'file')} read, {self.unchanged_files} unchanged"
         )
 
 

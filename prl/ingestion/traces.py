@@ -37,6 +37,7 @@ from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, Ingest
 from prl.ingestion.resume import app_id, earlier_points
 from prl.io import sources as io_sources
 from prl.io.sources import SourceFile, scan
+from prl.progress import Task, task
 from prl.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.runtime import young_collections
 from prl.schema import FINISH_REASONS
@@ -78,7 +79,8 @@ def ingest(
     ``finish_reason`` is used for records that carry none (RL rollout dumps often do not); ``agent_field`` names
     the record field that holds the agent inside a multi-agent session (default: where systems put it, see
     :mod:`prl.formats.agents`).
-    ``progress`` is called with the number of source bytes read since the last call.
+    ``progress`` is called with the number of source bytes read since the last call (the files being read: a
+    :func:`prl.progress.task` named ``ingest``, in bytes, with a ``files`` count).
     ``partial_line_grace`` (seconds; default ``PRL_PARTIAL_LINE_GRACE`` or 300): a plain file that ends mid-line
     and changed more recently than this is still being written; its last line is not consumed (the ledger
     records the bytes read and the file is read again by the next run). Older, the line is ``truncated_line``.
@@ -114,18 +116,20 @@ def ingest(
         index = SampleIndex(store, write=not dry_run)
         points = earlier_points(store, txns, [src.uri for src in pending])
         version = txns.table_version
-        for group in _groups(pending):
-            job = IngestJob(
-                store.uri,
-                group,
-                format,
-                options,
-                batch_tokens,
-                grace,
-                {src.uri: points[src.uri] for src in group if src.uri in points},
-                dry_run,
-            )
-            version = _ingest_group(job, store, index, engine, result, progress, version)
+        meter = task("ingest", sum(src.size for src in pending), "bytes", on_advance=progress, files=len(pending))
+        with meter as read_so_far:
+            for group in _groups(pending):
+                job = IngestJob(
+                    store.uri,
+                    group,
+                    format,
+                    options,
+                    batch_tokens,
+                    grace,
+                    {src.uri: points[src.uri] for src in group if src.uri in points},
+                    dry_run,
+                )
+                version = _ingest_group(job, store, index, engine, result, read_so_far, version)
         result.versions = {name: store.version_seen(name) for name in ("traces", "quarantine")}
     result.seconds = time.perf_counter() - started
     return result
@@ -150,7 +154,7 @@ def _ingest_group(
     index: SampleIndex,
     engine: Engine,
     result: IngestResult,
-    progress: Callable[[int], None] | None,
+    progress: Task | None,
     version: int | None,
 ) -> int | None:
     """Read and commit one group (``job``, its clock and index state not yet set); returns the traces table's

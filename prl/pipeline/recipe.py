@@ -60,7 +60,6 @@ and the key.
 from __future__ import annotations
 
 import os
-import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields, replace
@@ -68,13 +67,13 @@ from typing import Any
 
 from prl.engines import ENGINES
 from prl.errors import UsageError
+from prl.io.packages import PACKAGE_PREFIX, resolve_package_path
 from prl.shards.options import ShardOptions
 from prl.validation import Validator
 
 STEPS = ("ingest", "rewards", "ref", "check", "score_ref", "shards", "maintain")
 """Steps in the order ``prl run`` takes them; each is named by its recipe table."""
 STEP_ALIASES = {"check-tokens": "check", "build-shards": "shards", "traces": "ingest", "score-ref": "score_ref"}
-PACKAGE_PREFIX = "package:"
 
 
 @dataclass(frozen=True)
@@ -302,38 +301,6 @@ def _maintain_section(where: str, doc: Mapping[str, Any]) -> MaintainSection | N
     checks: dict[str, Check] = {"retention_hours": _at_least_one, "target_mb": _at_least_one}
     section: MaintainSection = _section(where, "maintain", doc["maintain"], MaintainSection, checks)
     return section
-
-
-def resolve_package_path(spec: str) -> str:
-    """``package:NAME`` → the folder of installed package ``NAME``; ``package:NAME/sub/path`` → that path
-    inside it; ``NAME`` may be dotted (``package:prl.templates``). Nothing is imported: the top-level name is
-    looked up by the import system's finders (which read, never run, a module) and each further part as a
-    folder inside it, so naming a module never executes it (``package:this`` is refused, and prints nothing). Raises
-    :class:`UsageError` when the package is not installed or the path is missing."""
-    rest = spec[len(PACKAGE_PREFIX) :] if spec.startswith(PACKAGE_PREFIX) else spec
-    name, _, sub = rest.partition("/")
-    top, *inner = name.split(".")
-    if not top or not all(part.isidentifier() for part in (top, *inner)):
-        raise UsageError(f"{spec!r}: expected package:NAME or package:NAME/path/inside")
-    folder = _package_folder(spec, top)
-    target = os.path.join(folder, *inner, *([sub] if sub else []))
-    if not os.path.exists(target):
-        raise UsageError(f"{spec!r}: {target} does not exist")
-    return target
-
-
-def _package_folder(spec: str, top: str) -> str:
-    """The folder of top-level package (or module) ``top``, found without importing anything."""
-    found = None
-    for finder in sys.meta_path:  # as importlib.util.find_spec(top) does, minus its import of a parent
-        find = getattr(finder, "find_spec", None)
-        if find is not None and (found := find(top, None)) is not None:
-            break
-    if found is None:
-        raise UsageError(f"{spec!r}: Python package {top!r} is not installed")
-    if not found.submodule_search_locations:
-        raise UsageError(f"{spec!r}: {top!r} is a module, not a package: it has no folder of its own")
-    return next(iter(found.submodule_search_locations))
 
 
 Check = Callable[[Validator, str, Any], Any]

@@ -3,20 +3,34 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
 from prl.errors import redact_urls
+from prl.text import counted
 
 stdout = Console()
 stderr = Console(stderr=True)
+
+WIDE = 1000
+"""Columns a report is rendered in when it goes to a file or a pipe (a cron log): wider than any table it holds,
+so that nothing is cut or wrapped (tables take only the width they need)."""
+
+
+def sized(width: int | None = None) -> Console:
+    """The stdout console at ``width`` columns; without one, the terminal's width on a terminal (or ``COLUMNS``)
+    and :data:`WIDE` anywhere else. (The reports' tables are at least as wide as their titles, which are never
+    wrapped when the console has room.)"""
+    if width is not None:
+        return Console(width=width)
+    if stdout.is_terminal or os.environ.get("COLUMNS"):
+        return stdout
+    return Console(width=WIDE)
 
 
 def emit_json(payload: dict[str, Any]) -> None:
@@ -31,25 +45,6 @@ def human_count(n: float) -> str:
             return f"{n:,.0f}{unit}" if unit == "" else f"{n:,.1f}{unit}"
         n /= 1000
     return f"{n:,.1f}T"
-
-
-@contextmanager
-def byte_progress(total: int, label: str) -> Iterator[Callable[[int], None] | None]:
-    """A progress bar over ``total`` bytes, only when stderr is a terminal; yields the advance callback
-    (or None)."""
-    if not stderr.is_terminal or total <= 0:
-        yield None
-        return
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, console=stderr, transient=True) as progress:
-        task = progress.add_task(label, total=total)
-        yield lambda advanced: progress.advance(task, advanced)
 
 
 def ingest_table(result: Any) -> Table:
@@ -72,7 +67,7 @@ def ingest_table(result: Any) -> Table:
         )
     table.add_section()
     table.add_row(
-        f"{len(result.files)} files",
+        counted(len(result.files), "file"),
         "",
         "",
         f"{result.records:,}",
@@ -137,14 +132,14 @@ def render_shards(result: Any, console: Console = stdout) -> None:
     for shard in result.shards:
         table.add_row(shard["file"], f"{shard['rows']:,}", f"{shard['tokens']:,}", f"{shard['bytes']:,}")
     table.add_section()
-    table.add_row(f"{len(result.shards)} shards", f"{result.rows:,}", f"{result.tokens:,}", "")
+    table.add_row(counted(len(result.shards), "shard"), f"{result.rows:,}", f"{result.tokens:,}", "")
     console.print(table)
     sets = getattr(result, "sets", [])
     if len(sets) > 1:  # a build in turns (max_set_samples): the table is its last set's
         console.print(f"{len(sets)} sets published in turns (max_set_samples), the last shown above:")
         for entry in sets:
             console.print(
-                f"  {entry['set_id']}: {entry['rows']:,} rows, {entry['tokens']:,} tokens, {entry['shards']} shards"
+                f"  {entry['set_id']}: {entry['rows']:,} rows, {entry['tokens']:,} tokens, {counted(entry['shards'], 'shard')}"
             )
     if result.drops:
         reasons = Table(title="dropped by reason")
@@ -194,12 +189,15 @@ def _num(x: float | None) -> str:
 
 
 def histogram_table(name: str, hist: dict[str, Any], width: int = 40) -> Table:
-    """One histogram as rows ``[lo, hi)  count  ███▌`` with a summary in the title."""
+    """One histogram as rows ``[lo, hi)  count  ███▌`` with a summary in the title (``n=64 (19 unknown)``: the
+    samples without a value are counted too)."""
+    unknown = hist.get("unknown") or 0
     title = (
-        f"{name}: n={hist['count']:,} min={_num(hist['min'])} p50={_num(hist['p50'])} "
+        f"{name}: n={hist['count']:,}" + (f" ({unknown:,} unknown)" if unknown else "") + " "
+        f"min={_num(hist['min'])} p50={_num(hist['p50'])} "
         f"mean={_num(hist['mean'])} max={_num(hist['max'])}"
     )
-    table = Table(title=title, show_header=False, box=None, padding=(0, 1), title_justify="left")
+    table = Table(title=title, show_header=False, box=None, padding=(0, 1), title_justify="left", min_width=len(title))
     table.add_column("bin", justify="right", style="dim")
     table.add_column("count", justify="right")
     table.add_column("bar")
@@ -217,7 +215,8 @@ def histogram_table(name: str, hist: dict[str, Any], width: int = 40) -> Table:
 
 def render_run(result: Any, console: Console = stdout) -> None:
     """One row per step: status, exit code, seconds and the step's headline numbers."""
-    table = Table(title=f"prl run {result.recipe or ''}" + ("  (dry run)" if result.dry_run else ""))
+    title = f"prl run {result.recipe or ''}" + ("  (dry run)" if result.dry_run else "")
+    table = Table(title=title, min_width=len(title))
     for column in ("step", "status", "exit", "seconds", "result"):
         table.add_column(column, justify="right" if column in ("exit", "seconds") else "left")
     colors = {"done": "green", "failed": "red", "interrupted": "yellow", "not_run": "dim"}
@@ -243,7 +242,7 @@ def render_inspect(result: Any, console: Console = stdout) -> None:
 
 
 def _counts_table(title: str, rows: list[tuple[str, int]], unit: str, key: str = "value") -> Table:
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", min_width=len(title))
     table.add_column(key)
     table.add_column(unit, justify="right")
     table.add_column("")
@@ -254,7 +253,8 @@ def _counts_table(title: str, rows: list[tuple[str, int]], unit: str, key: str =
 
 
 def _render_store(result: Any, console: Console) -> None:
-    tables = Table(title=f"store {result.uri}", title_justify="left")
+    title = f"store {result.uri}"
+    tables = Table(title=title, title_justify="left", min_width=len(title))
     for column in ("table", "version", "rows", "files", "bytes"):
         tables.add_column(column, justify="left" if column == "table" else "right")
     for name, t in result.tables.items():
@@ -288,7 +288,8 @@ def _render_store(result: Any, console: Console) -> None:
 
 
 def _render_shard_sets(result: Any, console: Console) -> None:
-    sets = Table(title=f"shard sets in {result.path}", title_justify="left")
+    title = f"shard sets in {result.path}"
+    sets = Table(title=title, title_justify="left", min_width=len(title))
     sets.add_column("set", no_wrap=True)
     for column in ("rows", "groups", "tokens", "shards", "traces v", "dropped"):
         sets.add_column(column, justify="right")
@@ -305,7 +306,7 @@ def _render_shard_sets(result: Any, console: Console) -> None:
     totals = result.totals
     sets.add_section()
     sets.add_row(
-        f"{len(result.sets)} sets",
+        counted(len(result.sets), "set"),
         _num(totals["rows"]),
         _num(totals["groups"]),
         _num(totals["tokens"]),
@@ -316,13 +317,15 @@ def _render_shard_sets(result: Any, console: Console) -> None:
         console.print(
             f"  {s['set_id']}: advantage {s['advantage']}, kl {s['kl']}, top-k {_num(s['topk'])}, "
             f"current version {_num(s['current_version'])}, groups of one {_num(s['groups_of_one'])}, "
-            f"excludes {s['excluded_sets']} earlier set(s)"
+            f"excludes {counted(s['excluded_sets'], 'earlier set')}"
         )
     if result.drops:
         console.print(_counts_table("dropped by reason", list(result.drops.items()), "samples", "reason"))
     for name, hist in result.histograms.items():
         if hist["count"]:
             console.print(histogram_table(name, hist))
+        elif hist.get("unknown"):
+            console.print(f"{name}: n=0 ({hist['unknown']:,} unknown)")
 
 
 def render_verify(result: Any, console: Console = stdout) -> None:
@@ -330,6 +333,6 @@ def render_verify(result: Any, console: Console = stdout) -> None:
         console.print(f"[red]MISMATCH[/red] {p.set_id}/{p.file}: {p.problem}")
     status = "[green]ok[/green]" if result.ok else f"[red]{len(result.problems)} problem(s)[/red]"
     console.print(
-        f"{status}: {len(result.sets)} set(s), {result.shards:,} shards, {result.rows:,} rows, "
-        f"{result.tokens:,} tokens, {human_count(result.bytes)}B verified in {result.path}"
+        f"{status}: {counted(len(result.sets), 'set')}, {counted(result.shards, 'shard')}, "
+        f"{counted(result.rows, 'row')}, {counted(result.tokens, 'token')}, {human_count(result.bytes)}B verified in {result.path}"
     )

@@ -30,6 +30,7 @@ from prl.shards.layout import is_out, resolve
 from prl.shards.manifest import Manifest
 from prl.store.resolve import open_store
 from prl.store.tables import Store, is_remote
+from prl.text import counted
 
 HISTOGRAM_BINS = 12
 BATCH_ROWS = 2048
@@ -41,14 +42,18 @@ def histogram(values: np.ndarray, bins: int = HISTOGRAM_BINS) -> dict[str, Any]:
     """Counts of finite ``values`` in ``bins`` equal-width bins, plus a summary.
 
     Integer-valued data gets bins of whole numbers (edges at half-integers; one bin per value when the range
-    is at most ``bins``). Returns ``{count, min, max, mean, p50, integer, edges (nbins + 1 floats), counts
-    (nbins ints)}``; edges and counts are empty when there are no finite values.
+    is at most ``bins``). Returns ``{count, unknown, min, max, mean, p50, integer, edges (nbins + 1 floats), counts
+    (nbins ints)}``: ``unknown`` counts the values left out (NaN: a null, such as the staleness of a sample
+    without a policy version); edges and counts are empty when there are no finite values.
     """
     values = np.asarray(values, dtype=np.float64)
+    given = len(values)
     values = values[np.isfinite(values)]
+    unknown = given - len(values)
     if len(values) == 0:
         return {
             "count": 0,
+            "unknown": unknown,
             "min": None,
             "max": None,
             "mean": None,
@@ -69,6 +74,7 @@ def histogram(values: np.ndarray, bins: int = HISTOGRAM_BINS) -> dict[str, Any]:
     counts, edges = np.histogram(values, bins=edges)
     return {
         "count": len(values),
+        "unknown": unknown,
         "min": lo,
         "max": hi,
         "mean": float(values.mean()),
@@ -152,8 +158,9 @@ class ShardsInspection:
     def headline(self) -> str:
         totals = self.totals
         return (
-            f"{len(self.sets)} shard set(s) in {self.path}: {totals['rows']:,} rows, {totals['groups']:,} groups, "
-            f"{totals['tokens']:,} tokens in {totals['shards']:,} shards"
+            f"{counted(len(self.sets), 'shard set')} in {self.path}: {counted(totals['rows'], 'row')}, "
+            f"{counted(totals['groups'], 'group')}, {counted(totals['tokens'], 'token')} in "
+            f"{counted(totals['shards'], 'shard')}"
         )
 
 

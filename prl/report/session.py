@@ -16,8 +16,10 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from prl import progress
 from prl.errors import ExitCode, PrlError, RetryableIOError, redact_urls
 from prl.report import console as report
+from prl.report.progress import for_console
 from prl.results import CommandResult, ErrorResult
 
 try:  # typer ≥ 0.20 parses with its own copy of click
@@ -128,12 +130,16 @@ def run_command(call: Callable[[], CommandResult], render: Callable[[Any], None]
 
     The modules imported by now (the command's library) live as long as this process: they are moved out of
     the cyclic garbage collector's reach first (``gc.freeze``), so that its full collections during the run do
-    not walk them again and again (about 8% of a cold ``build-shards``)."""
+    not walk them again and again (about 8% of a cold ``build-shards``).
+
+    Long work shows its progress on stderr meanwhile (:func:`prl.report.progress.for_console`): a bar on a terminal,
+    a log line every ten seconds otherwise."""
     gc.freeze()
     SESSION.as_json = as_json
     result: CommandResult
     try:
-        result = call()
+        with progress.reporting(for_console(report.stderr)):
+            result = call()
     except (PrlError, OSError) as exc:
         error = exc if isinstance(exc, PrlError) else RetryableIOError(f"{type(exc).__name__}: {exc}")
         result = ErrorResult(SESSION.command, redact_urls(str(error)), int(error.exit_code))

@@ -31,6 +31,7 @@ from typing import Any
 
 from prl.engines import Engine, get_engine
 from prl.errors import ExitCode, UsageError
+from prl.progress import Task, task
 from prl.quarantine import new_quarantine_rows, quarantine_batches
 from prl.score.backends import BackendSpec, backend_kind
 from prl.score.base import ScoreRequest
@@ -130,7 +131,7 @@ def score_ref(
     result.max_quarantine_rate = max_quarantine_rate
     engine = get_engine(engine)
     started = time.perf_counter()
-    with holding(store.uri, LOCK, enabled=not dry_run):
+    with holding(store.uri, LOCK, enabled=not dry_run), task("score-ref", unit="samples") as meter:
         todo = pending(store, ref_model)
         if todo is not None and dry_run:
             for batch in _batches(store, todo, batch_tokens):
@@ -138,9 +139,11 @@ def score_ref(
                 result.input_tokens += sum(r.tokens for r in batch)
                 result.completion_tokens += sum(len(r.completion_ids) for r in batch)
         elif todo is not None and engine.in_process:
-            _score_here(store, spec, ref_model, todo, result)
-        elif todo is not None and todo.count(store):  # nothing missing: no task starts, no model is loaded
-            _score_there(store, engine, ScoreJob(store.uri, ref_model, spec, todo.paths, todo.where), result)
+            meter.grow(todo.count(store))
+            _score_here(store, spec, ref_model, todo, result, meter)
+        elif todo is not None and (missing := todo.count(store)):  # none missing: no task starts, no model loads
+            meter.grow(missing)
+            _score_there(store, engine, ScoreJob(store.uri, ref_model, spec, todo.paths, todo.where), result, meter)
         result.version = store.version("ref_logprobs")
     result.seconds = time.perf_counter() - started
     scoring = result.seconds - result.load_seconds
@@ -154,7 +157,9 @@ def _batches(store: Store, todo: Pending, batch_tokens: int) -> Iterator[list[Sc
         yield from file_batches(store, path, todo.where, batch_tokens)
 
 
-def _score_here(store: Store, spec: BackendSpec, ref_model: str, todo: Pending, result: ScoreResult) -> None:
+def _score_here(
+    store: Store, spec: BackendSpec, ref_model: str, todo: Pending, result: ScoreResult, meter: Task
+) -> None:
     """Score and commit batch after batch in this process; the backend is opened at the first batch."""
     numbered = (
         (file, number, batch)
@@ -170,12 +175,12 @@ def _score_here(store: Store, spec: BackendSpec, ref_model: str, todo: Pending, 
     result.source = scorer.source
     try:
         for file, number, batch in itertools.chain([first], numbered):
-            _commit(store, ref_model, score_batch(store, scorer, ref_model, batch, file, number), result)
+            _commit(store, ref_model, score_batch(store, scorer, ref_model, batch, file, number), result, meter)
     finally:
         scorer.close()
 
 
-def _score_there(store: Store, engine: Engine, job: ScoreJob, result: ScoreResult) -> None:
+def _score_there(store: Store, engine: Engine, job: ScoreJob, result: ScoreResult, meter: Task) -> None:
     """Score on ``engine``'s workers and commit each batch as it comes back; a batch that comes back twice (a
     task run again) is committed once."""
     done: set[tuple[int, int]] = set()
@@ -186,11 +191,11 @@ def _score_there(store: Store, engine: Engine, job: ScoreJob, result: ScoreResul
         done.add((scored.file, scored.number))
         result.load_seconds = max(result.load_seconds, scored.load_seconds)
         result.source = scored.source
-        _commit(store, job.ref_model, scored, result)
+        _commit(store, job.ref_model, scored, result, meter)
 
 
-def _commit(store: Store, ref_model: str, scored: ScoredBatch, result: ScoreResult) -> None:
-    """Commit one scored batch (its rows, then its quarantine records) and count it."""
+def _commit(store: Store, ref_model: str, scored: ScoredBatch, result: ScoreResult, meter: Task) -> None:
+    """Commit one scored batch (its rows, then its quarantine records) and count it (``meter``: its samples)."""
     if scored.adds:
         metadata = {"command": "score-ref", "ref_model": ref_model, "backend": scored.backend, "source": scored.source}
         scored.pending(store).commit(metadata=metadata)
@@ -203,6 +208,7 @@ def _commit(store: Store, ref_model: str, scored: ScoredBatch, result: ScoreResu
     result.completion_tokens += scored.completion_tokens
     for reason, count in scored.refused.items():
         result.quarantined[reason] = result.quarantined.get(reason, 0) + count
+    meter.advance(scored.requests)
 
 
 __all__ = ["ScoreResult", "score_ref"]

@@ -101,16 +101,20 @@ def _token_values(rows: Gathered, advantage_N: np.ndarray, mean_d: float, option
     return out
 
 
-def _kl_columns(rows: Gathered, values: _TokenValues, n_rows: int) -> tuple[pa.Array, pa.Array, float, int]:
-    """``(ref_logprobs, kl, Σ kl, kl token count)``: null columns and 0.0, 0 without KL. The sum adds the float32
-    values stored, in float64."""
+def _kl_columns(
+    rows: Gathered, values: _TokenValues, n_rows: int, estimator: str
+) -> tuple[pa.Array, pa.Array, float, int, int]:
+    """``(ref_logprobs, kl, Σ kl, kl token count, tokens at the k3 cap)``: null columns and 0.0, 0, 0 without KL.
+    The sum adds the float32 values stored, in float64; the last count is 0 for the other estimators."""
     if rows.ref is None or values.kl32_T is None or values.valid_T is None:
         nulls = pa.nulls(n_rows, SHARD.field("kl").type)
-        return nulls, nulls, 0.0, 0
+        return nulls, nulls, 0.0, 0, 0
     every = bool(values.valid_T.all())
     kl_col = list_array(values.kl32_T, values.c_off, pa.float32(), None if every else values.valid_T)
-    kl_vals = pa.array(values.kl32_T if every else values.kl32_T[values.valid_T])
-    return rows.ref.to_arrow(pa.float32()), kl_col, float(pc.sum(kl_vals).as_py() or 0.0), len(kl_vals)
+    kl_T = values.kl32_T if every else values.kl32_T[values.valid_T]
+    capped = int(np.count_nonzero(kl_T >= klmod.K3_MAX)) if estimator == "k3" else 0
+    kl_vals = pa.array(kl_T)
+    return rows.ref.to_arrow(pa.float32()), kl_col, float(pc.sum(kl_vals).as_py() or 0.0), len(kl_vals), capped
 
 
 def _head_columns(nested: pa.Table | None, k: int | None, n_rows: int) -> tuple[pa.Array, pa.Array]:
@@ -126,7 +130,8 @@ def _head_columns(nested: pa.Table | None, k: int | None, n_rows: int) -> tuple[
 class Assembled:
     """One shard's table, the sum (float64) and count of its per-token KL values (0.0, 0 without KL), and the
     loss-mask positions taken out because a logprob there was null or not finite (and the samples they are in);
-    for merged rows, the tokens their turns hold one row each (``merge_turns``)."""
+    for merged rows, the tokens their turns hold one row each (``merge_turns``); with k3, the KL values at its
+    cap (:data:`prl.numerics.kl.K3_MAX`)."""
 
     table: pa.Table
     kl_sum: float
@@ -134,6 +139,7 @@ class Assembled:
     unsafe_tokens: int
     unsafe_samples: int
     unmerged_tokens: int = 0
+    kl_capped: int = 0
 
 
 def _sampling_columns(meta: pl.DataFrame) -> dict[str, pa.Array]:
@@ -156,7 +162,7 @@ def assemble_shard(
     ids = rows.traces[INPUT_IDS]
     p_len, _ = ids.part_lengths
     values = _token_values(rows, scores.advantage_N, scores.mean_d, options)
-    ref_col, kl_col, kl_tok_sum, kl_tok_n = _kl_columns(rows, values, meta.height)
+    ref_col, kl_col, kl_tok_sum, kl_tok_n, capped = _kl_columns(rows, values, meta.height, options.kl_estimator)
     topk_ids, topk_lps = _head_columns(rows.nested, k, meta.height)
     columns = {
         "sample_id": meta["sample_id"].to_arrow(),
@@ -184,7 +190,7 @@ def assemble_shard(
             col = col.combine_chunks() if col.num_chunks else pa.array([], f.type)
         arrays.append(col.cast(f.type) if col.type != f.type else col)
     table = pa.Table.from_arrays(arrays, schema=SHARD)
-    return Assembled(table, kl_tok_sum, kl_tok_n, values.unsafe_tokens, values.unsafe_samples)
+    return Assembled(table, kl_tok_sum, kl_tok_n, values.unsafe_tokens, values.unsafe_samples, kl_capped=capped)
 
 
 __all__ = ["Assembled", "Gathered", "assemble_shard"]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable
@@ -53,6 +54,7 @@ import pyarrow.compute as pc
 
 from prl.engines import Engine, get_engine, split
 from prl.errors import RetryableIOError, UsageError
+from prl.progress import Task, task
 from prl.runtime import release_free_memory
 from prl.schema import SCHEMA_VERSION, SHARD
 from prl.shards import rowgroups
@@ -70,7 +72,7 @@ from prl.shards.rewards import resolve_rewards
 from prl.shards.scores import LogRatioTotals, Scores, compute_scores, log_ratio_totals
 from prl.shards.shiprows import ShipRows
 from prl.shards.spill import ScanSpill
-from prl.shards.statistics import build_statistics, heads_info, kl_statistics, sampling_summary
+from prl.shards.statistics import build_statistics, heads_info, kl_cap_warning, kl_statistics, sampling_summary
 from prl.shards.target import OutTarget, out_target
 from prl.shards.writer import WRITER, write_sample_ids
 from prl.store import holder
@@ -82,6 +84,8 @@ IO_THREADS = 4
 
 SIDE_SUMS = ("lp_sum", "lp_simple", "ref_sum", "ref_simple")
 """Plan columns the scores alone read (:func:`prl.shards.scores.log_ratio_totals`): dropped once they are made."""
+
+LOG = logging.getLogger(__name__)
 
 
 def build_shards(
@@ -155,22 +159,27 @@ def _build_locked(
     prior = [] if rebuild else target.set_ids()
     source: TraceSource | None = trace_source(store, target.uri, traces_version, options, prior, rebuild)
     turns: list[ShardResult] = []
-    while source is not None:
-        result = ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
-        shipped = target.shipped_ids([set_id for set_id in prior if set_id not in source.covered_sets])
-        set_id = _set_id(versions, options, prior)
-        if dry_run:
-            return _dry_run(store, versions, options, _Sources(shipped, prior, source), set_id, result)
-        target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
-        replaces = [s for s in target.set_ids() if s != set_id] if rebuild else []
-        sources = _Sources(shipped, prior, source)
-        turn, after = _build(store, target, versions, options, sources, set_id, result, replaces, engine)
-        turns.append(turn)
-        source = None
-        if after is not None and after[0].pending:
-            source = continued_source(store, traces_version, after[0], after[1], options.max_set_samples)
-            if turn.status == "built":  # a rebuild goes on rebuilding until a turn has replaced the old sets
-                prior, rebuild = target.set_ids(), False
+    first_into_out = not prior and not rebuild  # OUT holds no set: nothing was dropped before
+    with task("build-shards", unit="shards", turn=None) as meter:
+        while source is not None:
+            meter.advance(turn=1)
+            result = ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
+            shipped = target.shipped_ids([set_id for set_id in prior if set_id not in source.covered_sets])
+            set_id = _set_id(versions, options, prior)
+            if dry_run:
+                return _dry_run(store, versions, options, _Sources(shipped, prior, source), set_id, result)
+            target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
+            replaces = [s for s in target.set_ids() if s != set_id] if rebuild else []
+            sources = _Sources(shipped, prior, source)
+            turn, after = _build(store, target, versions, options, sources, set_id, result, replaces, engine, meter)
+            if turn.dropped_before is None and first_into_out:
+                turn.dropped_before = 0
+            turns.append(turn)
+            source = None
+            if after is not None and after[0].pending:
+                source = continued_source(store, traces_version, after[0], after[1], options.max_set_samples)
+                if turn.status == "built":  # a rebuild goes on rebuilding until a turn has replaced the old sets
+                    prior, rebuild = target.set_ids(), False
     return ShardResult.of_turns(turns, options)
 
 
@@ -217,6 +226,7 @@ def _build(
     result: ShardResult,
     replaces: list[str],
     engine: Engine,
+    meter: Task,
 ) -> tuple[ShardResult, tuple[Frontier, pa.Table] | None]:
     """Plan with spills in a staging folder, write the set there and publish it (or remove it when nothing ships);
     then retire the sets in ``replaces`` (those a rebuild replaces). Returns the result and the frontier it left
@@ -238,7 +248,7 @@ def _build(
             return result, after
         spills = Spills(trace_spill, ref_spill, spill_dir)
         shipped = plan.ship.height  # the shipped frame goes while the shards are written
-        manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id, engine)
+        manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id, engine, meter)
         index = target.next_index(manifest, replaces)  # an unreadable manifest of OUT stops the build here
         final = target.publish(staging, set_id, _lock_check(store))
         target.retire(replaces)
@@ -253,6 +263,9 @@ def _build(
     result.shipped_samples = shipped
     result.shards = [e.to_json() for e in manifest.shards]
     result.statistics = manifest.statistics
+    warning = kl_cap_warning(manifest.statistics.get("kl"))
+    if warning is not None:
+        LOG.warning("set %s: %s", set_id, warning)
     return result, after
 
 
@@ -285,6 +298,7 @@ def _write_set(
     prior: list[str],
     set_id: str,
     engine: Engine,
+    meter: Task,
 ) -> Manifest:
     """Score, write every shard and the sample-id file into ``staging``, then its manifest; returns the manifest.
 
@@ -321,11 +335,11 @@ def _write_set(
     with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
         sealed = io.submit(publish_file, f"{samples_path}.tmp", samples_path)  # fsynced beside the shards
         job = PartJob(staging.parts, spills, rows, bounds, mean_d, options, plan.k)
-        written = _write_shards(job, io, engine)
+        written = _write_shards(job, io, engine, meter)
         sealed.result()
     shutil.rmtree(spills.folder, ignore_errors=True)  # every shard is written: the spills are done with
     if options.kl != "none":
-        statistics["kl"] = kl_statistics(options, mean_d, written.kl_sum, written.kl_tokens)
+        statistics["kl"] = kl_statistics(options, mean_d, written.kl_sum, written.kl_tokens, written.kl_capped)
     statistics["unsafe_masked"] = {"tokens": written.unsafe_tokens, "samples": written.unsafe_samples}
     if options.merge_turns:
         statistics["merged_turns"] = merged_statistics(shipped, written.entries, written.unmerged_tokens)
@@ -411,6 +425,8 @@ class _Written:
     unsafe_samples: int = 0
     unmerged_tokens: int = 0
     """With ``merge_turns``: Σ prompt + completion of the turns shipped (their tokens without merging)."""
+    kl_capped: int = 0
+    """With k3: the KL values at its cap."""
 
     @classmethod
     def of(cls, parts: list[PartWritten]) -> _Written:
@@ -423,10 +439,11 @@ class _Written:
             out.unsafe_tokens += p.unsafe_tokens
             out.unsafe_samples += p.unsafe_samples
             out.unmerged_tokens += p.unmerged_tokens
+            out.kl_capped += p.kl_capped
         return out
 
 
-def _write_shards(job: PartJob, io: ThreadPoolExecutor, engine: Engine) -> _Written:
+def _write_shards(job: PartJob, io: ThreadPoolExecutor, engine: Engine, meter: Task) -> _Written:
     """Assemble and write every shard, in shard order (:class:`prl.shards.parts.PartJob`).
 
     Locally, each shard is gathered from the spill files, assembled, and written and hashed by one of
@@ -434,14 +451,18 @@ def _write_shards(job: PartJob, io: ThreadPoolExecutor, engine: Engine) -> _Writ
     the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS` row groups are in
     memory at once. Each written file is then fsynced and renamed into place on ``io``, so that waiting for the
     disk overlaps the next shard's work. Any other engine runs
-    :meth:`PartJob.write_published` where it likes and hands back the parts written.
+    :meth:`PartJob.write_published` where it likes and hands back the parts written. ``meter`` counts the shards.
     """
+    meter.grow(job.parts)
     if not engine.in_process:
         tasks = split(list(range(job.parts)), engine.width(job.parts))
-        return _Written.of(sorted(engine.map(job.write_published, tasks), key=lambda w: w.shard))
+        parts = sorted(engine.map(job.write_published, tasks), key=lambda w: w.shard)
+        meter.advance(len(parts))
+        return _Written.of(parts)
 
     def one(s: int) -> tuple[PartWritten, Future[None]]:
         written = job.write(s, job.gather(s))
+        meter.advance(1)
         path = os.path.join(job.folder, written.entry.file)
         return written, io.submit(publish_file, f"{path}.tmp", path)
 

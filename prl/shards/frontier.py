@@ -145,7 +145,8 @@ class TraceSource:
     ``whole`` is True for the whole snapshot (no frontier applies, every file in one turn); then ``shipped`` (rows
     already shipped by the sets the frontier accounts for) is 0 and ``version_max`` None. ``pending``: the files of
     the snapshot left for later turns (:mod:`prl.shards.turns`); ``version_max`` then covers their rows too.
-    ``scan``: ``whole`` or ``frontier``, what the build reports (``traces_scan.from``)."""
+    ``scan``: ``whole`` or ``frontier``, what the build reports (``traces_scan.from``). ``backlog_ids``: with a
+    frontier, the samples an earlier build (or turn) considered and did not ship; None for a whole scan."""
 
     parts: list[tuple[ds.Dataset, ds.Expression | None]]
     whole: bool
@@ -154,6 +155,7 @@ class TraceSource:
     covered_sets: tuple[str, ...] = ()
     pending: tuple[str, ...] = ()
     scan: str = "whole"
+    backlog_ids: pa.Array | None = None
 
 
 def whole_snapshot(store: Store, version: int, cap: int | None = None) -> TraceSource:
@@ -213,12 +215,13 @@ def continued_source(
     if newest is not None and (version_max is None or newest > version_max):
         version_max = newest
     parts: list[tuple[ds.Dataset, ds.Expression | None]] = []
+    ids = pc.unique(backlog.column("sample_id").combine_chunks())
     if backlog_files:
-        ids = pc.unique(backlog.column("sample_id").combine_chunks())
         parts.append((files_dataset(store, "traces", backlog_files), pc.field("sample_id").isin(ids)))
     if taken:
         parts.append((files_dataset(store, "traces", taken), None))
-    return TraceSource(parts, False, frontier.shipped, version_max, frontier.sets, tuple(pending), "frontier")
+    sets = frontier.sets
+    return TraceSource(parts, False, frontier.shipped, version_max, sets, tuple(pending), "frontier", ids)
 
 
 def _read_backlog(out: str, name: str) -> pa.Table | None:

@@ -23,6 +23,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prl.numerics.kl import K3_MAX
 from prl.shards.assemble import Gathered
 from prl.shards.gather import INPUT_IDS
 from prl.shards.manifest import FileEntry
@@ -157,10 +158,12 @@ def _mask(rows: Gathered, n: int) -> pa.Array:
     return mask.to_arrow(pa.bool_()) if mask is not None else pa.nulls(n, pa.list_(pa.bool_()))
 
 
-def kl_totals(shard: pa.Table) -> tuple[float, int]:
-    """(Σ, count) of a shard's per-token KL values (the float32 values stored, summed in float64)."""
+def kl_totals(shard: pa.Table, estimator: str = "k3") -> tuple[float, int, int]:
+    """(Σ, count, count at the k3 cap) of a shard's per-token KL values (the float32 values stored, summed in
+    float64); the last is 0 for the other estimators."""
     values = pc.list_flatten(shard["kl"]).drop_null()
-    return float(pc.sum(values.cast(pa.float64())).as_py() or 0.0), len(values)
+    capped = int(pc.sum(pc.greater_equal(values, K3_MAX)).as_py() or 0) if estimator == "k3" and len(values) else 0
+    return float(pc.sum(values.cast(pa.float64())).as_py() or 0.0), len(values), capped
 
 
 def merged_statistics(turns: int, entries: list[FileEntry], unmerged_tokens: int) -> dict[str, float | int]:

@@ -84,7 +84,7 @@ class PartRows:
 class PartWritten:
     """One part written: its manifest entry, the sum (float64) and count of its per-token KL values, the
     loss-mask positions (and samples) taken out because a logprob there was null or not finite, and with
-    ``merge_turns`` the tokens its turns hold one row each."""
+    ``merge_turns`` the tokens its turns hold one row each; with k3, the KL values at its cap."""
 
     shard: int
     entry: FileEntry
@@ -93,6 +93,7 @@ class PartWritten:
     unsafe_tokens: int
     unsafe_samples: int
     unmerged_tokens: int = 0
+    kl_capped: int = 0
 
 
 @dataclass
@@ -107,11 +108,13 @@ class _Tally:
     unsafe_tokens: int = 0
     unsafe_samples: int = 0
     unmerged_tokens: int = 0
+    kl_capped: int = 0
 
     def part(self, s: int, entry: FileEntry) -> PartWritten:
         """Part ``s`` written as ``entry``, with these counts."""
         kl = (self.kl_sum, self.kl_tokens)
-        return PartWritten(s, entry, *kl, self.unsafe_tokens, self.unsafe_samples, self.unmerged_tokens)
+        unsafe = (self.unsafe_tokens, self.unsafe_samples)
+        return PartWritten(s, entry, *kl, *unsafe, self.unmerged_tokens, self.kl_capped)
 
     def add(self, a: Assembled) -> None:
         table = a.table
@@ -123,6 +126,7 @@ class _Tally:
         self.unsafe_tokens += a.unsafe_tokens
         self.unsafe_samples += a.unsafe_samples
         self.unmerged_tokens += a.unmerged_tokens
+        self.kl_capped += a.kl_capped
 
 
 def part_name(s: int) -> str:
@@ -175,9 +179,9 @@ class PartJob:
         if rows.units_N is None:
             return assemble_shard(gathered, rows.meta, rows.scores, self.options, self.k)
         merged = assemble_merged_shard(gathered, rows.meta, rows.units_N, rows.scores, self.options, self.k)
-        kl_sum, kl_n = kl_totals(merged.table)
+        kl_sum, kl_n, capped = kl_totals(merged.table, self.options.kl_estimator)
         unsafe = (merged.unsafe_tokens, merged.unsafe_rows)
-        return Assembled(merged.table, kl_sum, kl_n, *unsafe, merged.rows.unmerged_tokens)
+        return Assembled(merged.table, kl_sum, kl_n, *unsafe, merged.rows.unmerged_tokens, kl_capped=capped)
 
     def write(self, s: int, rows: PartRows) -> PartWritten:
         """Write part ``s`` of ``rows`` to ``<folder>/<name>.tmp`` (not fsynced, not renamed:

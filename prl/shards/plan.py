@@ -143,6 +143,9 @@ class Plan:
     """``whole`` (the table at the pinned version) or ``frontier`` (:mod:`prl.shards.frontier`)."""
     check_reasons: dict[str, int] = field(default_factory=dict)
     """Shipped samples per check reason (:data:`prl.verdicts.REASONS`; the ``note`` reasons a build keeps)."""
+    dropped_before: int | None = None
+    """Of the samples dropped, those an earlier build (or turn) of this OUT considered and did not ship either
+    (its frontier's backlog); None when that is not known (a whole scan)."""
 
 
 def plan_only(options: ShardOptions) -> list[str]:
@@ -384,7 +387,10 @@ def make_plan(
     scanned = inputs.traces.height
     if inputs.traces.is_empty():
         current = parse_version(options.current_version) if options.current_version else seen_max
-        return Plan(inputs.traces, before, before, {}, current, None, [], version_max=seen_max, scan=scan)
+        known = None if source is None or source.backlog_ids is None else 0
+        return Plan(
+            inputs.traces, before, before, {}, current, None, [], version_max=seen_max, scan=scan, dropped_before=known
+        )
     traces, current, version_max = _with_staleness(inputs.traces, options, seen_max)
     inputs.traces = traces.clear()  # `traces` alone holds the trace columns from here
     already = 0
@@ -413,6 +419,7 @@ def make_plan(
         scan,
     )
     out.check_reasons = _check_reasons(plan, kept_K)
+    out.dropped_before = _dropped_before(out.backlog, source)
     if options.merge_turns and len(kept_K):
         keep = mark_units(plan, plan[kept_K], options)
         out.k = _head_k(keep.get_column("head_width") if options.topk is not None else None, options)
@@ -424,6 +431,16 @@ def make_plan(
     del plan  # the frame lives on in box alone, so that _shipped frees each column once it is gathered
     out.ship = _shipped(box, kept_K, options)
     return out
+
+
+def _dropped_before(dropped: pl.DataFrame | None, source: TraceSource | None) -> int | None:
+    """How many of the ``dropped`` rows (``sample_id``) the frontier's backlog holds (None without a frontier)."""
+    if source is None or source.backlog_ids is None:
+        return None
+    if dropped is None or dropped.is_empty() or not len(source.backlog_ids):
+        return 0
+    ids = dropped["sample_id"].to_arrow()
+    return int(pc.sum(pc.is_in(ids, value_set=source.backlog_ids.cast(ids.type))).as_py() or 0)
 
 
 def _shipped(box: list[pl.DataFrame], kept_K: np.ndarray, options: ShardOptions) -> pl.DataFrame:

@@ -8,6 +8,8 @@ from typing import Any
 from prl.errors import ExitCode
 from prl.shards.options import ShardOptions
 from prl.shards.plan import Plan
+from prl.shards.statistics import kl_cap_warning
+from prl.text import counted
 
 
 @dataclass
@@ -42,6 +44,8 @@ class ShardResult:
     """Trace rows the build shipped (``rows`` counts merged rows with ``merge_turns``)."""
     pending_files: int = 0
     """Traces files a dry run leaves for later turns (a build takes every turn, so 0 after one)."""
+    dropped_before: int | None = None
+    """Of the samples dropped, those an earlier build (or turn) dropped too (None: not known, a whole scan)."""
 
     @property
     def exit_code(self) -> int:
@@ -61,15 +65,23 @@ class ShardResult:
             "considered": self.considered,
             "already_shipped": self.already_shipped,
             "dropped": sum(self.drops.values()),
+            "dropped_before": self.dropped_before,
             "drops": self.drops,
             "statistics": self.statistics,
             "source_versions": self.source_versions,
             "traces_scan": self.traces_scan,
             "sets": self.sets,
             "pending_files": self.pending_files,
+            "warnings": self.warnings(),
             "headline": self.headline(),
             "exit_code": self.exit_code,
         }
+
+    def warnings(self) -> list[str]:
+        """What a person should look at though the build went through: KL tokens at the k3 cap
+        (:func:`prl.shards.statistics.kl_cap_warning`, the last set's)."""
+        warning = kl_cap_warning(self.statistics.get("kl"))
+        return [] if warning is None else [warning]
 
     def headline(self) -> str:
         """``build-shards built: 120 samples, 48,000 tokens in 2 shards, 3 dropped → <set id>``; when every sample
@@ -81,17 +93,32 @@ class ShardResult:
             line += f" as {reason}"
             if reason == "missing_reward":
                 line += f" (the score uses reward {', '.join(self.score_names)})"
+            if reason == "unchecked":
+                line += (
+                    " (no check-tokens verdict for them: run `prl check-tokens` on the store first, or set "
+                    "require_checks=false to ship unchecked samples)"
+                )
             return line
         if len(self.sets) > 1:
             shards = sum(int(s["shards"]) for s in self.sets)
             return (
-                f"build-shards {self.status}: {self.rows:,} samples, {self.tokens:,} tokens in {shards} shards of "
-                f"{len(self.sets)} sets, {sum(self.drops.values()):,} dropped → {self.set_id}"
+                f"build-shards {self.status}: {counted(self.rows, 'sample')}, {counted(self.tokens, 'token')} in "
+                f"{counted(shards, 'shard')} of {len(self.sets)} sets, {self._dropped()} → {self.set_id}"
             )
         return (
-            f"build-shards {self.status}: {self.rows:,} samples, {self.tokens:,} tokens in {len(self.shards)} "
-            f"shards, {sum(self.drops.values()):,} dropped" + (f" → {self.set_id}" if self.set_id else "")
+            f"build-shards {self.status}: {counted(self.rows, 'sample')}, {counted(self.tokens, 'token')} in "
+            f"{counted(len(self.shards), 'shard')}, {self._dropped()}" + (f" → {self.set_id}" if self.set_id else "")
         )
+
+    def _dropped(self) -> str:
+        """``35 dropped``, saying how many of them an earlier build dropped too (when it is known and not 0)."""
+        dropped = sum(self.drops.values())
+        before = self.dropped_before or 0
+        if not dropped or not before:
+            return f"{dropped:,} dropped"
+        if before == dropped:
+            return f"{dropped:,} dropped (all dropped by an earlier build too)"
+        return f"{dropped:,} dropped ({before:,} of them by an earlier build too)"
 
     @classmethod
     def of_turns(cls, turns: list[ShardResult], options: ShardOptions) -> ShardResult:
@@ -134,6 +161,7 @@ class ShardResult:
             traces_scan={**turns[0].traces_scan, "rows": sum(int(t.traces_scan.get("rows", 0)) for t in turns)},
             shipped_samples=sum(t.shipped_samples for t in turns),
             sets=summaries,
+            dropped_before=last.dropped_before,
         )
         out.drop_rate_exceeded = out._drop_rate_exceeded(options)
         return out
@@ -144,6 +172,7 @@ class ShardResult:
         self.already_shipped = plan.already_shipped
         self.traces_scan = {"from": plan.scan, "rows": plan.scanned}
         self.drops = plan.drops
+        self.dropped_before = plan.dropped_before
         dropped = sum(plan.drops.values())
         denominator = plan.considered - plan.already_shipped
         # every sample dropped and none ever shipped into OUT: the build cannot work as configured (exit 1); once

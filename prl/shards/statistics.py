@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 
 from prl.numerics import heads
+from prl.numerics.kl import K3_MAX
 from prl.shards.options import ShardOptions
 from prl.shards.plan import Plan
 from prl.shards.scores import Scores
@@ -104,9 +105,13 @@ def build_statistics(plan: Plan, scores: Scores | None, options: ShardOptions) -
     return stats
 
 
-def kl_statistics(options: ShardOptions, mean_d: float, kl_tok_sum: float, kl_tok_n: int) -> dict[str, Any]:
+def kl_statistics(
+    options: ShardOptions, mean_d: float, kl_tok_sum: float, kl_tok_n: int, kl_capped: int = 0
+) -> dict[str, Any]:
     """The ``kl`` entry of a build's statistics: estimator, placement, β, mean per-token KL of the shipped valid
-    tokens and the batch mean log ratio (with ``kl`` in ``reward`` / ``advantages``)."""
+    tokens, the batch mean log ratio (with ``kl`` in ``reward`` / ``advantages``) and, with k3, how many of the
+    tokens sit at its cap of 10 (``at_cap``; None for the other estimators). Many tokens there mean the reference
+    and the sampling policy disagree far beyond what k3 measures: the penalty no longer grows with the gap."""
     return {
         "estimator": options.kl_estimator,
         "placement": options.kl,
@@ -114,7 +119,27 @@ def kl_statistics(options: ShardOptions, mean_d: float, kl_tok_sum: float, kl_to
         "mean_per_token": kl_tok_sum / kl_tok_n if kl_tok_n else None,
         "tokens": kl_tok_n,
         "mean_log_ratio": mean_d if options.kl in ("reward", "advantages") else None,
+        "at_cap": kl_capped if options.kl_estimator == "k3" else None,
     }
 
 
-__all__ = ["build_statistics", "heads_info", "kl_statistics", "summary"]
+KL_CAP_WARN = 0.10
+"""Fraction of KL tokens at the k3 cap above which a build warns (:func:`kl_cap_warning`)."""
+
+
+def kl_cap_warning(kl: dict[str, Any] | None) -> str | None:
+    """The warning for a build's ``kl`` statistics when more than :data:`KL_CAP_WARN` of its KL tokens sit at the k3
+    cap; None otherwise."""
+    if not kl or not kl.get("tokens") or not kl.get("at_cap"):
+        return None
+    share = kl["at_cap"] / kl["tokens"]
+    if share <= KL_CAP_WARN:
+        return None
+    return (
+        f"{kl['at_cap']:,} of {kl['tokens']:,} KL tokens ({share:.0%}) sit at the k3 cap of {K3_MAX:g}: there the "
+        "penalty no longer grows with the gap between the sampling policy and the reference (is ref_model the "
+        "policy's reference model?)"
+    )
+
+
+__all__ = ["KL_CAP_WARN", "build_statistics", "heads_info", "kl_cap_warning", "kl_statistics", "summary"]

@@ -33,6 +33,7 @@ from prl.schema import TABLES, float_leaves
 from prl.store.index import INDEX_TABLES, ROW_GROUP_ROWS
 from prl.store.locks import holding
 from prl.store.tables import TABLE_PROPERTIES, Store, describe_error
+from prl.text import counted
 
 DEFAULT_RETENTION_HOURS = 168
 """Delta's own default: a reader may stay pinned at a version for a week."""
@@ -85,7 +86,7 @@ class MaintainResult:
         before = sum(t.files_before for t in self.tables)
         after = sum(t.files_after for t in self.tables)
         vacuumed = sum(t.files_vacuumed for t in self.tables)
-        return f"{len(self.tables)} tables: {before:,} → {after:,} files, {vacuumed:,} vacuumed"
+        return f"{counted(len(self.tables), 'table')}: {before:,} → {after:,} files, {vacuumed:,} vacuumed"
 
 
 def maintain(

@@ -9,6 +9,8 @@ import os
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prl.errors import UsageError
 from prl.loaders import Rows, ShardLoader, pack, pad
@@ -337,3 +339,46 @@ def test_batches_are_the_documented_plan(built, kw):
     loader = ShardLoader(built.out, layout="rows", **kw)
     for epoch in range(2):
         assert ids_of(loader) == reference_plan(loader, epoch)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.lists(st.sampled_from([-0.5, -1.25, None, float("nan")]), max_size=5),
+            st.booleans(),
+            st.sampled_from([0.5, None]),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.data(),
+)
+def test_take_and_concat_are_arrow_take_and_concat(spec, data):
+    """Rows.take / Rows.concat give exactly what decoding arrow's take / concatenation of the rows gives (rows
+    without reference logprobs in a set that has them: positions out of the mask, counted unsafe)."""
+    rows = []
+    for i, (prompt, lps, with_ref, temp) in enumerate(spec):
+        n = len(lps)
+        rows.append(
+            shard_row(
+                f"s{i}",
+                f"g{i % 2}",
+                list(range(prompt)),
+                list(range(100, 100 + n)),
+                behavior_logprobs=lps,
+                ref_logprobs=[-0.25] * n if with_ref or i == 0 else None,
+                temperature=temp,
+            )
+        )
+    table = pa.Table.from_pylist(rows, schema=SHARD)
+    decoded = Rows.from_arrow(table)
+    # row 0 has reference logprobs: decoding arrow's take then sees the column as the part does (taking only rows
+    # without them would decode as a set without reference logprobs)
+    idx = [0, *data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=8))]
+    rows_equal(decoded.take(np.array(idx)), Rows.from_arrow(table.take(pa.array(idx, pa.int64()))))
+    cut = data.draw(st.integers(1, len(rows)))
+    if cut < len(rows):
+        head, tail = table.slice(0, cut), table.slice(cut)
+        rows_equal(Rows.concat([Rows.from_arrow(head), Rows.from_arrow(tail)]), decoded)

@@ -122,7 +122,7 @@ out = {{"batches": batches, "rows": rows, "epoch_s": round(epoch_s, 3), "epoch_c
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--samples", type=int, default=32768)
+    parser.add_argument("--samples", type=int, default=16384)
     parser.add_argument("--prompt", type=int, default=200)
     parser.add_argument("--completion", type=int, default=300)
     parser.add_argument("--group", type=int, default=1)

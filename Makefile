@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all lint demo bench crash sample-data clean
+.PHONY: setup test test-all lint demo bench crash sample-data clean trainers-venv test-trainers
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,26 @@ bench: setup
 # local hundred and 16 per command on S3)
 crash: setup
 	PRL_CRASH_KILLS=100 PRL_CRASH_S3_KILLS=100 $(PY) -m pytest -n 2 --durations=8 tests/test_crash_kills.py
+
+# TRL and verl in a virtualenv of their own (verl pins transformers < 5.11 and brings Ray): the tests marked genuine
+# in tests/test_loaders_trainers.py run the adapters' batches through their loss code there. On this machine the
+# download took about 20 minutes (trl 5, verl 15); `timeout` bounds it. transformers 5.10 fails to import beside
+# the `kernels` package a newer transformers pulls in, so it is removed (a no-op where it is absent).
+TRAINERS_VENV ?= /work/venvs/trainers
+TRAINERS_PY := $(TRAINERS_VENV)/bin/python
+
+$(TRAINERS_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(TRAINERS_VENV)
+	$(TRAINERS_PY) -m pip install --quiet --upgrade pip
+	$(TRAINERS_PY) -m pip install --quiet 'torch==2.13.0'
+	timeout 2400 $(TRAINERS_PY) -m pip install --quiet -e '.[test,trainers]'
+	$(TRAINERS_PY) -m pip uninstall --quiet --yes kernels
+	touch $@
+
+trainers-venv: $(TRAINERS_VENV)/.installed
+
+test-trainers: trainers-venv
+	$(TRAINERS_PY) -m pytest -n 0 -p no:cacheprovider tests/test_loaders_trainers.py
 
 sample-data: setup
 	$(PY) scripts/make_sample_data.py sample_data

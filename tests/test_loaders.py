@@ -9,6 +9,8 @@ import os
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prl.errors import UsageError
 from prl.loaders import Rows, ShardLoader, pack, pad
@@ -247,3 +249,136 @@ def test_shards_list_library_and_cli(built, tmp_path):
     assert as_json["files"] == parts and as_json["rows"] == 120 and as_json["exit_code"] == 0
     missing = runner.invoke(app, ["shards", "list", str(tmp_path / "nope")])
     assert missing.exit_code == 2
+
+
+def rows_equal(a: Rows, b: Rows) -> None:
+    for name in a.__dataclass_fields__:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is None or y is None:
+            assert x is None and y is None, name
+        elif isinstance(x, int):
+            assert x == y, name
+        else:
+            assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), name
+
+
+def test_take_gathers_rows_by_offsets_exactly_as_arrow_take():
+    table = pa.Table.from_pylist(
+        [
+            shard_row("a", "g", [1, 2], [10, 11, 12], loss_mask=[True, False, True], ref_logprobs=[-1.0, -2.0, -3.0]),
+            shard_row("b", "g", [3], [20, 21], behavior_logprobs=[None, -0.25], ref_logprobs=[-1.0, -1.5]),
+            shard_row("c", "h", [], [30], ref_logprobs=[float("nan")], temperature=0.5),
+            shard_row("d", "h", [4, 5, 6], [], ref_logprobs=[]),
+        ],
+        schema=SHARD,
+    )
+    rows = Rows.from_arrow(table)
+    assert rows.unsafe_N.tolist() == [0, 1, 1, 0] and rows.unsafe_positions == 2
+    assert rows.take(np.zeros(0, np.int64)).num_rows == 0
+    for idx in ([2, 0], [3, 1, 1], [0, 1, 2, 3]):
+        got = rows.take(np.array(idx, dtype=np.int64))
+        rows_equal(got, Rows.from_arrow(table.take(pa.array(idx, pa.int64()))))
+    assert rows.take(np.array([1, 2])).unsafe_positions == 2
+
+
+def test_concat_fills_values_a_part_lacks_as_absent():
+    with_ref = Rows.from_arrow(
+        pa.Table.from_pylist([shard_row("a", "g", [1], [10, 11], ref_logprobs=[-1.0, -2.0])], schema=SHARD)
+    )
+    without = Rows.from_arrow(pa.Table.from_pylist([shard_row("b", "g", [2], [20])], schema=SHARD))
+    both = Rows.concat([with_ref, without])
+    table = pa.concat_tables(
+        [
+            pa.Table.from_pylist([shard_row("a", "g", [1], [10, 11], ref_logprobs=[-1.0, -2.0])], schema=SHARD),
+            pa.Table.from_pylist([shard_row("b", "g", [2], [20])], schema=SHARD),
+        ]
+    )
+    rows_equal(both, Rows.from_arrow(table))  # what reading the parts as one table gives
+    assert both.loss_mask_C.tolist() == [True, True, False] and both.unsafe_positions == 1
+    assert both.ref_logprobs_C.tolist() == [-1.0, -2.0, 0.0] and both.unsafe_N.tolist() == [0, 1]
+
+
+def reference_plan(loader: ShardLoader, epoch: int) -> list[list[str]]:
+    """The epoch plan as the module docstring states it, group by group in Python, as sample ids per batch."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng((loader.seed, epoch))
+    parts = loader._parts
+    order = rng.permutation(len(parts)) if loader.shuffle else np.arange(len(parts))
+    groups = []
+    for p in order.tolist():
+        ids = pq.read_table(parts[p].path, columns=["sample_id", "group_id"]).to_pylist()
+        members: dict[str, list[str]] = {}
+        for r in ids:
+            members.setdefault(r["group_id"], []).append(r["sample_id"])
+        listed = list(members.values())
+        g_order = rng.permutation(len(listed)) if loader.shuffle else np.arange(len(listed))
+        groups.extend(listed[g] for g in g_order.tolist())
+    per_rank = []
+    for rank in range(loader.world_size):
+        batches: dict[int, list[str]] = {}
+        start = 0
+        for g in groups[rank :: loader.world_size]:
+            batches.setdefault(start // loader.batch_rows, []).extend(g)
+            start += len(g)
+        per_rank.append(list(batches.values()))
+    keep = min(len(b) for b in per_rank) if loader.drop_uneven else len(per_rank[loader.rank])
+    return per_rank[loader.rank][:keep]
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch_rows=10),
+        dict(batch_rows=7, world_size=3, rank=1, seed=4),
+        dict(batch_rows=9, world_size=2, rank=1, shuffle=False, drop_uneven=False),
+        dict(batch_rows=50, world_size=4, rank=3, seed=2),
+    ],
+)
+def test_batches_are_the_documented_plan(built, kw):
+    loader = ShardLoader(built.out, layout="rows", **kw)
+    for epoch in range(2):
+        assert ids_of(loader) == reference_plan(loader, epoch)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 4),
+            st.lists(st.sampled_from([-0.5, -1.25, None, float("nan")]), max_size=5),
+            st.booleans(),
+            st.sampled_from([0.5, None]),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    st.data(),
+)
+def test_take_and_concat_are_arrow_take_and_concat(spec, data):
+    """Rows.take / Rows.concat give exactly what decoding arrow's take / concatenation of the rows gives (rows
+    without reference logprobs in a set that has them: positions out of the mask, counted unsafe)."""
+    rows = []
+    for i, (prompt, lps, with_ref, temp) in enumerate(spec):
+        n = len(lps)
+        rows.append(
+            shard_row(
+                f"s{i}",
+                f"g{i % 2}",
+                list(range(prompt)),
+                list(range(100, 100 + n)),
+                behavior_logprobs=lps,
+                ref_logprobs=[-0.25] * n if with_ref or i == 0 else None,
+                temperature=temp,
+            )
+        )
+    table = pa.Table.from_pylist(rows, schema=SHARD)
+    decoded = Rows.from_arrow(table)
+    # row 0 has reference logprobs: decoding arrow's take then sees the column as the part does (taking only rows
+    # without them would decode as a set without reference logprobs)
+    idx = [0, *data.draw(st.lists(st.integers(0, len(rows) - 1), max_size=8))]
+    rows_equal(decoded.take(np.array(idx)), Rows.from_arrow(table.take(pa.array(idx, pa.int64()))))
+    cut = data.draw(st.integers(1, len(rows)))
+    if cut < len(rows):
+        head, tail = table.slice(0, cut), table.slice(cut)
+        rows_equal(Rows.concat([Rows.from_arrow(head), Rows.from_arrow(tail)]), decoded)

@@ -16,15 +16,17 @@ from prl.loaders.loader import ShardLoader
 from prl.loaders.prime_rl import to_prime_rl
 from prl.loaders.rows import PackedBatch, PaddedBatch, Rows, pack, pad
 from prl.loaders.tinker import tinker_arrays, to_tinker
-from prl.loaders.trl import to_trl_grpo
-from prl.loaders.verl import VerlBatch, to_verl
+from prl.loaders.trl import importance_sampling_ratio, to_trl_grpo
+from prl.loaders.verl import TemperatureWarning, VerlBatch, to_verl
 
 __all__ = [
     "PackedBatch",
     "PaddedBatch",
     "Rows",
     "ShardLoader",
+    "TemperatureWarning",
     "VerlBatch",
+    "importance_sampling_ratio",
     "pack",
     "pad",
     "tinker_arrays",

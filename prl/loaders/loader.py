@@ -2,7 +2,11 @@
 
 ``ShardLoader(path)`` reads one set folder or every current set of an ``OUT`` folder
 (:func:`prl.shards.layout.resolve`). Planning reads only the small columns (``group_id``, and ``prompt_len`` +
-``loss_mask`` lengths when batches are sized in tokens); a batch's rows are read when it is yielded.
+``loss_mask`` lengths when batches are sized in tokens). Reading is by part: when a batch first needs a part, the
+part is read once and the rows this rank reads from it in the epoch are decoded into numpy (:class:`Rows`); each
+batch is then gathered from the decoded parts by offsets (:meth:`Rows.take`), whole groups at a time, with no
+per-row or per-group work in Python. The last two parts stay decoded, which is all a batch needs when batches are
+smaller than parts.
 
 The epoch plan, identical on every rank (it depends only on the sets, ``seed`` and the epoch):
 
@@ -63,6 +67,63 @@ def _plan_part(path: str, set_id: str, with_tokens: bool) -> _Part:
     return _Part(path, set_id, group_N, tokens_N)
 
 
+@dataclass
+class _Groups:
+    """Every group of the sets, as arrays: group ``g`` is the rows ``row_R[off_G1[g]:off_G1[g + 1]]`` (global row
+    numbers: part ``p``'s rows start at ``part_row0_P1[p]``), groups numbered part after part, each part's in order
+    of first appearance; ``part_group0_P1`` bounds each part's groups."""
+
+    row_R: np.ndarray
+    off_G1: np.ndarray
+    part_group0_P1: np.ndarray
+    part_row0_P1: np.ndarray
+    rows_G: np.ndarray
+    tokens_G: np.ndarray
+
+    @classmethod
+    def of(cls, parts: list[_Part]) -> _Groups:
+        rows, sizes, tokens, groups_P, rows_P = [], [], [], [0], [0]
+        for part in parts:
+            order = np.argsort(part.group_N, kind="stable")
+            n_groups = int(part.group_N.max(initial=-1)) + 1
+            size = np.bincount(part.group_N, minlength=n_groups).astype(np.int64)
+            rows.append(order + rows_P[-1])
+            sizes.append(size)
+            tokens.append(np.bincount(part.group_N, weights=part.tokens_N, minlength=n_groups).astype(np.int64))
+            groups_P.append(groups_P[-1] + n_groups)
+            rows_P.append(rows_P[-1] + len(part.group_N))
+        rows_G = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+        off = np.zeros(len(rows_G) + 1, dtype=np.int64)
+        np.cumsum(rows_G, out=off[1:])
+        return cls(
+            row_R=np.concatenate(rows) if rows else np.zeros(0, np.int64),
+            off_G1=off,
+            part_group0_P1=np.asarray(groups_P, dtype=np.int64),
+            part_row0_P1=np.asarray(rows_P, dtype=np.int64),
+            rows_G=rows_G,
+            tokens_G=np.concatenate(tokens) if tokens else np.zeros(0, np.int64),
+        )
+
+    def rows_of(self, groups: np.ndarray) -> np.ndarray:
+        """The global row numbers of ``groups``, group after group."""
+        start = self.off_G1[groups]
+        size = self.rows_G[groups]
+        out_off = np.concatenate(([0], np.cumsum(size)))
+        return self.row_R[np.arange(int(out_off[-1]), dtype=np.int64) + np.repeat(start - out_off[:-1], size)]
+
+
+@dataclass
+class _RankPlan:
+    """One rank's batches of an epoch: batch ``k`` is the groups ``groups[bounds_K1[k]:bounds_K1[k + 1]]``."""
+
+    groups: np.ndarray
+    bounds_K1: np.ndarray
+    dropped_rows: int = 0
+
+    def __len__(self) -> int:
+        return len(self.bounds_K1) - 1
+
+
 class ShardLoader:
     """Batches of the shard rows under ``path`` for one rank (see the module docstring).
 
@@ -105,52 +166,49 @@ class ShardLoader:
         with_tokens = batch_tokens is not None
         parts = [(r.set_id, p) for r in refs for p in Manifest.of(r).part_paths(r)]
         self._parts = [_plan_part(path, set_id, with_tokens) for set_id, path in parts]
+        self._groups = _Groups.of(self._parts)
         self.epoch = 0
         self._next_batch = 0
-        self._cache: OrderedDict[int, pa.Table] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[np.ndarray | None, Rows]] = OrderedDict()
+        self._epoch_rows = np.zeros(0, np.int64)
         self.dropped_rows = 0
 
     # --- plan ------------------------------------------------------------------------------------------------
-    def _epoch_groups(self, epoch: int) -> list[tuple[int, np.ndarray]]:
-        """Every group of the sets as ``(part index, its row numbers)``, in this epoch's order."""
+    def _epoch_groups(self, epoch: int) -> np.ndarray:
+        """Every group of the sets (numbers of :class:`_Groups`), in this epoch's order."""
         rng = np.random.default_rng((self.seed, epoch))
-        part_order = rng.permutation(len(self._parts)) if self.shuffle else np.arange(len(self._parts))
-        groups: list[tuple[int, np.ndarray]] = []
+        n_parts = len(self._parts)
+        part_order = rng.permutation(n_parts) if self.shuffle else np.arange(n_parts)
+        group0 = self._groups.part_group0_P1
+        pieces = []
         for p in part_order.tolist():
-            group_N = self._parts[p].group_N
-            order = np.argsort(group_N, kind="stable")
-            bounds = np.searchsorted(group_N[order], np.arange(int(group_N.max(initial=-1)) + 2))
-            members = [order[bounds[g] : bounds[g + 1]] for g in range(len(bounds) - 1)]
-            g_order = rng.permutation(len(members)) if self.shuffle else np.arange(len(members))
-            groups.extend((p, members[g]) for g in g_order.tolist())
-        return groups
+            n = int(group0[p + 1] - group0[p])
+            pieces.append(group0[p] + (rng.permutation(n) if self.shuffle else np.arange(n)))
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
 
-    def _rank_batches(self, groups: list[tuple[int, np.ndarray]], rank: int) -> list[list[tuple[int, np.ndarray]]]:
+    def _rank_batches(self, groups: np.ndarray, rank: int) -> _RankPlan:
         mine = groups[rank :: self.world_size]
-        if not mine:
-            return []
+        if not len(mine):
+            return _RankPlan(mine, np.zeros(1, np.int64))
         if self.batch_rows is not None:
-            size_G = np.array([len(rows) for _, rows in mine], dtype=np.int64)
-            budget = self.batch_rows
+            size_G, budget = self._groups.rows_G[mine], self.batch_rows
         else:
-            size_G = np.array([int(self._parts[p].tokens_N[rows].sum()) for p, rows in mine], dtype=np.int64)
-            budget = self.batch_tokens  # type: ignore[assignment]
+            size_G, budget = self._groups.tokens_G[mine], self.batch_tokens  # type: ignore[assignment]
         start_G = np.concatenate(([0], np.cumsum(size_G)[:-1]))
-        _, batch_G = np.unique(start_G // budget, return_inverse=True)
-        batches: list[list[tuple[int, np.ndarray]]] = [[] for _ in range(int(batch_G.max()) + 1)]
-        for g, b in enumerate(batch_G.tolist()):
-            batches[b].append(mine[g])
-        return batches
+        window_G = start_G // budget
+        first = np.flatnonzero(np.diff(window_G)) + 1
+        return _RankPlan(mine, np.concatenate(([0], first, [len(mine)])).astype(np.int64))
 
-    def _plan(self, epoch: int) -> list[list[tuple[int, np.ndarray]]]:
+    def _plan(self, epoch: int) -> _RankPlan:
         groups = self._epoch_groups(epoch)
         per_rank = [self._rank_batches(groups, r) for r in range(self.world_size)]
         mine = per_rank[self.rank]
         self.dropped_rows = 0
         if self.drop_uneven:
             keep = min(len(b) for b in per_rank)
-            self.dropped_rows = sum(len(rows) for batch in mine[keep:] for _, rows in batch)
-            mine = mine[:keep]
+            cut = int(mine.bounds_K1[keep])
+            self.dropped_rows = int(self._groups.rows_G[mine.groups[cut:]].sum())
+            mine = _RankPlan(mine.groups[:cut], mine.bounds_K1[: keep + 1], self.dropped_rows)
         return mine
 
     def __len__(self) -> int:
@@ -158,21 +216,39 @@ class ShardLoader:
         return len(self._plan(self.epoch))
 
     # --- reading ---------------------------------------------------------------------------------------------
-    def _table(self, p: int) -> pa.Table:
+    def _part_rows(self, p: int) -> tuple[np.ndarray | None, Rows]:
+        """Part ``p``'s rows that this rank reads in the epoch, decoded once and kept while batches read from it
+        (the last two parts): ``(their row numbers in the part, or None for all of them; the rows)``."""
         if p in self._cache:
             self._cache.move_to_end(p)
             return self._cache[p]
+        row0 = self._groups.part_row0_P1
+        lo, hi = np.searchsorted(self._epoch_rows, row0[p : p + 2])
+        needed: np.ndarray | None = self._epoch_rows[lo:hi] - row0[p]
         schema = pq.read_schema(self._parts[p].path)
         columns = [c for c in (*ROW_COLUMNS, "temperature") if c in schema.names]
         table = pq.read_table(self._parts[p].path, columns=columns)
-        self._cache[p] = table
+        if needed is not None and len(needed) == table.num_rows:
+            needed = None  # every row: no take
+        rows = Rows.from_arrow(table if needed is None else table.take(pa.array(needed)))
+        self._cache[p] = (needed, rows)
         while len(self._cache) > 2:
             self._cache.popitem(last=False)
-        return table
+        return needed, rows
 
-    def _read(self, batch: list[tuple[int, np.ndarray]]) -> Rows:
-        pieces = [self._table(p).take(pa.array(rows)) for p, rows in batch]
-        return Rows.from_arrow(pa.concat_tables(pieces, promote_options="permissive"))
+    def _read(self, plan: _RankPlan, k: int) -> Rows:
+        """Batch ``k``: its groups' rows gathered by offsets, one gather per part it spans."""
+        row_R = self._groups.rows_of(plan.groups[plan.bounds_K1[k] : plan.bounds_K1[k + 1]])
+        row0 = self._groups.part_row0_P1
+        part_R = np.searchsorted(row0, row_R, side="right") - 1
+        cuts = np.concatenate(([0], np.flatnonzero(np.diff(part_R)) + 1, [len(row_R)]))
+        pieces = []
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            p = int(part_R[a])
+            needed, rows = self._part_rows(p)
+            local = row_R[a:b] - row0[p]
+            pieces.append(rows.take(local if needed is None else np.searchsorted(needed, local)))
+        return Rows.concat(pieces)
 
     def _shape(self, rows: Rows) -> Batch:
         if self.layout == "padded":
@@ -184,8 +260,10 @@ class ShardLoader:
     def __iter__(self) -> Iterator[Batch]:
         """The rest of the current epoch's batches; afterwards the position moves to the next epoch's start."""
         plan = self._plan(self.epoch)
+        self._cache.clear()
+        self._epoch_rows = np.sort(self._groups.rows_of(plan.groups))
         while self._next_batch < len(plan):
-            batch = self._shape(self._read(plan[self._next_batch]))
+            batch = self._shape(self._read(plan, self._next_batch))
             self._next_batch += 1
             yield batch
         self.epoch += 1

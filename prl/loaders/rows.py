@@ -106,6 +106,8 @@ class Rows:
     """Sampling temperature per row (float32, NaN where unknown); None when the set has no such column."""
     unsafe_positions: int = 0
     """Loss-mask positions taken out because a value there was null or not finite."""
+    unsafe_N: np.ndarray | None = None
+    """Those positions per row (int64), so that :meth:`take` counts them for the rows it takes."""
 
     @property
     def num_rows(self) -> int:
@@ -132,6 +134,7 @@ class Rows:
         ids, _ = _flat(col["input_ids"], np.int64)
         seq_off = _offsets(_lengths(col["input_ids"]))
         comp_len = _lengths(col["loss_mask"])
+        comp_off = _offsets(comp_len)
         mask, mask_valid = _flat(col["loss_mask"], np.bool_)
         safe = mask_valid.copy()
         values: dict[str, np.ndarray | None] = {}
@@ -160,7 +163,7 @@ class Rows:
             input_ids_T=ids,
             seq_off_N1=seq_off,
             prompt_len_N=col["prompt_len"].to_numpy(zero_copy_only=False).astype(np.int64),
-            comp_off_N1=_offsets(comp_len),
+            comp_off_N1=comp_off,
             loss_mask_C=mask,
             behavior_logprobs_C=values["behavior_logprobs"],  # type: ignore[arg-type]
             token_advantages_C=values["token_advantages"],  # type: ignore[arg-type]
@@ -171,7 +174,121 @@ class Rows:
             group_size_N=col["group_size"].to_numpy(zero_copy_only=False).astype(np.int64),
             temperature_N=temperature,
             unsafe_positions=int(unsafe.sum()),
+            unsafe_N=_row_sums(unsafe, comp_off),
         )
+
+    def take(self, idx_B: np.ndarray) -> Rows:
+        """The rows ``idx_B`` (in that order, repeats allowed) as new :class:`Rows`: per-row values indexed,
+        ragged values gathered by their offsets (no per-row work in Python)."""
+        idx_B = np.asarray(idx_B, dtype=np.int64)
+        seq_src, seq_off = _ragged_source(self.seq_off_N1, idx_B)
+        comp_src, comp_off = _ragged_source(self.comp_off_N1, idx_B)
+
+        def comp(values_C: np.ndarray | None) -> np.ndarray | None:
+            return None if values_C is None else values_C[comp_src]
+
+        unsafe_N = None if self.unsafe_N is None else self.unsafe_N[idx_B]
+        return Rows(
+            sample_id_N=self.sample_id_N[idx_B],
+            group_id_N=self.group_id_N[idx_B],
+            policy_version_N=self.policy_version_N[idx_B],
+            input_ids_T=self.input_ids_T[seq_src],
+            seq_off_N1=seq_off,
+            prompt_len_N=self.prompt_len_N[idx_B],
+            comp_off_N1=comp_off,
+            loss_mask_C=self.loss_mask_C[comp_src],
+            behavior_logprobs_C=self.behavior_logprobs_C[comp_src],
+            token_advantages_C=self.token_advantages_C[comp_src],
+            ref_logprobs_C=comp(self.ref_logprobs_C),
+            kl_C=comp(self.kl_C),
+            reward_N=self.reward_N[idx_B],
+            advantage_N=self.advantage_N[idx_B],
+            group_size_N=self.group_size_N[idx_B],
+            temperature_N=None if self.temperature_N is None else self.temperature_N[idx_B],
+            unsafe_positions=0 if unsafe_N is None else int(unsafe_N.sum()),
+            unsafe_N=unsafe_N,
+        )
+
+    @classmethod
+    def concat(cls, parts: list[Rows]) -> Rows:
+        """``parts`` one after another. Optional values (reference logprobs, KL, temperature) missing from some
+        parts but not all are filled there as absent: 0.0 out of the loss mask for the per-token ones (the
+        positions are counted unsafe when in the mask), NaN for temperature."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            raise ValueError("no rows to concatenate")
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(p, name) for p in parts])
+
+        def offsets(name: str) -> np.ndarray:
+            return _offsets(np.concatenate([np.diff(getattr(p, name)) for p in parts]))
+
+        mask_C = cat("loss_mask_C")
+        unsafe_N = cat("unsafe_N") if all(p.unsafe_N is not None for p in parts) else None
+        optional: dict[str, np.ndarray | None] = {}
+        for name in ("ref_logprobs_C", "kl_C"):
+            if all(getattr(p, name) is None for p in parts):
+                optional[name] = None
+                continue
+            have_C = np.concatenate([np.full(len(p.loss_mask_C), getattr(p, name) is not None) for p in parts])
+            optional[name] = np.concatenate(
+                [
+                    getattr(p, name) if getattr(p, name) is not None else np.zeros(len(p.loss_mask_C), np.float32)
+                    for p in parts
+                ]
+            )
+            lost_C = mask_C & ~have_C
+            if lost_C.any():
+                comp_off = offsets("comp_off_N1")
+                unsafe_N = None if unsafe_N is None else unsafe_N + _row_sums(lost_C, comp_off)
+                mask_C = mask_C & have_C
+        temperature = None
+        if any(p.temperature_N is not None for p in parts):
+            temperature = np.concatenate(
+                [
+                    p.temperature_N if p.temperature_N is not None else np.full(p.num_rows, np.nan, np.float32)
+                    for p in parts
+                ]
+            )
+        return cls(
+            sample_id_N=cat("sample_id_N"),
+            group_id_N=cat("group_id_N"),
+            policy_version_N=cat("policy_version_N"),
+            input_ids_T=cat("input_ids_T"),
+            seq_off_N1=offsets("seq_off_N1"),
+            prompt_len_N=cat("prompt_len_N"),
+            comp_off_N1=offsets("comp_off_N1"),
+            loss_mask_C=mask_C,
+            behavior_logprobs_C=cat("behavior_logprobs_C"),
+            token_advantages_C=cat("token_advantages_C"),
+            ref_logprobs_C=optional["ref_logprobs_C"],
+            kl_C=optional["kl_C"],
+            reward_N=cat("reward_N"),
+            advantage_N=cat("advantage_N"),
+            group_size_N=cat("group_size_N"),
+            temperature_N=temperature,
+            unsafe_positions=sum(p.unsafe_positions for p in parts) + int((cat("loss_mask_C") & ~mask_C).sum()),
+            unsafe_N=unsafe_N,
+        )
+
+
+def _row_sums(flags_C: np.ndarray, off_N1: np.ndarray) -> np.ndarray:
+    """How many of each row's flags (bounded by ``off_N1``) are set (int64)."""
+    cum = np.zeros(len(flags_C) + 1, dtype=np.int64)
+    np.cumsum(flags_C, out=cum[1:])
+    return cum[off_N1[1:]] - cum[off_N1[:-1]]
+
+
+def _ragged_source(off_N1: np.ndarray, idx_B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For the rows ``idx_B`` of a ragged array bounded by ``off_N1``: the flat positions of their values, in
+    order, and the new offsets."""
+    start_B = off_N1[idx_B]
+    len_B = off_N1[idx_B + 1] - start_B
+    off_B1 = _offsets(len_B)
+    src = np.arange(int(off_B1[-1]), dtype=np.int64) + np.repeat(start_B - off_B1[:-1], len_B)
+    return src, off_B1
 
 
 def pad_ragged(

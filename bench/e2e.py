@@ -43,9 +43,10 @@ from gen_data import (  # noqa: E402
     MODEL,
     USER,
     _draw_logprobs,
+    _logprobs_json,
     _lp_table,
     _quantize,
-    _real_logprobs_json,
+    _Tables,
 )
 
 ASSISTANT = 128804
@@ -93,6 +94,9 @@ def generate(folder: Path, records: int, prompt_tokens: int, completion_tokens: 
     answer_texts = _texts(rng, prompts * N, completion_tokens - 1)
     answers = tk.encode_batch(answer_texts, add_special_tokens=False)
     lp_text = _lp_table()[1]
+    completions = [np.array([*a.ids, EOS], np.int64) for a in answers]
+    vocab = np.unique(np.concatenate(completions))
+    tables = _Tables(vocab)  # JSON fragments of every completion token, made once
     n_prompt = n_completion = 0
     with (
         open(folder / "traces.jsonl", "w") as traces,
@@ -105,8 +109,8 @@ def generate(folder: Path, records: int, prompt_tokens: int, completion_tokens: 
             prompt_json = json.dumps(prompt, separators=(",", ":"))
             for c in range(N):
                 i = p * N + c
-                completion = np.array([*answers[i].ids, EOS], np.int64)
-                lp_json = _real_logprobs_json(rng, completion, 0)
+                completion = completions[i]
+                lp_json = _logprobs_json(tables, rng, np.searchsorted(vocab, completion), 0)
                 n_p, n_c = len(prompt), len(completion)
                 traces.write(
                     f'{{"id":"{req}","object":"chat.completion","created":{1764496800 + p},"model":"{MODEL}",'

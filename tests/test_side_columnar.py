@@ -7,6 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from prl.ingestion import side_tables
+from prl.ingestion.event_ids import ref_id, ref_ids
 from prl.ingestion.ref_columnar import ref_block
 from prl.ingestion.rewards_columnar import reward_block
 from prl.ingestion.side_tables import ingest_side_table
@@ -156,3 +158,20 @@ def test_common_files_never_take_the_row_road(
     _write(path, fmt, rows)
     result = ingest_side_table([str(path)], Store(str(tmp_path / "store")), kind=kind)
     assert (result.rows, result.quarantined) == (40, {})
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.lists(st.floats(-1e6, 0, allow_nan=False, width=32), max_size=5), min_size=1, max_size=8),
+    st.integers(0, 3),
+    st.sampled_from([pa.float32(), pa.float64()]),
+)
+def test_ref_ids_over_columns_equal_one_row_at_a_time(rows: list[list[float]], cut: int, value_type) -> None:
+    array = pa.array(rows, pa.list_(value_type)).slice(min(cut, len(rows) - 1))
+    sample_ids = [f"s{i}" for i in range(len(array))]
+    models = ["m", "ref-b"] * len(array)
+    expected = [
+        ref_id(sid, model, np.array(row.as_py(), np.float64))
+        for sid, model, row in zip(sample_ids, models, array, strict=False)
+    ]
+    assert ref_ids(sample_ids, models[: len(array)], array).to_pylist() == expected

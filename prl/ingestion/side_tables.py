@@ -291,15 +291,19 @@ class _FileRun:
         position) nor earlier in this file; the others are counted as already present."""
         ids = batch.column("event_id").to_pylist()
         sample_ids = batch.column("sample_id").to_pylist()
-        legacy = legacy_ids(self.src.uri, batch.column("source_line")).to_pylist()
-        known = self.index.lookup(ids + legacy)
+        if self.index.holds_nothing():  # a new table: nothing to look up, legacy ids included
+            legacy: list[str | None] = [None] * len(ids)
+            known: dict[str, str] = {}
+        else:
+            legacy = legacy_ids(self.src.uri, batch.column("source_line")).to_pylist()
+            known = self.index.lookup(ids + legacy)
         added = self.added
         if not known and added.keys().isdisjoint(ids) and len(set(ids)) == len(ids):  # all new: no row loop
             added.update(zip(ids, sample_ids, strict=True))
             return batch
         keep = []
         for i, (event, old) in enumerate(zip(ids, legacy, strict=True)):
-            if event in added or event in known or old in known:
+            if event in added or event in known or (old is not None and old in known):
                 continue
             keep.append(i)
             added[event] = sample_ids[i]

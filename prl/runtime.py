@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib.abc
 import os
 import sys
 from collections.abc import Iterator
@@ -120,7 +121,7 @@ class _NoPandasYet:
             raise ModuleNotFoundError("pandas is loaded on demand", name=name)
 
 
-class _AfterLoad:
+class _AfterLoad(importlib.abc.Loader):
     """A loader that runs ``then`` once its module is executed (the module's own loader does the work)."""
 
     def __init__(self, loader: Any, then: Any) -> None:

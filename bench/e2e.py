@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -144,10 +145,20 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def _timed(cmd: list[str]) -> tuple[float, str]:
-    t0 = time.perf_counter()
+CPU: dict[str, float] = {}
+"""CPU seconds (user + system) of the last run of each timed command, by its first distinctive word."""
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(cmd: list[str], name: str = "") -> tuple[float, str]:
+    t0, c0 = time.perf_counter(), _cpu()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=REPO)
     elapsed = time.perf_counter() - t0
+    CPU[name] = _cpu() - c0
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return elapsed, proc.stdout
@@ -169,7 +180,8 @@ def run_prl(folder: Path, work: Path) -> dict[str, float]:
     }  # fmt: skip
     times: dict[str, float] = {}
     for name, cmd in steps.items():
-        times[name], stdout = _timed(cmd)
+        times[name], stdout = _timed(cmd, name)
+        times[f"_cpu {name}"] = CPU[name]
         if name == "check-tokens":
             summary = json.loads(stdout)
             times["_verdicts"] = summary.get("verdicts")  # type: ignore[assignment]
@@ -187,9 +199,10 @@ def run_plain(folder: Path, work: Path) -> dict[str, float]:
         tokenizer_dir(),
         str(work / "plain.parquet"),
     ]
-    total, stdout = _timed(cmd)
+    total, stdout = _timed(cmd, "plain")
     stages = json.loads(stdout)
     stages["total"] = total
+    stages["cpu"] = CPU["plain"]
     return stages
 
 
@@ -230,6 +243,9 @@ def bench_case(name: str, scale: float, data: Path, repeat: int) -> list[tuple[s
         ),
         (name, "**total** (whole processes)", plain["total"], ours["total"]),
     ]
+    cpu = sum(v for k, v in ours.items() if k.startswith("_cpu "))
+    per_command = ", ".join(f"{k[5:]} {v:.1f}" for k, v in ours.items() if k.startswith("_cpu "))
+    print(f"  CPU seconds (user + system): plain {plain['cpu']:.1f}, prl {cpu:.1f} ({per_command})")
     print(
         f"  plain: imports {plain['imports']:.2f} s, {plain['roundtrip_ok']:,} of {plain['rows']:,} round-trip; "
         f"prl: ingest rewards {ours['ingest rewards']:.2f} s, ingest ref {ours['ingest ref']:.2f} s, "

@@ -10,7 +10,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
 from prl.errors import redact_urls
@@ -40,6 +39,8 @@ def byte_progress(total: int, label: str) -> Iterator[Callable[[int], None] | No
     if not stderr.is_terminal or total <= 0:
         yield None
         return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -17,7 +17,7 @@ import typer
 from prl.report import console as report
 from prl.report.session import SESSION, PrlGroup, run_command
 from prl.results import CommandResult
-from prl.runtime import set_process_defaults
+from prl.runtime import pandas_on_demand, set_process_defaults
 
 
 class Kind(StrEnum):
@@ -445,6 +445,7 @@ def main() -> None:
     once a command's summary is printed signals no longer interrupt it (the exit code stays the one printed).
     The console script enters through :mod:`prl.__main__`, which covers interrupts while this module loads."""
     set_process_defaults()
+    pandas_on_demand()
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # what the parent ignores stays ignored
             signal.signal(signum, _interrupt)

@@ -69,8 +69,13 @@ class Occurrences:
     def to_json(self) -> str:
         """The counts so far as base64 of sorted 20-byte records (16-byte content digest, big-endian uint32
         count): what a resume point of the file carries, so a read continued there numbers on."""
-        packed = b"".join(key + _COUNT.pack(n) for key, n in sorted(self._seen.items()))
-        return base64.b64encode(packed).decode("ascii")
+        n = len(self._seen)
+        keys = np.frombuffer(b"".join(self._seen), dtype=">u8").reshape(n, 2)  # 16 bytes as two big-endian words
+        order = np.lexsort((keys[:, 1], keys[:, 0]))  # byte order, as sorting the keys as bytes gives
+        records = np.empty(n, dtype=[("key", ">u8", (2,)), ("count", ">u4")])
+        records["key"] = keys[order]
+        records["count"] = np.fromiter(self._seen.values(), dtype=np.int64, count=n)[order]
+        return base64.b64encode(records.tobytes()).decode("ascii")
 
     @classmethod
     def from_json(cls, text: object) -> Occurrences | None:
@@ -136,14 +141,22 @@ def ref_id(sample_id: str, ref_model: str, ref_logprobs_T: np.ndarray) -> str:
 
 
 def ref_ids(sample_ids: list[str], models: list[str], ref_logprobs: pa.Array) -> pa.Array:
-    """``event_id`` of reference rows (string[N]): identical rows are one event, so no occurrence count."""
-    offsets = ref_logprobs.offsets.to_numpy()
-    values = ref_logprobs.values.to_numpy(zero_copy_only=False)
-    ids = [
-        ref_id(sid, model, values[offsets[i] : offsets[i + 1]])
-        for i, (sid, model) in enumerate(zip(sample_ids, models, strict=True))
-    ]
-    return pa.array(ids, pa.string())
+    """``event_id`` of reference rows (string[N]): identical rows are one event, so no occurrence count. The
+    contents (:func:`ref_content`) are assembled over the columns; only the digest is taken row by row."""
+    n = len(sample_ids)
+    offsets = ref_logprobs.offsets.to_numpy().astype(np.int64)  # of the slice, if it is one
+    values = ref_logprobs.values.to_numpy(zero_copy_only=False)[offsets[0] : offsets[-1]]
+    raw = np.ascontiguousarray(values, dtype="<f4").tobytes()
+    byte_offsets = pa.py_buffer(((offsets - offsets[0]) * 4).astype(np.int64).tobytes())
+    floats = pa.Array.from_buffers(pa.large_binary(), n, [None, byte_offsets, pa.py_buffer(raw)])
+    contents = pc.binary_join_element_wise(
+        pa.scalar(b"ref", pa.large_binary()),
+        pa.array(sample_ids, pa.string()).cast(pa.large_binary()),
+        pa.array(models, pa.string()).cast(pa.large_binary()),
+        floats,
+        pa.scalar(SEP, pa.large_binary()),
+    )
+    return pa.array([_digest(content) for content in contents.to_pylist()], pa.string())
 
 
 def legacy_id(uri: str, line: int) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import importlib.abc
 import os
 import sys
 from collections.abc import Iterator
@@ -109,3 +110,88 @@ def _malloc_trim() -> Any:
     if trim is not None:
         trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int  # int malloc_trim(size_t pad)
     return trim
+
+
+class _NoPandasYet:
+    """A finder under which ``import pandas`` fails: Arrow's first Python conversion looks pandas up once (to
+    recognise pandas objects) and so imported it, about 0.3 s of every command, whether or not pandas is used."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is loaded on demand", name=name)
+
+
+class _AfterLoad(importlib.abc.Loader):
+    """A loader that runs ``then`` once its module is executed (the module's own loader does the work)."""
+
+    def __init__(self, loader: Any, then: Any) -> None:
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        self.then()
+
+
+class _Watch:
+    """A finder that runs ``then`` once the top-level module ``name`` has loaded, then leaves ``sys.meta_path``.
+    A look-up that does not load (``importlib.util.find_spec``, as polars probes for its optional libraries)
+    leaves it in place."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name, self.then, self.busy = name, then, False
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.name or self.busy:
+            return None
+        from importlib.util import find_spec
+
+        self.busy = True
+        try:
+            spec = find_spec(name)  # what the other finders say
+        finally:
+            self.busy = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _AfterLoad(spec.loader, self._loaded)
+        return spec
+
+    def _loaded(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+            self.then()
+
+
+def _arrow_looked_pandas_up() -> None:
+    """Let Arrow's one-time pandas lookup find none (it is not loaded, so no pandas object exists yet), then
+    watch for pandas being loaded after all, to show it to Arrow then."""
+    import pyarrow as pa
+
+    blocker = _NoPandasYet()
+    sys.meta_path.insert(0, blocker)
+    try:
+        pa.array([0.5, None])  # the conversion that looks pandas up
+    finally:
+        sys.meta_path.remove(blocker)
+    sys.meta_path.insert(0, _Watch("pandas", _show_pandas_to_arrow))
+
+
+def _show_pandas_to_arrow() -> None:
+    import pyarrow as pa
+
+    pa.lib._pandas_api.pd  # noqa: B018 - the shim's loading lookup: pandas objects are recognised from here on
+
+
+def pandas_on_demand() -> bool:
+    """Load pandas only if something uses it. Arrow looks pandas up on its first conversion of Python values and
+    imports it if installed (0.3 s or more on every command, for nothing on a prl command). Under this, that
+    lookup finds no pandas while none is loaded; should anything import pandas later, Arrow is shown it at once,
+    so ``pa.array(series)`` and ``to_pandas()`` work as usual. One thing stays off for the process: Arrow's
+    reading of pandas' ``NaT`` / ``NA`` singletons inside plain Python lists (``from_pandas=True``); prl makes
+    none. For the ``prl`` command, which owns its process; returns whether the lookup was deferred (False once
+    pandas or pyarrow has loaded)."""
+    if "pandas" in sys.modules or "pyarrow" in sys.modules:
+        return False
+    sys.meta_path.insert(0, _Watch("pyarrow", _arrow_looked_pandas_up))
+    return True

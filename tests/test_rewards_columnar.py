@@ -56,7 +56,8 @@ def test_columnar_block_equals_per_row_events(batch: list[dict], same_keys: bool
 def test_other_shapes_and_blank_lines_take_the_row_path() -> None:
     for block in (
         b'{"sample_id": "a", "rewards": {"x": 1}}\n',
-        b'{"request_id": "r", "choice_index": 0, "reward": 1}\n',
+        b'{"request_id": "r", "choice_index": 0.0, "reward": 1}\n',
+        b'{"request_id": "r", "choice_index": 0, "sample_id": "r#0", "reward": 1}\n',
         b'{"sample_id": "a", "reward": 1}\n\n{"sample_id": "b", "reward": 0}\n',
         b'{"sample_id": "a", "reward": "0.5"}\n',
         b'{"sample_id": "a", "reward": 1, "created_at": "2025-01-01T00:00:00Z"}\n',

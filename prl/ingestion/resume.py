@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from prl.errors import RetryableIOError, UsageError
-from prl.formats import registry
 from prl.formats.base import Format
 from prl.io.prefix import BLOCK_BYTES, PrefixDigest, PrefixWindow, matching_prefix
 from prl.io.sources import LineReader, SourceFile
@@ -137,6 +136,8 @@ def _framing(point: ResumePoint, format_option: str) -> Format | None:
     """The format a read from the start would frame with, as it was detected then."""
     if point.format_option != format_option:
         return None
+    from prl.formats import registry  # every format: loaded by a trace ingest, not by the side tables' one
+
     try:
         if format_option != "auto":
             return registry.by_name(format_option)

@@ -1,15 +1,18 @@
-"""Columnar reading of reward JSONL blocks in the common shapes, without Python per row.
+"""Columnar reading of reward files in the common shapes, without Python per row.
 
-A block of whole lines (as :meth:`prl.io.sources.LineReader.blocks` yields it) is parsed by
-``pyarrow.json.read_json`` at once when every line is an object of one of these shapes, with no null, missing or
-non-finite value and no blank line:
+A JSONL block of whole lines (as :meth:`prl.io.sources.LineReader.blocks` yields it) is parsed by
+``pyarrow.json.read_json`` at once, and a CSV or Parquet batch is taken as Arrow reads it, when every row is one
+of these shapes, with no null, missing or non-finite value (and, in JSONL, no blank line):
 
-- ``{"sample_id": str, "reward": number, "created_at"?: epoch seconds or ms}`` (name ``reward``);
-- ``{"sample_id": str, "name": str, "value": number, "created_at"?: ...}``.
+- ``{KEY, "reward": number, "created_at"?: epoch seconds or ms}`` (name ``reward``);
+- ``{KEY, "name": str, "value": number, "created_at"?: ...}``;
 
-Anything else in the block (a component dict, ``request_id`` keys, ISO timestamps, a bad row) returns None, and
-the caller reads that block line by line with :func:`prl.ingestion.side_tables.reward_events`, which explains
-each bad row; the rows a block yields here are exactly the events that function would make of them.
+where KEY is ``"sample_id": str`` or ``"request_id": str, "choice_index": int`` (sample ``request_id#choice_index``).
+
+Anything else (a component dict, ISO timestamps, numbers written as strings, a bad row) returns None, and the
+caller reads that block row by row with :func:`prl.ingestion.side_tables.reward_events`, which explains each bad
+row; the rows a block yields here are exactly the events that function would make of them (the per-row reader
+stays the reference: tests compare the two on generated files).
 """
 
 from __future__ import annotations
@@ -42,6 +45,13 @@ def _numbers(column: pa.ChunkedArray) -> np.ndarray | None:
     return values if np.isfinite(values).all() else None
 
 
+def _strings(column: pa.ChunkedArray) -> pa.Array | None:
+    """A string column without nulls, as one array; else None."""
+    if column.type not in (pa.string(), pa.large_string()) or column.null_count:
+        return None
+    return column.combine_chunks().cast(pa.string())
+
+
 def _created_ms(table: pa.Table, now_ms: int) -> np.ndarray | None:
     """int64[N] event times as :func:`prl.formats.fields.timestamp_ms` reads epoch numbers; None if any is not one."""
     if "created_at" not in table.column_names:
@@ -58,30 +68,73 @@ def _created_ms(table: pa.Table, now_ms: int) -> np.ndarray | None:
     return ms.astype(np.int64) if (ms < _MS_LIMIT).all() else None
 
 
-def reward_block(
-    block: bytes, first_line: int, uri: str, now_ms: int, occurrences: Occurrences | None = None
-) -> tuple[pa.RecordBatch, np.ndarray] | None:
-    """The block's reward events as a ``rewards`` batch and the line number of each row (int64[N]), or None
-    when the block must be read row by row. With ``occurrences`` (the file's, see
-    :mod:`prl.event_ids`), ``event_id`` is filled in; else it is null."""
+def json_block(block: bytes) -> pa.Table | None:
+    """A JSONL block of whole lines as one Arrow table (a row per line), or None when Arrow cannot read it as
+    that (a blank line, a line that is not an object, invalid JSON)."""
     if not block.strip():
         return None
     try:
         table = pj.read_json(io.BytesIO(block), read_options=pj.ReadOptions(block_size=len(block) + 1))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
+    return table if table.num_rows == _lines(block) else None
+
+
+def _nonempty_strings(column: pa.ChunkedArray | pa.Array) -> pa.Array | None:
+    """A string column without nulls or empty strings, as one array; else None."""
+    if column.type not in (pa.string(), pa.large_string()) or column.null_count:
+        return None
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(array) and pc.min(pc.utf8_length(array)).as_py() == 0:
+        return None
+    return array.cast(pa.string())
+
+
+def sample_keys(table: pa.Table) -> pa.Array | None:
+    """Each row's sample id as :func:`prl.ingestion.side_tables` keys it (``sample_id``, or ``request_id#choice_index``
+    with an integer ``choice_index``), when every row has it the same way; else None."""
+    names = set(table.column_names)
+    if "sample_id" in names:
+        return None if "request_id" in names else _nonempty_strings(table.column("sample_id"))
+    if "request_id" not in names or "choice_index" not in names:
+        return None
+    request = _nonempty_strings(table.column("request_id"))
+    choice = table.column("choice_index")
+    if request is None or not pa.types.is_integer(choice.type) or choice.null_count:
+        return None
+    try:
+        numbers = choice.combine_chunks().cast(pa.int64())
+    except pa.ArrowInvalid:  # an unsigned integer past int64
+        return None
+    return pc.binary_join_element_wise(request, numbers.cast(pa.string()), "#")
+
+
+def reward_block(
+    block: bytes, first_line: int, uri: str, now_ms: int, occurrences: Occurrences | None = None
+) -> tuple[pa.RecordBatch, np.ndarray] | None:
+    """The block's reward events as a ``rewards`` batch and the line number of each row (int64[N]), or None
+    when the block must be read row by row. With ``occurrences`` (the file's, see
+    :mod:`prl.event_ids`), ``event_id`` is filled in; else it is null."""
+    table = json_block(block)
+    return None if table is None else reward_table(table, first_line, uri, now_ms, occurrences)
+
+
+def reward_table(
+    table: pa.Table, first_line: int, uri: str, now_ms: int, occurrences: Occurrences | None = None
+) -> tuple[pa.RecordBatch, np.ndarray] | None:
+    """:func:`reward_block` of rows already in Arrow (a JSONL block, a CSV or Parquet batch), numbered from
+    ``first_line``."""
     n = table.num_rows
     names = set(table.column_names)
-    if n != _lines(block) or names & SLOW_KEYS or "sample_id" not in names:
+    if not n or names & SLOW_KEYS:
         return None
-    ids = table.column("sample_id")
-    if ids.type != pa.string() or ids.null_count or pc.any(pc.equal(pc.utf8_length(ids), 0)).as_py():
+    ids = sample_keys(table)
+    if ids is None:
         return None
     if "name" in names and "value" in names:
-        name_col = table.column("name")
-        if name_col.type != pa.string() or name_col.null_count:
+        event_names = _strings(table.column("name"))
+        if event_names is None:
             return None
-        event_names: pa.Array | pa.ChunkedArray = name_col
         values = _numbers(table.column("value"))
     elif "name" in names or "value" in names or "reward" not in names:
         return None
@@ -94,8 +147,8 @@ def reward_block(
     lines = np.arange(first_line, first_line + n, dtype=np.int64)
     ts = REWARDS.field("created_at").type
     columns = [
-        ids.combine_chunks(),
-        event_names.combine_chunks() if isinstance(event_names, pa.ChunkedArray) else event_names,
+        ids,
+        event_names,
         pa.array(values),
         pa.array(created).cast(ts),
         pa.repeat(pa.scalar(uri, pa.string()), n),
@@ -110,4 +163,4 @@ def reward_block(
     return batch, lines
 
 
-__all__ = ["reward_block"]
+__all__ = ["json_block", "reward_block", "reward_table", "sample_keys"]

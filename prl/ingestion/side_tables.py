@@ -19,6 +19,12 @@ file that stopped changing). Files already consumed (same uri, size, mtime) are 
 name, new content) or copied under another name adds exactly the events not in the table yet. A plain JSONL file
 that grew is read on from where the last run stopped (:mod:`prl.ingestion.side_resume`), its event ids numbered
 on from the counts that run recorded, so each run costs the file's new bytes.
+
+Two roads read the rows. Blocks in the common shapes (a JSONL block of whole lines, a CSV or Parquet batch; keys
+by ``sample_id`` or ``request_id`` + ``choice_index``, one event per row, lists of logprobs) are read columnar
+(:mod:`prl.ingestion.rewards_columnar`, :mod:`prl.ingestion.ref_columnar`); any other block, or one holding a bad
+row, is read row by row (:func:`reward_events`, :func:`ref_row`), the reference road, which explains every bad
+row. Both give the same rows, ids and quarantine.
 """
 
 from __future__ import annotations
@@ -40,9 +46,10 @@ from prl.event_ids import Occurrences, legacy_ids, ref_id, reward_content
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
 from prl.ingestion.assemble import list_column
+from prl.ingestion.ref_columnar import ref_table
 from prl.ingestion.resume import app_id as resume_app_id
 from prl.ingestion.resume import earlier_entries
-from prl.ingestion.rewards_columnar import reward_block
+from prl.ingestion.rewards_columnar import json_block, reward_table
 from prl.ingestion.side_resume import SideStart, open_file, resume_entry
 from prl.io import sources as io_sources
 from prl.io.sources import LineReader, SourceFile, lines_of, scan
@@ -176,31 +183,23 @@ def ref_row(row: dict[str, Any]) -> dict[str, Any]:
     return {"sample_id": sample_id, "ref_model": model, "ref_logprobs": array}
 
 
-def _rows(
-    src: SourceFile, reader: LineReader
-) -> Iterator[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]:
-    """(line, raw, row, error) for a JSONL, CSV or Parquet file; CSV/Parquet rows are numbered from 1 (header
-    excluded)."""
-    name = src.uri.lower()
-    if name.endswith(".parquet"):
-        fs, path = filesystem_for(src.uri)
+def _arrow_batches(src: SourceFile) -> Iterator[pa.RecordBatch]:
+    """The record batches of a CSV or Parquet file, as Arrow reads them."""
+    fs, path = filesystem_for(src.uri)
+    if src.uri.lower().endswith(".parquet"):
         with fs.open_input_file(path) as fh:
-            line = 0
-            for batch in pq.ParquetFile(fh).iter_batches(BATCH_ROWS):
-                for row in batch.to_pylist():
-                    line += 1
-                    yield line, repr(row).encode(), row, None
+            yield from pq.ParquetFile(fh).iter_batches(BATCH_ROWS)
         return
-    if name.endswith(".csv"):
-        fs, path = filesystem_for(src.uri)
-        with fs.open_input_stream(path) as fh:
-            line = 0
-            for batch in pacsv.open_csv(fh):
-                for row in batch.to_pylist():
-                    line += 1
-                    yield line, repr(row).encode(), row, None
-        return
-    yield from _json_rows(reader)
+    with fs.open_input_stream(path) as fh:
+        yield from pacsv.open_csv(fh)
+
+
+def _batch_rows(
+    batch: pa.RecordBatch, first_line: int
+) -> Iterator[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]:
+    """(line, raw, row, error) of a CSV or Parquet batch, rows numbered from ``first_line`` (header excluded)."""
+    for line, row in enumerate(batch.to_pylist(), start=first_line):
+        yield line, repr(row).encode(), row, None
 
 
 def _json_rows(
@@ -293,15 +292,19 @@ class _FileRun:
         position) nor earlier in this file; the others are counted as already present."""
         ids = batch.column("event_id").to_pylist()
         sample_ids = batch.column("sample_id").to_pylist()
-        legacy = legacy_ids(self.src.uri, batch.column("source_line")).to_pylist()
-        known = self.index.lookup(ids + legacy)
+        if self.index.holds_nothing():  # a new table: nothing to look up, legacy ids included
+            legacy: list[str | None] = [None] * len(ids)
+            known: dict[str, str] = {}
+        else:
+            legacy = legacy_ids(self.src.uri, batch.column("source_line")).to_pylist()
+            known = self.index.lookup(ids + legacy)
         added = self.added
         if not known and added.keys().isdisjoint(ids) and len(set(ids)) == len(ids):  # all new: no row loop
             added.update(zip(ids, sample_ids, strict=True))
             return batch
         keep = []
         for i, (event, old) in enumerate(zip(ids, legacy, strict=True)):
-            if event in added or event in known or old in known:
+            if event in added or event in known or (old is not None and old in known):
                 continue
             keep.append(i)
             added[event] = sample_ids[i]
@@ -334,7 +337,6 @@ def _ingest_one(
     run = _FileRun(src, table, index, result, now_ms, occurrences=start.occurrences)
     counts: Counter[str] = Counter()
     quarantined: list[dict[str, Any]] = []
-    schema = REWARDS if table == "rewards" else REF_LOGPROBS
 
     def events(
         rows: Iterable[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]],
@@ -359,11 +361,8 @@ def _ingest_one(
                 yield item
 
     def batches() -> Iterator[pa.RecordBatch]:
-        if table == "rewards" and _is_jsonl(src.uri):
-            produced: Iterator[pa.RecordBatch] = _reward_batches(reader, run, events)
-        else:
-            produced = _row_batches(events(_rows(src, reader)), schema)
-        for batch in produced:
+        jsonl = _is_jsonl(src.uri)
+        for batch in _jsonl_batches(reader, run, events) if jsonl else _file_batches(src, run, events):
             yield run.fresh(batch)
 
     pending = store.write_files(table, batches(), dry_run=dry_run)
@@ -412,23 +411,43 @@ def _row_batches(items: Iterable[dict[str, Any]], schema: pa.Schema) -> Iterator
         yield _batch(buffer, schema)
 
 
-def _reward_batches(
-    reader: LineReader,
-    run: _FileRun,
-    events: Callable[
-        [Iterable[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]], Iterator[dict[str, Any]]
-    ],
-) -> Iterator[pa.RecordBatch]:
-    """Reward events of a JSONL source: blocks in the common shapes columnar (:mod:`prl.ingestion.rewards_columnar`),
-    any other block row by row through ``events``."""
+Events = Callable[[Iterable[tuple[int, bytes, dict[str, Any] | None, Quarantined | None]]], Iterator[dict[str, Any]]]
+"""The per-row reader: (line, raw, row, error) in, validated rows (or quarantined ones) out."""
+
+
+def _columnar(run: _FileRun, table: pa.Table, first_line: int) -> pa.RecordBatch | None:
+    """Rows of one block already in Arrow, read columnar (:mod:`prl.ingestion.rewards_columnar`,
+    :mod:`prl.ingestion.ref_columnar`), or None when they take the per-row road."""
+    if run.table == "rewards":
+        fast = reward_table(table, first_line, run.src.uri, run.now_ms, run.occurrences)
+        return None if fast is None else fast[0]
+    return ref_table(table, first_line, run.src.uri, run.now_ms)
+
+
+def _jsonl_batches(reader: LineReader, run: _FileRun, events: Events) -> Iterator[pa.RecordBatch]:
+    """Rows of a JSONL source: blocks in the common shapes columnar, any other block row by row through
+    ``events`` (the reference road, which explains every bad row)."""
+    schema = REWARDS if run.table == "rewards" else REF_LOGPROBS
     for first, block in reader.blocks():
-        fast = reward_block(block, first, run.src.uri, run.now_ms, run.occurrences)
-        if fast is None:
-            slow = list(events(_json_rows(lines_of([(first, block)]))))
-            if slow:
-                yield _batch(slow, REWARDS)
+        table = json_block(block)
+        fast = None if table is None else _columnar(run, table, first)
+        if fast is not None:
+            yield fast
             continue
-        yield fast[0]
+        yield from _row_batches(events(_json_rows(lines_of([(first, block)]))), schema)
+
+
+def _file_batches(src: SourceFile, run: _FileRun, events: Events) -> Iterator[pa.RecordBatch]:
+    """Rows of a CSV or Parquet source: each batch columnar when it is in the common shapes, else row by row."""
+    schema = REWARDS if run.table == "rewards" else REF_LOGPROBS
+    line = 1
+    for batch in _arrow_batches(src):
+        fast = _columnar(run, pa.Table.from_batches([batch]), line) if batch.num_rows else None
+        if fast is not None:
+            yield fast
+        else:
+            yield from _row_batches(events(_batch_rows(batch, line)), schema)
+        line += batch.num_rows
 
 
 def _batch(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.RecordBatch:

@@ -48,7 +48,6 @@ from prl.io.locations import is_remote
 from prl.shards.layout import META, meta_root
 from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file, write_json
-from prl.shards.s3out import S3Out
 from prl.shards.turns import newest_version, snapshot_turn_files, take
 from prl.store.changes import added_files, files_dataset
 from prl.store.tables import Store
@@ -111,6 +110,8 @@ def read_frontier(out: str) -> Frontier | None:
     one this version of prl wrote."""
     try:
         if is_remote(out):
+            from prl.shards.s3out import S3Out
+
             target = S3Out(out)
             body = target.read_if_any(target.key(META, FRONTIER))
             if body is None:
@@ -228,6 +229,8 @@ def _read_backlog(out: str, name: str) -> pa.Table | None:
     """The backlog file ``name`` of ``out`` (on S3 in one GET), or None when it cannot be read."""
     try:
         if is_remote(out):
+            from prl.shards.s3out import S3Out
+
             target = S3Out(out)
             body = target.read_if_any(target.key(META, "frontier", name))
             return None if body is None else pq.read_table(pa.BufferReader(body), schema=BACKLOG_SCHEMA)
@@ -264,6 +267,8 @@ def write_frontier(out: str, frontier: Frontier, backlog: pa.Table) -> None:
 
 
 def _write_remote(out: str, frontier: Frontier, backlog: pa.Table) -> None:
+    from prl.shards.s3out import S3Out
+
     target = S3Out(out)
     sink = pa.BufferOutputStream()
     pq.write_table(backlog.cast(BACKLOG_SCHEMA), sink, compression="zstd")

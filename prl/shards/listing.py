@@ -11,7 +11,6 @@ from prl.errors import ExitCode
 from prl.io.locations import S3_SCHEME
 from prl.shards.layout import resolve
 from prl.shards.manifest import Manifest
-from prl.shards.s3out import S3Out
 
 
 @dataclass
@@ -61,9 +60,13 @@ def list_sets(path: str) -> ShardList:
     or ``s3://`` URIs. Staged builds, retired sets, uploads without a manifest and side files are never listed.
     Raises :class:`~prl.errors.UsageError` when ``path`` holds no set."""
     if path.startswith(S3_SCHEME):
+        from prl.shards.s3out import S3Out
+
         remote = S3Out(path)
         result = ShardList(out=remote.uri)
         for ref in remote.resolve():
+            from prl.shards.s3out import S3Out
+
             manifest = S3Out(ref.out).manifest(ref.set_id)
             files = [f"{ref.dir}/{entry.file}" for entry in manifest.shards]
             result.sets.append(SetListing(ref.set_id, ref.dir, manifest.totals.rows, manifest.totals.tokens, files))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Collection
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -30,7 +30,9 @@ from prl.shards.publish import (
     retire_sets,
     write_index,
 )
-from prl.shards.s3out import S3Out
+
+if TYPE_CHECKING:
+    from prl.shards.s3out import S3Out  # loaded where an s3:// OUT is used: boto3 only then
 
 
 class OutTarget(Protocol):
@@ -114,6 +116,8 @@ def out_target(out: str) -> LocalOut | S3Out:
     """The target for ``out``: a local folder (or ``file://``) or an ``s3://bucket/prefix``; any other scheme
     is a usage error."""
     if out.startswith(S3_SCHEME):
+        from prl.shards.s3out import S3Out
+
         return S3Out(out)
     if is_remote(out):
         raise UsageError(f"shard output must be a local folder or an s3:// prefix, not {out!r}")

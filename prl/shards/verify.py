@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 import pyarrow.compute as pc
@@ -30,7 +30,9 @@ from prl.shards.index import index_json
 from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef, index_path, resolve, set_ref
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
 from prl.shards.publish import sha256_file
-from prl.shards.s3out import S3Out
+
+if TYPE_CHECKING:
+    from prl.shards.s3out import S3Out  # loaded where an s3:// OUT is used: boto3 only then
 
 BATCH_ROWS = 1024
 
@@ -196,6 +198,8 @@ def _shipped_twice(refs: list[SetRef], result: VerifyResult) -> None:
 def verify_shards(path: str) -> VerifyResult:
     """Verify a shard set, or every set of an ``OUT`` folder or ``s3://`` OUT (see the module docstring)."""
     if path.startswith(S3_SCHEME):
+        from prl.shards.s3out import S3Out
+
         return _verify_s3(S3Out(path))
     path = os.path.abspath(path)
     result = VerifyResult(path=path)
@@ -225,6 +229,8 @@ def _verify_s3(remote: S3Out) -> VerifyResult:
     refs = remote.resolve()
     with tempfile.TemporaryDirectory(prefix="prl-verify-") as local_out:
         for ref in refs:
+            from prl.shards.s3out import S3Out
+
             S3Out(ref.out).download_set(ref.set_id, local_out)
             local = set_ref(local_out, ref.set_id)
             if local is None:

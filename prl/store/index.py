@@ -280,6 +280,10 @@ class SampleIndex:
         }
 
     # --- lookups -----------------------------------------------------------------------------------------
+    def holds_nothing(self) -> bool:
+        """True when the index has no entry at all (no file, nothing pending): every lookup finds nothing."""
+        return not self._files and not self.pending
+
     def lookup(self, sample_ids: list[str]) -> dict[str, str]:
         """``id → value`` for those of ``sample_ids`` (ids) that are in the table (as of :attr:`covered`).
 

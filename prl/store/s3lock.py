@@ -33,18 +33,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prl.errors import LockedError, RetryableIOError, UsageError
 from prl.io.locations import aws_endpoint, aws_max_retries, aws_region, split_s3
 from prl.store import holder, liveness
 
-try:
-    import boto3
-    from botocore.config import Config
+if TYPE_CHECKING:
     from botocore.exceptions import BotoCoreError, ClientError
-except ImportError:  # pragma: no cover - depends on the installation
-    boto3 = None
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +57,11 @@ def s3_client() -> Any:
     """A boto3 S3 client for the standard AWS environment (``AWS_ENDPOINT_URL[_S3]``, ``AWS_REGION``), making
     ``AWS_MAX_ATTEMPTS`` attempts per request (:data:`DEFAULT_ATTEMPTS` where it is unset; an explicit retry
     setting would otherwise override the variable)."""
-    if boto3 is None:  # pragma: no cover - depends on the installation
-        raise UsageError("s3:// stores need boto3 for their locks: pip install 'prl[s3]'")
+    try:  # loaded here, not with the module: a command on a local store never pays for boto3
+        import boto3
+        from botocore.config import Config
+    except ImportError:  # pragma: no cover - depends on the installation
+        raise UsageError("s3:// stores need boto3 for their locks: pip install 'prl[s3]'") from None
     retries = aws_max_retries()
     attempts = DEFAULT_ATTEMPTS if retries is None else retries + 1
     config = Config(retries={"total_max_attempts": attempts, "mode": "standard"}, connect_timeout=10, read_timeout=30)
@@ -82,6 +81,13 @@ CLIENT_ENVIRONMENT = (
 SECRET_ENVIRONMENT = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 """Credentials that also decide it: a client is kept per digest of their values (never the values themselves),
 so a rotated secret or session token gets a new client."""
+
+
+def _errors() -> tuple[type[ClientError], type[BotoCoreError]]:
+    """botocore's error classes (loaded by then: a request that can raise them needed a client)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return ClientError, BotoCoreError
 
 
 def _forget_clients() -> None:
@@ -113,13 +119,14 @@ def log_object(store_uri: str, key: str) -> bytes | None:
     filesystems' are."""
     client = shared_s3_client()
     bucket, prefix = split_s3(store_uri)
+    client_error, botocore_error = _errors()
     try:
         return bytes(client.get_object(Bucket=bucket, Key=f"{prefix}/{key}" if prefix else key)["Body"].read())
-    except ClientError as exc:
+    except client_error as exc:
         if _code(exc) in GONE:
             return None
         raise OSError(f"reading s3://{bucket}/{prefix}/{key} failed: {_code(exc)}") from exc
-    except BotoCoreError as exc:
+    except botocore_error as exc:
         raise OSError(f"reading s3://{bucket}/{prefix}/{key} failed: {exc}") from exc
 
 
@@ -174,14 +181,15 @@ class S3Lock:
     def _read(self) -> tuple[dict[str, Any], str, float] | None:
         """The current lock: ``(holder info, ETag, heartbeat age in seconds)``; None when there is none."""
         client = self.client
+        client_error, botocore_error = _errors()
         try:
             response = client.get_object(Bucket=self.bucket, Key=self.key)
             raw = response["Body"].read()
-        except ClientError as exc:
+        except client_error as exc:
             if _code(exc) in GONE:
                 return None
             raise self._io_error("reading", exc) from exc
-        except BotoCoreError as exc:
+        except botocore_error as exc:
             raise self._io_error("reading", exc) from exc
         try:
             info = json.loads(raw)
@@ -196,15 +204,16 @@ class S3Lock:
     def _put(self, action: str, **condition: str) -> str | None:
         """Put this run's holder info under ``condition``; its new ETag, or None when the condition failed."""
         client = self.client
+        client_error, botocore_error = _errors()
         try:
             response = client.put_object(
                 Bucket=self.bucket, Key=self.key, Body=self._body(), ContentType="application/json", **condition
             )
-        except ClientError as exc:
+        except client_error as exc:
             if _code(exc) in CONDITION_FAILED | GONE:
                 return None
             raise self._io_error(action, exc) from exc
-        except BotoCoreError as exc:
+        except botocore_error as exc:
             raise self._io_error(action, exc) from exc
         return str(response["ETag"])
 
@@ -288,13 +297,14 @@ class S3Lock:
             if etag is None or self.lost:
                 return
             client = self.client
+            client_error, botocore_error = _errors()
             try:
                 client.delete_object(Bucket=self.bucket, Key=self.key, IfMatch=etag)
-            except ClientError as exc:
+            except client_error as exc:
                 if _code(exc) in CONDITION_FAILED | GONE:
                     return  # taken over meanwhile: not ours to delete
                 self._left_behind(exc)
-            except BotoCoreError as exc:
+            except botocore_error as exc:
                 self._left_behind(exc)
 
     def _left_behind(self, exc: Exception) -> None:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from prl.redact import redact_logging
 from prl.report import console as report
 from prl.report.session import SESSION, PrlGroup, run_command
 from prl.results import CommandResult
@@ -65,6 +66,7 @@ def _main(
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    redact_logging()  # no credential in any log line, whichever library wrote it
 
 
 @app.command()

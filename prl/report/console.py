@@ -13,15 +13,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from prl.errors import redact_urls
+from prl.redact import redact
 
 stdout = Console()
 stderr = Console(stderr=True)
 
 
 def emit_json(payload: dict[str, Any]) -> None:
-    """One machine-readable summary on stdout, on one line; URL userinfo removed (:func:`prl.errors.redact_urls`)."""
-    sys.stdout.write(redact_urls(json.dumps(payload, sort_keys=True, default=str)) + "\n")
+    """One machine-readable summary on stdout, on one line; credentials removed (:func:`prl.redact.redact`)."""
+    sys.stdout.write(redact(json.dumps(payload, sort_keys=True, default=str)) + "\n")
     sys.stdout.flush()
 
 

@@ -14,6 +14,8 @@ from typing import Annotated, Any
 
 import typer
 
+from prl import bounds
+from prl.errors import UsageError
 from prl.redact import redact_logging
 from prl.report import console as report
 from prl.report.session import SESSION, PrlGroup, run_command
@@ -55,6 +57,19 @@ EngineOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON summary on stdout.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Do all the reading and checking, write nothing.")]
 StoreOpt = Annotated[str, typer.Option("--store", help="Trace store: a folder or an s3:// prefix.")]
+
+
+def _seconds(option: str) -> Any:
+    """An option callback: a finite number of seconds in the range of :func:`prl.bounds.check_seconds` (click's
+    own float range lets NaN through), else a usage error before the command runs."""
+
+    def check(value: float) -> float:
+        try:
+            return bounds.check_seconds(option, value)
+        except UsageError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    return check
 
 
 @app.callback()
@@ -229,11 +244,23 @@ def score_ref_cmd(
     ] = None,
     batch_tokens: Annotated[
         int,
-        typer.Option("--batch-tokens", help="Tokens per committed batch; local model: padded tokens per forward pass."),
+        typer.Option(
+            "--batch-tokens",
+            help="Tokens per committed batch; local model: padded tokens per forward pass.",
+            min=1,
+            max=bounds.MAX_BATCH_TOKENS,
+        ),
     ] = 16384,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Endpoint requests in flight.")] = 8,
-    retries: Annotated[int, typer.Option("--retries", help="Retries per request on 429/5xx/timeouts.")] = 5,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per endpoint request.")] = 120.0,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", help="Endpoint requests in flight.", min=1, max=bounds.MAX_CONCURRENCY)
+    ] = 8,
+    retries: Annotated[
+        int, typer.Option("--retries", help="Retries per request on 429/5xx/timeouts.", min=0, max=bounds.MAX_RETRIES)
+    ] = 5,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", help="Seconds per endpoint request.", callback=_seconds("--timeout")),
+    ] = 120.0,
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
     ] = 0.05,
@@ -270,7 +297,6 @@ def _shard_options(recipe: str | None, overrides: list[str]) -> Any:
     """``[shards]`` of a TOML recipe, then ``KEY=VALUE`` overrides, validated by ``ShardOptions``."""
     import tomllib
 
-    from prl.errors import UsageError
     from prl.shards.options import ShardOptions
 
     mapping: dict[str, Any] = {}
@@ -329,7 +355,6 @@ def export_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export a shard set (or every current set of OUT) for a trainer: Tinker Datum JSONL, ids beside each."""
-    from prl.errors import UsageError
     from prl.export.tinker import export_tinker
 
     def call() -> CommandResult:
@@ -406,10 +431,21 @@ def maintain_cmd(
     retention_hours: Annotated[
         int,
         typer.Option(
-            "--retention-hours", help="Keep replaced and never-committed files this long for older readers (>= 1)."
+            "--retention-hours",
+            help="Keep replaced and never-committed files this long for older readers.",
+            min=bounds.MIN_RETENTION_HOURS,
+            max=bounds.MAX_RETENTION_HOURS,
         ),
     ] = 168,
-    target_mb: Annotated[int, typer.Option("--target-mb", help="Size of the compacted data files, in MB.")] = 128,
+    target_mb: Annotated[
+        int,
+        typer.Option(
+            "--target-mb",
+            help="Size of the compacted data files, in MB.",
+            min=bounds.MIN_TARGET_MB,
+            max=bounds.MAX_TARGET_MB,
+        ),
+    ] = 128,
     table: Annotated[
         list[str] | None,
         typer.Option("--table", help="Maintain only this table (repeatable); default: every table and the index."),

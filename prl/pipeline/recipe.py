@@ -66,6 +66,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
+from prl.bounds import (
+    MAX_BATCH_TOKENS,
+    MAX_CONCURRENCY,
+    MAX_RETENTION_HOURS,
+    MAX_RETRIES,
+    MAX_TARGET_MB,
+    MAX_TIMEOUT_S,
+    MIN_RETENTION_HOURS,
+    MIN_TARGET_MB,
+)
 from prl.engines import ENGINES
 from prl.errors import UsageError
 from prl.shards.options import ShardOptions
@@ -282,10 +292,10 @@ def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> 
             "model": paths.location,
             "backend": lambda v, key, value: v.string(key, value, ("auto", "vllm", "sglang", "tinker")),
             "served_model": Validator.string,
-            "batch_tokens": lambda v, key, value: v.integer(key, value, 1),
-            "concurrency": lambda v, key, value: v.integer(key, value, 1),
-            "retries": lambda v, key, value: v.integer(key, value, 0),
-            "timeout": lambda v, key, value: v.number(key, value, 0.0, above_minimum=True),
+            "batch_tokens": lambda v, key, value: v.integer(key, value, 1, MAX_BATCH_TOKENS),
+            "concurrency": lambda v, key, value: v.integer(key, value, 1, MAX_CONCURRENCY),
+            "retries": lambda v, key, value: v.integer(key, value, 0, MAX_RETRIES),
+            "timeout": lambda v, key, value: v.number(key, value, 0.0, MAX_TIMEOUT_S, above_minimum=True),
             "max_quarantine_rate": Validator.rate,
         },
     )
@@ -299,7 +309,10 @@ def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> 
 def _maintain_section(where: str, doc: Mapping[str, Any]) -> MaintainSection | None:
     if "maintain" not in doc:
         return None
-    checks: dict[str, Check] = {"retention_hours": _at_least_one, "target_mb": _at_least_one}
+    checks: dict[str, Check] = {
+        "retention_hours": lambda v, key, value: v.integer(key, value, MIN_RETENTION_HOURS, MAX_RETENTION_HOURS),
+        "target_mb": lambda v, key, value: v.integer(key, value, MIN_TARGET_MB, MAX_TARGET_MB),
+    }
     section: MaintainSection = _section(where, "maintain", doc["maintain"], MaintainSection, checks)
     return section
 
@@ -342,10 +355,6 @@ Check = Callable[[Validator, str, Any], Any]
 
 def _engine(v: Validator, key: str, value: Any) -> str:
     return v.string(key, value, choices=ENGINES)
-
-
-def _at_least_one(v: Validator, key: str, value: Any) -> int:
-    return v.integer(key, value, 1)
 
 
 def _sample_rate(v: Validator, key: str, value: Any) -> float:

@@ -26,6 +26,12 @@ MAX_RETRIES = 100
 """``score-ref --retries``."""
 MAX_TIMEOUT_S = 86_400.0
 """``score-ref --timeout``: a day per request."""
+TEMPLATE_TIMEOUTS = 3
+"""``check-tokens --max-template-timeouts``'s default: conversations of a run whose chat template may run past its
+render time budget before the rest get ``template_budget`` unrendered (:mod:`prl.checks.template_worker`, which
+imports nothing of prl, holds the same number as its own default)."""
+MAX_TEMPLATE_TIMEOUTS_LIMIT = 1_000_000
+"""``check-tokens --max-template-timeouts``."""
 
 
 def check_int(option: str, value: object, minimum: int, maximum: int) -> int:

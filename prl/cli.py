@@ -186,6 +186,16 @@ def check_tokens_cmd(
     fail_on_warn: Annotated[
         bool, typer.Option("--fail-on-warn", help="Count warn verdicts as problems for --max-drift-rate.")
     ] = False,
+    max_template_timeouts: Annotated[
+        int,
+        typer.Option(
+            "--max-template-timeouts",
+            help="Conversations whose chat template may run past its 5 s render budget; after them the run's other "
+            "conversations get template_budget without a render.",
+            min=1,
+            max=bounds.MAX_TEMPLATE_TIMEOUTS_LIMIT,
+        ),
+    ] = bounds.TEMPLATE_TIMEOUTS,
     engine: EngineOpt = EngineName.local,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
@@ -204,6 +214,7 @@ def check_tokens_cmd(
             allow_warn=not fail_on_warn,
             dry_run=dry_run,
             engine=engine.value,
+            max_template_timeouts=max_template_timeouts,
         ),
         lambda r: render(r, report.stdout),
         as_json,

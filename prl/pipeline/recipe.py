@@ -28,6 +28,7 @@ A recipe has up to eight tables; a step runs when its table is present (``[store
     max_drift_rate = 0.05       # exit 1 above this fraction of drift / invalid verdicts (optional)
     sample_rate = 1.0           # fraction of samples checked, picked by sample_id hash
     allow_warn = true           # false: warn verdicts count as problems
+    max_template_timeouts = 3   # renders past the 5 s budget before the rest get template_budget unrendered
 
     [score_ref]                 # prl score-ref: reference logprobs for samples lacking them
     ref_model = "ref-v1"        # name recorded as ref_model (and [shards] ref_model unless that names one)
@@ -72,9 +73,11 @@ from prl.bounds import (
     MAX_RETENTION_HOURS,
     MAX_RETRIES,
     MAX_TARGET_MB,
+    MAX_TEMPLATE_TIMEOUTS_LIMIT,
     MAX_TIMEOUT_S,
     MIN_RETENTION_HOURS,
     MIN_TARGET_MB,
+    TEMPLATE_TIMEOUTS,
 )
 from prl.engines import ENGINES
 from prl.errors import UsageError
@@ -125,6 +128,7 @@ class CheckSection:
     max_drift_rate: float | None = None
     sample_rate: float = 1.0
     allow_warn: bool = True
+    max_template_timeouts: int = TEMPLATE_TIMEOUTS
 
 
 @dataclass(frozen=True)
@@ -259,6 +263,7 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
                 "max_drift_rate": Validator.rate,
                 "sample_rate": _sample_rate,
                 "allow_warn": Validator.boolean,
+                "max_template_timeouts": lambda v, key, value: v.integer(key, value, 1, MAX_TEMPLATE_TIMEOUTS_LIMIT),
             },
         )
     if "score_ref" in doc:

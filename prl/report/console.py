@@ -267,6 +267,11 @@ def _render_store(result: Any, console: Console) -> None:
     if result.quarantine:
         rows = [(f"{r['table']}: {r['reason']}", r["records"]) for r in result.quarantine]
         console.print(_counts_table("quarantine by reason", rows, "records", "table: reason"))
+    if result.quarantine_superseded:
+        console.print(
+            f"{result.quarantine_superseded:,} truncated_line records were finished and ingested later "
+            "(the rows count, not the quarantine)"
+        )
     for check in result.checks:
         v = check["verdicts"]
         console.print(

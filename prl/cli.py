@@ -6,6 +6,7 @@ Exit codes (design.md §7): 0 done (also when there was nothing new), 1 done but
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -481,8 +482,12 @@ def _interrupt(signum: int, frame: object) -> None:
 def main() -> None:
     """Run the command line in this process: SIGTERM behaves like Ctrl-C (exit 130, committed work kept), and
     once a command's summary is printed signals no longer interrupt it (the exit code stays the one printed).
+    A native library that aborts the process (a Rust panic while panicking, a failed Arrow check, a fatal Python
+    error at exit) leaves the Python stack of every thread on stderr (:mod:`faulthandler`), naming where it was.
     The console script enters through :mod:`prl.__main__`, which covers interrupts while this module loads."""
     set_process_defaults()
+    if not faulthandler.is_enabled():  # an abort in a native library (SIGABRT, SIGSEGV) leaves every thread's stack
+        faulthandler.enable(all_threads=True)
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # what the parent ignores stays ignored
             signal.signal(signum, _interrupt)

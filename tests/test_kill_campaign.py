@@ -8,8 +8,14 @@ whose accounting finds one fails). Its figures go to the log, one line per harne
 The twelve harnesses run side by side, ``PRL_CAMPAIGN_JOBS`` at a time (default: the machine's cores), the
 longest first, each S3 one with a moto server of its own (a moto server is one process: two harnesses on one
 would queue on its interpreter). A kill cycle is CPU-bound (the runs, their accounting and the S3 server's
-requests: ``bench/bench_s3_kills.py``), so the campaign takes about its CPU time over the cores.
-``PRL_CAMPAIGN_KILLS`` and ``PRL_CAMPAIGN_FAULTS`` scale it down for a measurement."""
+requests: ``bench/bench_s3_kills.py``), so the campaign takes about its CPU time over the cores. Measured CPU
+seconds per cycle (harness, its runs and the S3 server; some 150 cycles make 100 kills, runs that finish before
+their kill being cycles too): on S3 2.3 (ingest), 2.1 (rewards), 3.4 (check), 4.5 (build-shards), where half of
+check's and build-shards' requests are their set-up (the earlier steps over the grown input); locally 0.1 to 0.5;
+a fault cycle 1.4 to 2.3. Extrapolated: about 1,850 CPU seconds for the S3 hundreds, under 200 for the local ones and
+some 220 for the faults: about 19 minutes on two otherwise idle cores when the harnesses run side by side, where
+the S3 hundreds one after another took 38 minutes. ``PRL_CAMPAIGN_KILLS`` and ``PRL_CAMPAIGN_FAULTS`` scale it
+down for a measurement (1 kill per harness and 4 faults: 8.4 minutes under a load of 15 to 22 on two cores)."""
 
 from __future__ import annotations
 

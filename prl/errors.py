@@ -10,7 +10,6 @@ from __future__ import annotations
 from enum import IntEnum
 
 from prl.redact import redact
-from prl.redact import redact_urls as redact_urls  # re-exported: callers import it from here
 
 
 class ExitCode(IntEnum):

@@ -36,11 +36,11 @@ demo: setup
 bench: setup
 	$(PY) bench/run_all.py
 
-# the crash tests at full strength: 100 SIGKILLs per writing command on a local store and on an s3:// store and OUT
-# (the S3 hundreds took 38 min for the four commands one after another on 2 busy cores; `make test` runs the
-# local hundred and 16 per command on S3)
+# the kill and fault campaign at full strength (tests/test_kill_campaign.py, marked campaign): 100 SIGKILLs per
+# writing command on a local store and OUT and on an s3:// store and OUT, and 100 network faults through a proxy,
+# each with a rerun and the full accounting; its harnesses run side by side, one per core, and print their figures
 crash: setup
-	PRL_CRASH_KILLS=100 PRL_CRASH_S3_KILLS=100 $(PY) -m pytest -n 2 --durations=8 tests/test_crash_kills.py
+	$(PY) -m pytest -p no:cacheprovider -m campaign -s --durations=4 tests/test_kill_campaign.py
 
 # TRL and verl in a virtualenv of their own (verl pins transformers < 5.11 and brings Ray): the tests marked genuine
 # in tests/test_loaders_trainers.py run the adapters' batches through their loss code there. On this machine the

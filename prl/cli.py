@@ -6,6 +6,7 @@ Exit codes (docs/design.md): 0 done (also when there was nothing new), 1 done bu
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import sys
@@ -14,6 +15,9 @@ from typing import Annotated, Any
 
 import typer
 
+from prl import bounds
+from prl.errors import UsageError
+from prl.redact import redact_logging
 from prl.report import console as report
 from prl.report.session import SESSION, PrlGroup, run_command
 from prl.results import CommandResult
@@ -57,6 +61,19 @@ DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Do all the reading a
 StoreOpt = Annotated[str, typer.Option("--store", help="Trace store: a folder or an s3:// prefix.")]
 
 
+def _seconds(option: str) -> Any:
+    """An option callback: a finite number of seconds in the range of :func:`prl.bounds.check_seconds` (click's
+    own float range lets NaN through), else a usage error before the command runs."""
+
+    def check(value: float) -> float:
+        try:
+            return bounds.check_seconds(option, value)
+        except UsageError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    return check
+
+
 @app.callback()
 def _main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log progress details to stderr.")] = False,
@@ -66,6 +83,7 @@ def _main(
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    redact_logging()  # no credential in any log line, whichever library wrote it
 
 
 @app.command()
@@ -170,6 +188,16 @@ def check_tokens_cmd(
     fail_on_warn: Annotated[
         bool, typer.Option("--fail-on-warn", help="Count warn verdicts as problems for --max-drift-rate.")
     ] = False,
+    max_template_timeouts: Annotated[
+        int,
+        typer.Option(
+            "--max-template-timeouts",
+            help="Conversations whose chat template may run past its 5 s render budget; after them the run's other "
+            "conversations get template_budget without a render.",
+            min=1,
+            max=bounds.MAX_TEMPLATE_TIMEOUTS_LIMIT,
+        ),
+    ] = bounds.TEMPLATE_TIMEOUTS,
     engine: EngineOpt = EngineName.local,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
@@ -188,6 +216,7 @@ def check_tokens_cmd(
             allow_warn=not fail_on_warn,
             dry_run=dry_run,
             engine=engine.value,
+            max_template_timeouts=max_template_timeouts,
         ),
         lambda r: render(r, report.stdout),
         as_json,
@@ -228,11 +257,23 @@ def score_ref_cmd(
     ] = None,
     batch_tokens: Annotated[
         int,
-        typer.Option("--batch-tokens", help="Tokens per committed batch; local model: padded tokens per forward pass."),
+        typer.Option(
+            "--batch-tokens",
+            help="Tokens per committed batch; local model: padded tokens per forward pass.",
+            min=1,
+            max=bounds.MAX_BATCH_TOKENS,
+        ),
     ] = 16384,
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Endpoint requests in flight.")] = 8,
-    retries: Annotated[int, typer.Option("--retries", help="Retries per request on 429/5xx/timeouts.")] = 5,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per endpoint request.")] = 120.0,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", help="Endpoint requests in flight.", min=1, max=bounds.MAX_CONCURRENCY)
+    ] = 8,
+    retries: Annotated[
+        int, typer.Option("--retries", help="Retries per request on 429/5xx/timeouts.", min=0, max=bounds.MAX_RETRIES)
+    ] = 5,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", help="Seconds per endpoint request.", callback=_seconds("--timeout")),
+    ] = 120.0,
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
     ] = 0.05,
@@ -269,7 +310,6 @@ def _shard_options(recipe: str | None, overrides: list[str]) -> Any:
     """``[shards]`` of a TOML recipe, then ``KEY=VALUE`` overrides, validated by ``ShardOptions``."""
     import tomllib
 
-    from prl.errors import UsageError
     from prl.shards.options import ShardOptions
 
     mapping: dict[str, Any] = {}
@@ -328,7 +368,6 @@ def export_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Export a shard set (or every current set of OUT) for a trainer: Tinker Datum JSONL, ids beside each."""
-    from prl.errors import UsageError
     from prl.export.tinker import export_tinker
 
     def call() -> CommandResult:
@@ -415,10 +454,21 @@ def maintain_cmd(
     retention_hours: Annotated[
         int,
         typer.Option(
-            "--retention-hours", help="Keep replaced and never-committed files this long for older readers (>= 1)."
+            "--retention-hours",
+            help="Keep replaced and never-committed files this long for older readers.",
+            min=bounds.MIN_RETENTION_HOURS,
+            max=bounds.MAX_RETENTION_HOURS,
         ),
     ] = 168,
-    target_mb: Annotated[int, typer.Option("--target-mb", help="Size of the compacted data files, in MB.")] = 128,
+    target_mb: Annotated[
+        int,
+        typer.Option(
+            "--target-mb",
+            help="Size of the compacted data files, in MB.",
+            min=bounds.MIN_TARGET_MB,
+            max=bounds.MAX_TARGET_MB,
+        ),
+    ] = 128,
     table: Annotated[
         list[str] | None,
         typer.Option("--table", help="Maintain only this table (repeatable); default: every table and the index."),
@@ -443,9 +493,13 @@ def _interrupt(signum: int, frame: object) -> None:
 def main() -> None:
     """Run the command line in this process: SIGTERM behaves like Ctrl-C (exit 130, committed work kept), and
     once a command's summary is printed signals no longer interrupt it (the exit code stays the one printed).
+    A native library that aborts the process (a Rust panic while panicking, a failed Arrow check, a fatal Python
+    error at exit) leaves the Python stack of every thread on stderr (:mod:`faulthandler`), naming where it was.
     The console script enters through :mod:`prl.__main__`, which covers interrupts while this module loads."""
     set_process_defaults()
     pandas_on_demand()
+    if not faulthandler.is_enabled():  # an abort in a native library (SIGABRT, SIGSEGV) leaves every thread's stack
+        faulthandler.enable(all_threads=True)
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:  # what the parent ignores stays ignored
             signal.signal(signum, _interrupt)

@@ -1,22 +1,15 @@
 """Exceptions and the exit codes they map to (docs/design.md). Every exit code means one thing.
 
-Messages never carry credentials: an error's text has the userinfo of every URL in it removed
-(``http://key:secret@host`` → ``http://***@host``), whatever library wrote the text — an endpoint such as
+Messages never carry credentials: an error's text goes through :func:`prl.redact.redact` (the userinfo of every
+URL, credential header values, the environment's secrets), whatever library wrote the text — an endpoint such as
 ``AWS_ENDPOINT_URL=http://user:pass@minio:9000`` shows up in delta-rs and pyarrow errors.
 """
 
 from __future__ import annotations
 
-import re
 from enum import IntEnum
 
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@:\"']+(?::[^\s@\"']*)?@")
-"""``scheme://user[:password]@``; a password may hold raw ``/`` (an unescaped AWS secret)."""
-
-
-def redact_urls(text: str) -> str:
-    """``text`` with the userinfo of every ``scheme://user:password@host`` URL replaced by ``***``."""
-    return _USERINFO.sub(r"\1***@", text)
+from prl.redact import redact
 
 
 class ExitCode(IntEnum):
@@ -40,7 +33,7 @@ class PrlError(Exception):
     exit_code: ExitCode = ExitCode.USAGE
 
     def __init__(self, *args: object) -> None:
-        super().__init__(*(redact_urls(a) if isinstance(a, str) else a for a in args))
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class UsageError(PrlError):

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from prl.formats.base import Quarantined
+from prl.redact import redact
 from prl.schema import QUARANTINE, RAW_LIMIT
 from prl.store.tables import Store
 
@@ -26,7 +27,9 @@ def quarantine_row(
     table: str = "traces",
 ) -> dict[str, Any]:
     """One quarantine row; its id is derived from the record's location, content and reason, so re-reading
-    the same record never quarantines it twice."""
+    the same record never quarantines it twice. Its ``raw`` text (the line's first :data:`RAW_LIMIT` characters)
+    and ``message`` keep no credential (:func:`prl.redact.redact`: header values such as ``Authorization``, URL
+    userinfo); the id is the digest of the line as read."""
     digest = hashlib.sha256(f"{table}|{uri}|{line}|{q.choice_index}|{q.reason}|".encode())
     digest.update(raw)
     text = raw.decode("utf-8", errors="replace")
@@ -38,8 +41,8 @@ def quarantine_row(
         "source_format": fmt,
         "sample_id": sample_id,
         "reason": q.reason,
-        "message": q.message[:1000],
-        "raw": text[:RAW_LIMIT],
+        "message": redact(q.message[:1000]),
+        "raw": redact(text[:RAW_LIMIT]),
         "raw_truncated": len(text) > RAW_LIMIT,
         "quarantined_at": now_ms,
     }

@@ -69,9 +69,11 @@ class Validator:
             raise self.bad(key, "true or false", value)
         return value
 
-    def integer(self, key: str, value: Any, minimum: int | None = None) -> int:
-        """An integer (not a bool), ≥ ``minimum`` when given."""
+    def integer(self, key: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+        """An integer (not a bool), ≥ ``minimum`` and ≤ ``maximum`` when given."""
         expected = "an integer" if minimum is None else f"an integer ≥ {minimum}"
+        if maximum is not None:
+            expected = f"an integer in [{minimum}, {maximum}]" if minimum is not None else f"an integer ≤ {maximum}"
         if self.text and isinstance(value, str):
             try:
                 value = int(value.strip())
@@ -79,7 +81,7 @@ class Validator:
                 raise self.bad(key, expected, value) from None
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.bad(key, expected, value)
-        if minimum is not None and value < minimum:
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             raise self.bad(key, expected, value)
         return value
 

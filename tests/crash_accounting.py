@@ -93,10 +93,10 @@ def snapshot_rows(store: Store, name: str, columns: list[str], cache: Path | Non
     file read before (the same path and size: a Delta data file is written once, never changed) come from the
     copy kept there, so an accounting reads only the files committed since the last one; without it the whole
     table is read through polars' own Delta reader."""
-    if cache is None:
-        return read_table(store, name, columns)
     table = store.open(name)
     schema = pa.schema([TABLES[name].field(c) for c in columns])
+    if table is not None and cache is None:
+        return read_table(store, name, columns)
     if table is None:
         empty = pl.from_arrow(schema.empty_table())
         assert isinstance(empty, pl.DataFrame)

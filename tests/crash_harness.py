@@ -14,6 +14,13 @@ polars or Delta started their threads could deadlock): every run, the rerun and 
 children, which report through their exit status and a file. The DeepSeek-V4 tokenizer is loaded once here and
 inherited (loading it writes nothing, and would otherwise take most of a check-tokens run).
 
+With ``--faults N`` (and ``--bucket``) the harness injects network faults instead of kills: it puts a
+:class:`tests.faulty_proxy.FaultyProxy` in front of the S3 server and, each cycle, arms one fault drawn at random
+(a dropped answer, a reset connection or a stall of up to 3 s, on a commit, a data file upload, a lock write or a
+log read, after letting the first 0 to 2 matching requests through), runs the command to its end (which must be a
+completion or a retryable error, exit 5: never a traceback), disarms it, reruns the command and does the full
+accounting, until N faults have met a request.
+
 Each cycle: the input grows (:mod:`tests.crash_inputs`: whole lines, bad and malformed ones, sometimes a last line
 left unfinished and finished later); a child runs the set-up the command needs (earlier steps, to completion),
 then the command, killed at a random instant (or finishing first); a child reruns the command to completion and
@@ -249,6 +256,46 @@ def _final(command: str, p: Paths, data: tuple[TraceInput, RewardInput]) -> Call
     return work
 
 
+FAULT_TARGETS = {
+    "commit": ("PUT", r"/_delta_log/\d{20}\.json$"),
+    "data file": ("PUT", r"/part-[^/]+\.parquet$"),
+    "lock": ("PUT", r"/_locks/[^/]+\.lock$"),
+    "log read": ("GET", r"/_delta_log/"),
+    "out": ("PUT", r"/out/"),
+}
+"""What a fault may meet: ``(method, path regex)`` of the requests of each kind."""
+FAULT_KINDS = ("drop_answer", "reset", "stall")
+
+
+def _setup_only(command: str, p: Paths, note: Path, known: list[str]) -> Callable[[], None]:
+    def work() -> None:
+        for step in SETUP[command]:
+            step(p)
+        _write(note, {"state": state(p, known)})
+
+    return work
+
+
+def _faulted_run(command: str, p: Paths, note: Path) -> Callable[[], None]:
+    """The command to its end under a fault: done, or an error a rerun recovers from (what exits 5 on the command
+    line: :class:`~prl.errors.RetryableIOError`, an untranslated ``OSError``); anything else fails the cycle."""
+
+    def work() -> None:
+        from prl.errors import ExitCode, PrlError
+
+        outcome = "done"
+        try:
+            RUN[command](p)
+        except (PrlError, OSError) as exc:
+            code = exc.exit_code if isinstance(exc, PrlError) else ExitCode.RETRYABLE_IO
+            if code != ExitCode.RETRYABLE_IO:
+                raise
+            outcome = "exit 5"
+        _write(note, {"outcome": outcome})
+
+    return work
+
+
 class Cycles:
     """The kill loop of one command; :meth:`summary` is what it found."""
 
@@ -311,6 +358,65 @@ class Cycles:
                 self.window = max(self.window, rerun["seconds"])  # cold start is a small part of a run)
         return None
 
+    def fault_cycle(self, proxy: Any) -> str | None:
+        """One growth, set-up, run under one random fault, rerun and accounting; an error message, or None."""
+        from tests.faulty_proxy import Fault
+
+        self.counts["cycles"] += 1
+        if self.counts["cycles"] % MAINTAIN_EVERY == 0:
+            if _child(lambda: prl.store.maintain.maintain(self.p.store), self.report, self.cpu, "maintain") != 0:
+                return self._fail("maintain failed")
+        self._grow()
+        if _child(_setup_only(self.command, self.p, self.note, self.known), self.report, self.cpu, "setup") != 0:
+            return self._fail("set-up failed")
+        before = json.loads(self.note.read_text())["state"]
+        target = self.rng.choice([t for t in sorted(FAULT_TARGETS) if t != "out" or self.command == "shards"])
+        method, path = FAULT_TARGETS[target]
+        kind = self.rng.choice(FAULT_KINDS)
+        fault = proxy.add(
+            Fault(method, path, kind, skip=self.rng.randint(0, 2), stall_seconds=self.rng.uniform(0.2, 3.0))
+        )
+        status = _child(_faulted_run(self.command, self.p, self.note), self.report, self.cpu, "faulted")
+        proxy.clear()
+        if status != 0:
+            return self._fail(f"the run under a {kind} fault on a {target} ended with {status}")
+        outcome = json.loads(self.note.read_text())["outcome"]
+        setup = self._finish() if self.rng.random() < 0.5 else False
+        data = (self.traces, self.rewards)
+        if _child(_rerun(self.command, self.p, setup, data, self.note, before), self.report, self.cpu, "rerun") != 0:
+            return self._fail(f"rerun or accounting after a {kind} fault on a {target} failed")
+        self.known = json.loads(self.note.read_text())["before"]
+        if fault.hits:
+            self.counts["faults"] = self.counts.get("faults", 0) + 1
+            key = f"{kind} {target} {outcome}"
+            self.faults[key] = self.faults.get(key, 0) + 1
+        return None
+
+    def run_faults(self, faults: int, upstream: str) -> dict[str, Any]:
+        """Cycles under faults until ``faults`` of them met a request; the summary."""
+        from tests.faulty_proxy import FaultyProxy
+
+        started = time.perf_counter()
+        self.faults: dict[str, int] = {}
+        self.counts["faults"] = 0
+        with FaultyProxy(upstream) as proxy:
+            os.environ["AWS_ENDPOINT_URL"] = proxy.url  # the children talk to S3 through the proxy
+            while self.counts["faults"] < faults:
+                error = self.fault_cycle(proxy)
+                if error is not None:
+                    return {"error": error, **self.counts}
+            self._finish()
+            if _child(_final(self.command, self.p, (self.traces, self.rewards)), self.report, self.cpu, "final") != 0:
+                return {"error": self._fail("final accounting failed"), **self.counts}
+        samples = len(self.rewards.events) if self.command == "rewards" else len(self.traces.good)
+        return {
+            **self.counts,
+            "by_fault": dict(sorted(self.faults.items())),
+            "seconds": round(time.perf_counter() - started, 1),
+            "samples": samples,
+            "cpu_s": {what: round(value, 1) for what, value in self.cpu.items()},
+        }
+
     def run(self, kills: int) -> dict[str, Any]:
         started = time.perf_counter()
         error = self.cycle(delay=3600.0)  # a first whole run, which measures the command
@@ -347,7 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bucket", help="keep the store and OUT in this bucket of the S3 server")
+    parser.add_argument("--faults", type=int, default=0, help="network faults instead of kills (needs --bucket)")
     args = parser.parse_args(argv)
+    if args.faults and not args.bucket:
+        parser.error("--faults needs --bucket")
     root = args.root.resolve()
     if args.bucket:
         p = Paths(root, f"s3://{args.bucket}/store", f"s3://{args.bucket}/out")
@@ -357,7 +466,8 @@ def main(argv: list[str] | None = None) -> int:
         preload_tokenizer()
     if args.bucket:  # botocore reads its S3 model once, here, not in every child (a client starts no threads)
         s3_client()
-    summary = Cycles(args.command, p, args.seed).run(args.kills)
+    cycles = Cycles(args.command, p, args.seed)
+    summary = cycles.run_faults(args.faults, os.environ["AWS_ENDPOINT_URL"]) if args.faults else cycles.run(args.kills)
     print(json.dumps(summary))
     return 1 if "error" in summary else 0
 

@@ -82,6 +82,11 @@ class FaultyProxy:
             self.faults.append(fault)
         return fault
 
+    def clear(self) -> None:
+        """Disarm every fault (requests already picked keep theirs)."""
+        with self._mutex:
+            self.faults.clear()
+
     def release(self) -> None:
         """Let stalled requests through (and every later one that a stall fault picks)."""
         self._released.set()

@@ -58,6 +58,9 @@ def test_reading_commands_refuse_what_is_not_a_store_and_create_nothing(built, t
         commands = [
             ["check-tokens", "--store", str(path), "--tokenizer", tokenizer_dir],
             ["build-shards", "--store", str(path), "--out", str(tmp_path / "out"), "--set", "require_checks=false"],
+            ["maintain", "--store", str(path)],
+            ["maintain", "--store", str(path), "--dry-run"],
+            ["score-ref", "--store", str(path), "--ref-model", "ref", "--endpoint", "http://127.0.0.1:9/v1"],
         ]
         for args in commands:
             code, summary = invoke(args)

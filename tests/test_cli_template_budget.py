@@ -12,7 +12,8 @@ import pyarrow.compute as pc
 import pytest
 from typer.testing import CliRunner
 
-from prl.checks.template_worker import Rendered, TemplateWorker
+from prl import bounds
+from prl.checks.template_worker import MAX_TEMPLATE_TIMEOUTS, Rendered, TemplateWorker
 from prl.cli import app
 from tests.checks_helpers import EOS, enc, make_store, row, tokenizer_dir
 
@@ -76,3 +77,56 @@ def test_the_worker_renders_in_order_and_recovers_after_a_kill():
     finally:
         worker.close()
     assert worker.proc is None
+
+
+def test_a_run_stops_rendering_after_its_budget_of_time_outs():
+    """A template that loops on every conversation costs the run ``max_timeouts`` render budgets, not one per
+    conversation: after them, every conversation not rendered yet is ``template_budget`` at once."""
+    worker = TemplateWorker(seconds=1.0, max_timeouts=2)
+    try:
+        texts = [_messages("a"), *(_messages("spin") for _ in range(6)), _messages("b")]
+        got = worker.render(TEMPLATE, {}, "", texts)
+        assert got[0] == Rendered(text="a")
+        assert got[1:3] == [Rendered(budget="rendering took longer than 1 s")] * 2
+        skipped = Rendered(
+            budget="not rendered: 2 conversations of this run took longer than 1 s to render "
+            "(the run's limit, --max-template-timeouts, is 2)"
+        )
+        assert got[3:] == [skipped] * 5
+        assert worker.timeouts == 2
+        assert worker.render(TEMPLATE, {}, "", [_messages("c")]) == [skipped]  # for the rest of the run
+        assert worker.proc is None  # no worker started again
+        died = TemplateWorker(seconds=30.0, max_timeouts=1)
+        assert died.render(TEMPLATE, {}, "", [_messages("grow"), _messages("d")])[1] == Rendered(text="d")
+        assert died.timeouts == 0  # out of memory is no time-out
+        died.close()
+    finally:
+        worker.close()
+
+
+@pytest.mark.slow
+def test_check_tokens_takes_the_run_wide_budget_as_an_option(tmp_path):
+    hello = enc("hello")
+    contents = ["hello", *(f"spin{i}" for i in range(5))]
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATE.replace("m.content == 'spin'", "m.content.startswith('spin')"))
+    rows = [row(f"s{i}", hello, [*enc(" there"), EOS], messages=_messages(c)) for i, c in enumerate(contents)]
+    store = make_store(str(tmp_path / "store"), rows)
+    args = ["check-tokens", "--store", store.uri, "--tokenizer", tokenizer_dir(), "--chat-template", str(template)]
+    res = runner.invoke(app, [*args, "--max-template-timeouts", "1", "--json"])
+    assert res.exit_code == 0, res.output
+    checks = store.read("checks", columns=["sample_id", "detail"]).to_pylist()
+    budgets = sorted(json.loads(c["detail"] or "{}").get("template_budget", "") for c in checks)
+    assert budgets == [
+        "",
+        *[
+            "not rendered: 1 conversations of this run took longer than 5 s to render (the run's limit, "
+            "--max-template-timeouts, is 1)"
+        ]
+        * 4,
+        "rendering took longer than 5 s",
+    ]
+    for bad in ("0", "-1", "1000001", "99999999999999999999"):
+        res = runner.invoke(app, [*args, "--max-template-timeouts", bad, "--json"])
+        assert (res.exit_code, json.loads(res.stdout)["exit_code"]) == (2, 2)
+    assert bounds.TEMPLATE_TIMEOUTS == MAX_TEMPLATE_TIMEOUTS == 3

@@ -131,7 +131,7 @@ def test_store_inspection_projects_a_few_scalar_columns(tmp_path, monkeypatch):
     monkeypatch.setattr(pl.LazyFrame, "collect", spy)
     inspect_store(Store(str(tmp_path / "s")))
     projections = [tuple(map(int, m)) for plan in plans for m in re.findall(r"PROJECT (\d+)/(\d+) COLUMNS", plan)]
-    assert len(plans) == 3 + 1 + 2 + 1  # traces by 3 columns, quarantine, checks (verdicts, reasons), rewards
+    assert len(plans) == 3 + 2 + 2 + 1  # traces by 3 columns, quarantine (cut lines, reasons), checks (2), rewards
     assert projections.count((1, len(TRACES))) == 3  # traces: one column per aggregate, never the token lists
     assert all(n <= 4 for n, _ in projections), projections
 
@@ -247,3 +247,33 @@ def test_histogram_counts_every_finite_value_once(values, bins):
 def test_bar_resolution():
     assert report.bar(0, 10) == "" and report.bar(10, 10, width=4) == "████"
     assert report.bar(1, 8, width=1) == "▏" and report.bar(5, 10, width=3) == "█▌"
+
+
+def test_a_truncated_line_finished_and_ingested_later_counts_once_as_its_sample(tmp_path):
+    """A last line cut short in a file that stopped changing is ``truncated_line``; once its writer finishes it,
+    the next ingest reads it again and its samples land. The sample wins: inspect leaves the quarantine record
+    out of the quarantine counts and reports it as superseded."""
+    from prl.ingestion.traces import ingest
+    from prl.report.inspect import inspect
+    from prl.store.tables import Store
+    from tests.pipeline_helpers import GrowingInput
+
+    data = GrowingInput(tmp_path / "in", files=1, seed=3, bad_every=1000)
+    data.grow(4)
+    path = next((tmp_path / "in" / "traces").iterdir())
+    lines = path.read_text().splitlines(keepends=True)
+    cut = lines[3]  # the fourth record (the fifth line is the growth's malformed one)
+    path.write_text("".join(lines[:3]) + cut[:40])
+    store = str(tmp_path / "store")
+    first = ingest([str(path)], store, partial_line_grace=0, max_quarantine_rate=None)
+    assert first.quarantined == {"truncated_line": 1}
+    with open(path, "a") as fh:
+        fh.write(cut[40:] + lines[4])
+    second = ingest([str(path)], store, partial_line_grace=0, max_quarantine_rate=None)
+    assert second.quarantined == {"malformed_json": 1}
+    lines_landed = Store(store).read("traces", columns=["source_line"]).column("source_line").to_pylist()
+    assert 4 in lines_landed and sorted(set(lines_landed)) == [1, 2, 3, 4]
+    found = inspect(store)
+    assert found.quarantine == [{"table": "traces", "reason": "malformed_json", "records": 1}]
+    assert found.quarantine_superseded == 1
+    assert found.to_json()["quarantine_superseded"] == 1

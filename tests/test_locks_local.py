@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing as mp
 import os
@@ -196,3 +197,21 @@ def test_a_read_only_store_names_the_read_only_filesystem(tmp_path):
             lock_for(str(mount), "ingest").acquire()
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_holder_that_has_not_written_its_record_yet_is_named_plainly(tmp_path):
+    """Between its ``flock`` and its record, a holder's lock file is empty: the message says just that, not
+    "unknown holder (run ?, since ?)"."""
+    path = lock_path(str(tmp_path))
+    os.makedirs(os.path.dirname(path))
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken, nothing written yet
+    try:
+        with pytest.raises(LockedError) as caught:
+            lock_for(str(tmp_path), "ingest").acquire()
+    finally:
+        os.close(fd)
+    assert str(caught.value) == (
+        f"another run holds the ingest lock and has just taken it (it has not written who it is yet); "
+        f"lock at {os.path.realpath(path)}; retry in a moment"
+    )

@@ -148,6 +148,7 @@ def test_check_step_gets_resolved_paths_holds_its_lock_and_its_exit_code_counts(
                 "allow_warn": False,
                 "dry_run": False,
                 "engine": "local",
+                "max_template_timeouts": 3,
             },
         )
     ]

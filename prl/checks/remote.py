@@ -20,6 +20,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from prl.bounds import TEMPLATE_TIMEOUTS
 from prl.checks.options import CheckOptions
 from prl.checks.verdict import RowVerdict
 from prl.errors import UsageError
@@ -43,6 +44,8 @@ class CheckJob:
     pending: ds.Expression | None
     sessions: pl.DataFrame
     batch_size: int
+    template_timeouts: int = TEMPLATE_TIMEOUTS
+    """Render time-outs each worker process allows before the rest get ``template_budget`` unrendered."""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -94,7 +97,15 @@ def _checker(job: CheckJob) -> Any:
             )
         _CHECKER.clear()
         store = Store(job.store_uri)
-        checker = BatchChecker(store, tok, job.options, job.fingerprint, job.traces_version, job.sessions)
+        checker = BatchChecker(
+            store,
+            tok,
+            job.options,
+            job.fingerprint,
+            job.traces_version,
+            job.sessions,
+            template_timeouts=job.template_timeouts,
+        )
         _CHECKER[job.run_id] = checker
     return checker
 

@@ -26,6 +26,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prl.bounds import MAX_TEMPLATE_TIMEOUTS_LIMIT, TEMPLATE_TIMEOUTS, check_int
 from prl.checks.arrays import Ragged
 from prl.checks.batch import COLUMNS, TokenBatch
 from prl.checks.findings import Findings
@@ -106,6 +107,8 @@ class BatchChecker:
     traces_version: int
     index: pl.DataFrame
     overlap: bool = False
+    template_timeouts: int = TEMPLATE_TIMEOUTS
+    """Render time-outs allowed before the rest of the run's conversations get ``template_budget`` unrendered."""
     roundtrip: RoundTripper = field(init=False)
     template: TemplateChecker = field(init=False)
     sequences: SequenceCache = field(default_factory=SequenceCache)
@@ -114,7 +117,7 @@ class BatchChecker:
 
     def __post_init__(self) -> None:
         self.roundtrip = RoundTripper(self.tok, background=self.overlap)
-        self.template = TemplateChecker(self.tok)
+        self.template = TemplateChecker(self.tok, max_timeouts=self.template_timeouts)
 
     def check(self, rb: pa.RecordBatch, guard: bool = False) -> tuple[pa.RecordBatch, list[RowVerdict], list]:
         """Verdict rows, non-ok rows, and prefix status per row for one batch of traces rows."""
@@ -188,6 +191,7 @@ def check_tokens(
     worst: int = 10,
     on_batch: Callable[[int], None] | None = None,
     engine: Engine | str | None = None,
+    max_template_timeouts: int = TEMPLATE_TIMEOUTS,
 ) -> CheckResult:
     """Check every not-yet-checked sample of ``store``'s traces (a :class:`Store` or its URI) against ``tokenizer``.
 
@@ -195,7 +199,8 @@ def check_tokens(
     for the ``template`` check, default the folder's tokenizer_config.json template; ``max_drift_rate``: the
     problem rate above which ``exit_code`` is 1; ``sample_rate``: fraction of samples checked, picked by
     sample_id hash; ``allow_warn``: when False, warn verdicts count as problems; ``dry_run``: check and
-    report, write nothing. Verdict rows are committed every ``commit_rows`` rows. Raises
+    report, write nothing; ``max_template_timeouts``: conversations whose rendering may break the time budget
+    before the rest of the run's get ``template_budget`` without a render (:mod:`prl.checks.template_worker`). Verdict rows are committed every ``commit_rows`` rows. Raises
     :class:`UsageError` for a missing tokenizer or template, bad options, or a tokenizer that does not match
     the data.
 
@@ -207,6 +212,7 @@ def check_tokens(
         raise UsageError(f"sample rate must be in (0, 1], got {sample_rate}")
     if max_drift_rate is not None and not 0.0 <= max_drift_rate <= 1.0:
         raise UsageError(f"max drift rate must be in [0, 1], got {max_drift_rate}")
+    check_int("--max-template-timeouts", max_template_timeouts, 1, MAX_TEMPLATE_TIMEOUTS_LIMIT)
     store = open_store(store, writing=not dry_run)
     started = time.perf_counter()
     opts = options or CheckOptions()
@@ -228,7 +234,7 @@ def check_tokens(
         result.elapsed_s = time.perf_counter() - started
         return result
     engine = get_engine(engine)
-    where = _Where(engine, tokenizer, chat_template)
+    where = _Where(engine, tokenizer, chat_template, max_template_timeouts)
     with (
         holding(store.uri, "check-tokens", enabled=lock and not dry_run),
         store.one_run(),
@@ -275,7 +281,16 @@ def _run(
     counts = _Counts()
     meter.grow(_rows_to_check(store, traces_version, plan.paths, plan.done))
     if where.engine.in_process:
-        checker = BatchChecker(store, tok, opts, fingerprint, traces_version, sessions, overlap=True)
+        checker = BatchChecker(
+            store,
+            tok,
+            opts,
+            fingerprint,
+            traces_version,
+            sessions,
+            overlap=True,
+            template_timeouts=where.template_timeouts,
+        )
         checked = _checked_here(checker, rows, sample_rate, counts)
     else:
         files = plan.paths if plan.paths is not None else snapshot_files(store, "traces", traces_version)
@@ -291,6 +306,7 @@ def _run(
             flt,
             sessions,
             batch_size,
+            where.template_timeouts,
         )
         checked = _checked_there(where.engine, job, rows, tok, counts)
     heap: list[tuple[int, int, str, int, Example]] = []
@@ -367,6 +383,7 @@ class _Where:
     engine: Engine
     tokenizer: str
     chat_template: str | None
+    template_timeouts: int = TEMPLATE_TIMEOUTS
 
 
 @dataclass

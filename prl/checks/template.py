@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from prl.bounds import TEMPLATE_TIMEOUTS
 from prl.checks.batch import TokenBatch
 from prl.checks.findings import Findings
 from prl.checks.template_worker import Rendered, TemplateWorker, parse_messages
@@ -37,7 +38,13 @@ class TemplateChecker:
     cache: dict[bytes, list[int] | tuple[str, str]] = field(default_factory=dict)
     """messages digest → prompt IDs as rendered, or (reason, message) when it did not render."""
     rendered: int = 0
-    worker: TemplateWorker = field(default_factory=TemplateWorker)
+    max_timeouts: int = TEMPLATE_TIMEOUTS
+    """Conversations of the run that may break the render time budget before the rest get ``template_budget``
+    unrendered (:mod:`prl.checks.template_worker`)."""
+    worker: TemplateWorker = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.worker = TemplateWorker(max_timeouts=self.max_timeouts)
 
     def _render_missing(self, texts: dict[bytes, str]) -> None:
         assert self.tok.template is not None

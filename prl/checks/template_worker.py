@@ -11,7 +11,11 @@ that transformers' sandboxed renderer runs in unchanged, under three budgets:
   rest), and the conversation gets a ``template_budget`` finding;
 - memory: the worker's data segment may grow by :data:`RENDER_MEMORY_BYTES` (``RLIMIT_DATA``); an allocation
   past it fails in the worker (``MemoryError``): ``template_budget``;
-- size: a rendering longer than :data:`RENDER_MAX_CHARS` characters is ``template_budget`` too.
+- size: a rendering longer than :data:`RENDER_MAX_CHARS` characters is ``template_budget`` too;
+- the run: once :data:`MAX_TEMPLATE_TIMEOUTS` conversations (``check-tokens --max-template-timeouts``) have broken
+  the time budget, the template is a runaway one: every conversation not rendered yet gets ``template_budget`` at
+  once, without a render, so a template that loops on every conversation costs the run a few render budgets, not
+  one per conversation. The count belongs to one worker (one checking process: on Ray, one per worker process).
 
 Requests and replies are length-prefixed JSON frames on the worker's stdin / stdout (no pickle); anything a
 template or library prints goes to the worker's stderr.
@@ -37,6 +41,9 @@ RENDER_MEMORY_BYTES = 1 << 30
 """How far the worker's data segment may grow beyond what it holds once its libraries are loaded."""
 RENDER_MAX_CHARS = 32 << 20
 """The longest rendering taken (32 Mi characters: several million tokens of prompt)."""
+MAX_TEMPLATE_TIMEOUTS = 3
+"""Conversations of a run that may break the time budget before the rest get ``template_budget`` unrendered
+(``prl.bounds.TEMPLATE_TIMEOUTS``, the option's default: this file imports nothing of prl)."""
 START_SECONDS = 120.0
 """How long a new worker may take to load its libraries (a busy machine is slow to import transformers)."""
 _HEADER = struct.Struct(">I")
@@ -157,7 +164,11 @@ def _read_frame(stream: IO[bytes]) -> dict[str, Any] | None:
 
 # --- the caller's side --------------------------------------------------------------------------------------
 class _WorkerGone(Exception):
-    """The worker died or missed its deadline."""
+    """The worker died or missed its deadline (``timed_out``)."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 @dataclass
@@ -166,16 +177,25 @@ class TemplateWorker:
     broke the time budget (or killed it), stopped by :meth:`close` (and when the process ends)."""
 
     seconds: float = RENDER_SECONDS
+    max_timeouts: int = MAX_TEMPLATE_TIMEOUTS
+    """Conversations that may break the time budget; past them, nothing more is rendered."""
+    timeouts: int = 0
+    """Conversations that broke the time budget so far."""
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _buffer: bytearray = field(default_factory=bytearray, repr=False)
 
     def render(
         self, template: str, special_tokens: dict[str, str], tokenizer_file: str, texts: list[str]
     ) -> list[Rendered]:
-        """Each ``messages`` JSON text of ``texts`` rendered, in order."""
+        """Each ``messages`` JSON text of ``texts`` rendered, in order (once :attr:`max_timeouts` renders broke
+        the time budget, the rest ``template_budget`` unrendered)."""
         request = {"template": template, "special_tokens": special_tokens, "tokenizer_file": tokenizer_file}
         out: list[Rendered] = []
         while len(out) < len(texts):
+            if self.timeouts >= self.max_timeouts:
+                skipped = Rendered(budget=self.exhausted())
+                out += [skipped] * (len(texts) - len(out))
+                break
             pending = texts[len(out) :]
             try:
                 self._send({**request, "items": pending})
@@ -183,8 +203,16 @@ class TemplateWorker:
                     out.append(Rendered(**self._receive(self.seconds)))
             except _WorkerGone as gone:
                 self.close()
+                self.timeouts += gone.timed_out
                 out.append(Rendered(budget=str(gone)))
         return out
+
+    def exhausted(self) -> str:
+        """Why a conversation is not rendered once the run's budget of time-outs is spent."""
+        return (
+            f"not rendered: {self.timeouts} conversations of this run took longer than {self.seconds:g} s to "
+            f"render (the run's limit, --max-template-timeouts, is {self.max_timeouts})"
+        )
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self.proc is None or self.proc.poll() is not None:
@@ -229,7 +257,7 @@ class TemplateWorker:
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 if starting:
                     raise RuntimeError(f"the template worker did not start within {seconds:.0f} s")
-                raise _WorkerGone(f"rendering took longer than {seconds:g} s")
+                raise _WorkerGone(f"rendering took longer than {seconds:g} s", timed_out=True)
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 if starting:

@@ -83,7 +83,9 @@ def ingest(
     :func:`prl.progress.task` named ``ingest``, in bytes, with a ``files`` count).
     ``partial_line_grace`` (seconds; default ``PRL_PARTIAL_LINE_GRACE`` or 300): a plain file that ends mid-line
     and changed more recently than this is still being written; its last line is not consumed (the ledger
-    records the bytes read and the file is read again by the next run). Older, the line is ``truncated_line``.
+    records the bytes read and the file is read again by the next run). Older, the line is ``truncated_line``;
+    should its writer finish it later, a later run reads the line again and its samples land: the sample wins
+    (the quarantine record stays as history; ``prl inspect`` counts it once, as superseded).
     The same for an SSE stream still open where such a file ends (left whole; older, ``truncated_stream``).
     ``engine`` (:func:`prl.engines.get_engine`: ``"local"``, the default, or ``"ray"``) decides where the files
     are read; the lock, the ledger and the commits stay in this process, with the same rows on every engine.

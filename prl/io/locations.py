@@ -75,7 +75,8 @@ def filesystem_for(uri: str) -> tuple[pafs.FileSystem, str]:
         kwargs: dict[str, Any] = {}
         if endpoint:
             scheme, _, host = endpoint.partition("://")
-            kwargs["endpoint_override"] = host.rstrip("/")
+            # userinfo means nothing to S3 (requests are signed) and the AWS SDK would read the user as the host
+            kwargs["endpoint_override"] = host.rpartition("@")[2].rstrip("/")
             kwargs["scheme"] = scheme
         region = aws_region()
         if region:

@@ -28,6 +28,7 @@ A recipe has up to eight tables; a step runs when its table is present (``[store
     max_drift_rate = 0.05       # exit 1 above this fraction of drift / invalid verdicts (optional)
     sample_rate = 1.0           # fraction of samples checked, picked by sample_id hash
     allow_warn = true           # false: warn verdicts count as problems
+    max_template_timeouts = 3   # renders past the 5 s budget before the rest get template_budget unrendered
 
     [score_ref]                 # prl score-ref: reference logprobs for samples lacking them
     ref_model = "ref-v1"        # name recorded as ref_model (and [shards] ref_model unless that names one)
@@ -65,6 +66,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
+from prl.bounds import (
+    MAX_BATCH_TOKENS,
+    MAX_CONCURRENCY,
+    MAX_RETENTION_HOURS,
+    MAX_RETRIES,
+    MAX_TARGET_MB,
+    MAX_TEMPLATE_TIMEOUTS_LIMIT,
+    MAX_TIMEOUT_S,
+    MIN_RETENTION_HOURS,
+    MIN_TARGET_MB,
+    TEMPLATE_TIMEOUTS,
+)
 from prl.engines import ENGINES
 from prl.errors import UsageError
 from prl.io.packages import PACKAGE_PREFIX, resolve_package_path
@@ -114,6 +127,7 @@ class CheckSection:
     max_drift_rate: float | None = None
     sample_rate: float = 1.0
     allow_warn: bool = True
+    max_template_timeouts: int = TEMPLATE_TIMEOUTS
 
 
 @dataclass(frozen=True)
@@ -248,6 +262,7 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
                 "max_drift_rate": Validator.rate,
                 "sample_rate": _sample_rate,
                 "allow_warn": Validator.boolean,
+                "max_template_timeouts": lambda v, key, value: v.integer(key, value, 1, MAX_TEMPLATE_TIMEOUTS_LIMIT),
             },
         )
     if "score_ref" in doc:
@@ -281,10 +296,10 @@ def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> 
             "model": paths.location,
             "backend": lambda v, key, value: v.string(key, value, ("auto", "vllm", "sglang", "tinker")),
             "served_model": Validator.string,
-            "batch_tokens": lambda v, key, value: v.integer(key, value, 1),
-            "concurrency": lambda v, key, value: v.integer(key, value, 1),
-            "retries": lambda v, key, value: v.integer(key, value, 0),
-            "timeout": lambda v, key, value: v.number(key, value, 0.0, above_minimum=True),
+            "batch_tokens": lambda v, key, value: v.integer(key, value, 1, MAX_BATCH_TOKENS),
+            "concurrency": lambda v, key, value: v.integer(key, value, 1, MAX_CONCURRENCY),
+            "retries": lambda v, key, value: v.integer(key, value, 0, MAX_RETRIES),
+            "timeout": lambda v, key, value: v.number(key, value, 0.0, MAX_TIMEOUT_S, above_minimum=True),
             "max_quarantine_rate": Validator.rate,
         },
     )
@@ -298,7 +313,10 @@ def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> 
 def _maintain_section(where: str, doc: Mapping[str, Any]) -> MaintainSection | None:
     if "maintain" not in doc:
         return None
-    checks: dict[str, Check] = {"retention_hours": _at_least_one, "target_mb": _at_least_one}
+    checks: dict[str, Check] = {
+        "retention_hours": lambda v, key, value: v.integer(key, value, MIN_RETENTION_HOURS, MAX_RETENTION_HOURS),
+        "target_mb": lambda v, key, value: v.integer(key, value, MIN_TARGET_MB, MAX_TARGET_MB),
+    }
     section: MaintainSection = _section(where, "maintain", doc["maintain"], MaintainSection, checks)
     return section
 
@@ -309,10 +327,6 @@ Check = Callable[[Validator, str, Any], Any]
 
 def _engine(v: Validator, key: str, value: Any) -> str:
     return v.string(key, value, choices=ENGINES)
-
-
-def _at_least_one(v: Validator, key: str, value: Any) -> int:
-    return v.integer(key, value, 1)
 
 
 def _sample_rate(v: Validator, key: str, value: Any) -> float:

@@ -165,6 +165,7 @@ def check_tokens_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
         allow_warn=section.allow_warn,
         dry_run=dry_run,
         engine=recipe.store.engine,
+        max_template_timeouts=section.max_template_timeouts,
     )
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from prl.errors import redact_urls
+from prl.redact import redact
 from prl.text import counted
 
 stdout = Console()
@@ -34,8 +34,8 @@ def sized(width: int | None = None) -> Console:
 
 
 def emit_json(payload: dict[str, Any]) -> None:
-    """One machine-readable summary on stdout, on one line; URL userinfo removed (:func:`prl.errors.redact_urls`)."""
-    sys.stdout.write(redact_urls(json.dumps(payload, sort_keys=True, default=str)) + "\n")
+    """One machine-readable summary on stdout, on one line; credentials removed (:func:`prl.redact.redact`)."""
+    sys.stdout.write(redact(json.dumps(payload, sort_keys=True, default=str)) + "\n")
     sys.stdout.flush()
 
 
@@ -267,6 +267,11 @@ def _render_store(result: Any, console: Console) -> None:
     if result.quarantine:
         rows = [(f"{r['table']}: {r['reason']}", r["records"]) for r in result.quarantine]
         console.print(_counts_table("quarantine by reason", rows, "records", "table: reason"))
+    if result.quarantine_superseded:
+        console.print(
+            f"{result.quarantine_superseded:,} truncated_line records were finished and ingested later "
+            "(the rows count, not the quarantine)"
+        )
     for check in result.checks:
         v = check["verdicts"]
         console.print(

@@ -1,7 +1,9 @@
 """``prl inspect STORE|SHARDS``: what a store or a shard set holds, read with column projections only.
 
 For a store: every table's version, rows, files and bytes (from the Delta log, no data read); traces by source
-format, model and policy version; quarantine by table and reason; token-check verdicts per tokenizer fingerprint
+format, model and policy version; quarantine by table and reason (a ``truncated_line`` whose line was finished
+later and landed in its table is the row's, not the quarantine's: counted once, as ``quarantine_superseded``
+beside the table); token-check verdicts per tokenizer fingerprint
 with drift rates and the most frequent reasons; reward events by name. Each aggregate is a polars lazy scan of
 the few scalar columns it needs, run on the streaming engine: token columns are never read.
 
@@ -93,6 +95,9 @@ class StoreInspection:
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     traces_by: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     quarantine: list[dict[str, Any]] = field(default_factory=list)
+    quarantine_superseded: int = 0
+    """``truncated_line`` records whose line, finished later, landed in its table: the row wins, and they are
+    left out of :attr:`quarantine`."""
     checks: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[dict[str, Any]] = field(default_factory=list)
     kind: str = "store"
@@ -109,6 +114,7 @@ class StoreInspection:
             "tables": self.tables,
             "traces_by": self.traces_by,
             "quarantine": self.quarantine,
+            "quarantine_superseded": self.quarantine_superseded,
             "checks": self.checks,
             "rewards": self.rewards,
             "exit_code": self.exit_code,
@@ -198,6 +204,28 @@ def _collect(frame: pl.LazyFrame) -> pl.DataFrame:
     return frame.collect(engine="streaming")
 
 
+LANDED = ("traces", "rewards", "ref_logprobs")
+"""Tables whose rows carry the ``source_uri`` and ``source_line`` they were read from."""
+
+
+def _superseded(store: Store, quarantine: pl.LazyFrame, versions: dict[str, int]) -> pl.DataFrame | None:
+    """The ``(table, source_uri, source_line, reason)`` of each ``truncated_line`` record whose line landed in its
+    table later (the file's writer finished the line and a later ingest read it): the row wins. None: none."""
+    cut = _collect(
+        quarantine.filter(pl.col("reason") == "truncated_line").select("table", "source_uri", "source_line", "reason")
+    ).unique()
+    if cut.height == 0:
+        return None
+    found = []
+    for name in LANDED:
+        if name not in versions or cut.filter(pl.col("table") == name).height == 0:
+            continue
+        keys = cut.filter(pl.col("table") == name)
+        landed = _scan(store, name, versions[name]).select("source_uri", "source_line")
+        found.append(keys.lazy().join(landed.unique(), on=["source_uri", "source_line"], how="semi"))
+    return _collect(pl.concat(found)) if found else None
+
+
 def inspect_store(store: Store) -> StoreInspection:
     """Table sizes and the aggregates of the module docstring, at each table's current version."""
     result = StoreInspection(uri=store.uri)
@@ -228,9 +256,13 @@ def inspect_store(store: Store) -> StoreInspection:
                 {"value": value, "samples": n} for value, n in counts.select(column, "samples").rows()
             ]
     if "quarantine" in versions:
+        quarantine = _scan(store, "quarantine", versions["quarantine"])
+        superseded = _superseded(store, quarantine, versions)
+        if superseded is not None:
+            result.quarantine_superseded = superseded.height
+            quarantine = quarantine.join(superseded.lazy(), on=list(superseded.columns), how="anti")
         counts = _collect(
-            _scan(store, "quarantine", versions["quarantine"])
-            .group_by("table", "reason")
+            quarantine.group_by("table", "reason")
             .agg(pl.len().alias("records"))
             .sort(["records", "table", "reason"], descending=[True, False, False])
         )

@@ -17,7 +17,8 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from prl import progress
-from prl.errors import ExitCode, PrlError, RetryableIOError, redact_urls
+from prl.errors import ExitCode, PrlError, RetryableIOError
+from prl.redact import redact
 from prl.report import console as report
 from prl.report.progress import for_console
 from prl.results import CommandResult, ErrorResult
@@ -142,7 +143,7 @@ def run_command(call: Callable[[], CommandResult], render: Callable[[Any], None]
             result = call()
     except (PrlError, OSError) as exc:
         error = exc if isinstance(exc, PrlError) else RetryableIOError(f"{type(exc).__name__}: {exc}")
-        result = ErrorResult(SESSION.command, redact_urls(str(error)), int(error.exit_code))
+        result = ErrorResult(SESSION.command, redact(str(error)), int(error.exit_code))
     except KeyboardInterrupt:
         result = ErrorResult(SESSION.command, "interrupted", int(ExitCode.INTERRUPTED))
     raise typer.Exit(_finish(result, render))

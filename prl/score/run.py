@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prl.bounds import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RETRIES, check_int, check_seconds
 from prl.engines import Engine, get_engine
 from prl.errors import ExitCode, UsageError
 from prl.progress import Task, task
@@ -40,6 +41,7 @@ from prl.score.remote import ScoreJob, score_file
 from prl.score.scored import ScoredBatch, score_batch
 from prl.score.select import Pending, file_batches, pending
 from prl.store.locks import holding
+from prl.store.resolve import open_store
 from prl.store.tables import Store
 
 LOCK = "score-ref"
@@ -119,9 +121,11 @@ def score_ref(
         raise UsageError("--ref-model must name the reference model")
     if (endpoint is None) == (model is None):
         raise UsageError("give exactly one of --endpoint URL and --model PATH")
-    if batch_tokens < 1:
-        raise UsageError(f"--batch-tokens must be at least 1, got {batch_tokens}")
-    store = store if isinstance(store, Store) else Store(store)
+    check_int("--batch-tokens", batch_tokens, 1, MAX_BATCH_TOKENS)
+    check_int("--concurrency", concurrency, 1, MAX_CONCURRENCY)
+    check_int("--retries", retries, 0, MAX_RETRIES)
+    timeout = check_seconds("--timeout", timeout)
+    store = open_store(store, writing=not dry_run)
     kind = backend_kind(endpoint, backend)
     if kind == "tinker" and not served_model:
         raise UsageError("--backend tinker needs --served-model: a base model name or a tinker:// checkpoint path")

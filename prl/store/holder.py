@@ -68,10 +68,16 @@ def holder_record(run_id: str, step: str, started_at: str) -> dict[str, Any]:
 
 
 def held_message(step: str, info: dict[str, Any], where: str) -> str:
-    """The :class:`~prl.errors.LockedError` message naming the live holder of ``step``'s lock at ``where``."""
+    """The :class:`~prl.errors.LockedError` message naming the live holder of ``step``'s lock at ``where``; a
+    holder that took the lock a moment ago may not have written its record yet, which the message then says."""
+    if not info.get("holder"):
+        return (
+            f"another run holds the {step} lock and has just taken it (it has not written who it is yet); "
+            f"lock at {where}; retry in a moment"
+        )
     return (
-        f"another run holds the {step} lock: {info.get('holder', 'unknown holder')} "
-        f"(run {info.get('run_id', '?')}, since {info.get('started_at', '?')}); lock at {where}"
+        f"another run holds the {step} lock: {info['holder']} "
+        f"(run {info.get('run_id', 'not recorded')}, since {info.get('started_at', 'not recorded')}); lock at {where}"
     )
 
 

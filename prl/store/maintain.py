@@ -28,16 +28,17 @@ from typing import Any
 
 from deltalake import ColumnProperties, CommitProperties, DeltaTable, WriterProperties
 
+from prl.bounds import MAX_RETENTION_HOURS, MAX_TARGET_MB, MIN_RETENTION_HOURS, MIN_TARGET_MB, check_int
 from prl.errors import ExitCode, RetryableIOError, UsageError
 from prl.schema import TABLES, float_leaves
 from prl.store.index import INDEX_TABLES, ROW_GROUP_ROWS
 from prl.store.locks import holding
+from prl.store.resolve import open_store
 from prl.store.tables import TABLE_PROPERTIES, Store, describe_error
 from prl.text import counted
 
 DEFAULT_RETENTION_HOURS = 168
 """Delta's own default: a reader may stay pinned at a version for a week."""
-MIN_RETENTION_HOURS = 1
 DEFAULT_TARGET_MB = 128
 DATA_ROW_GROUP_ROWS = 4096
 """Rows per row group of a compacted data file: about one ingest batch of chat samples. Readers decode a row group
@@ -101,20 +102,17 @@ def maintain(
     """Compact, checkpoint and vacuum the store's tables (all of them unless ``tables`` names some).
 
     ``retention_hours``: how long a replaced or never-committed file is kept for readers of older versions
-    (at least 1). ``dry_run``: report the files vacuum would delete; compact and checkpoint nothing.
-    Raises :class:`UsageError` for a bad retention or table name, :class:`RetryableIOError` for storage trouble.
+    (see :mod:`prl.bounds` for its range and ``target_mb``'s). ``dry_run``: report the files vacuum would delete;
+    compact and checkpoint nothing. Raises :class:`UsageError` for a bad retention, size or table name and for a
+    path that is not a store (nothing is created there), :class:`RetryableIOError` for storage trouble.
     """
-    if (
-        isinstance(retention_hours, bool)
-        or not isinstance(retention_hours, int)
-        or retention_hours < MIN_RETENTION_HOURS
-    ):
-        raise UsageError(f"--retention-hours must be at least {MIN_RETENTION_HOURS}, not {retention_hours!r}")
+    check_int("--retention-hours", retention_hours, MIN_RETENTION_HOURS, MAX_RETENTION_HOURS)
+    check_int("--target-mb", target_mb, MIN_TARGET_MB, MAX_TARGET_MB)
     chosen = tuple(tables) if tables else MAINTAINED
     unknown = [t for t in chosen if t not in MAINTAINED]
     if unknown:
         raise UsageError(f"unknown table {unknown[0]!r}: maintainable tables are {', '.join(MAINTAINED)}")
-    store = store if isinstance(store, Store) else Store(store)
+    store = open_store(store, writing=not dry_run)
     started = time.perf_counter()
     result = MaintainResult(store=store.uri, retention_hours=retention_hours, dry_run=dry_run)
     with holding(store.uri, "maintain", enabled=lock and not dry_run):

@@ -18,7 +18,7 @@ import pytest
 
 from prl.schema import CHECKS, REWARDS, TRACES
 from prl.shards.build import build_shards
-from prl.shards.layout import staging_root
+from prl.shards.layout import retired_root, staging_root
 from prl.shards.listing import list_sets
 from prl.shards.options import ShardOptions
 from tests.shards_fixtures import reward, table, trace, varied_store, verdict
@@ -42,7 +42,7 @@ def out(tmp_path_factory) -> Path:
     assert first.status == second.status == "built" and second.rows >= 4 and len(first.shards) > 1
     outdir = root / "out"
     # a build in progress and a set being retired: parts in place, never visible
-    for area in (staging_root(str(outdir)), str(outdir / ".prl" / "retired")):
+    for area in (staging_root(str(outdir)), retired_root(str(outdir))):
         busy = Path(area) / f"{first.set_id}-999999-deadbeef" / "parts"
         busy.mkdir(parents=True)
         shutil.copy(os.path.join(first.set_dir, first.shards[0]["file"]), busy / "part-00000.parquet")

@@ -26,9 +26,11 @@ from prl.shards.layout import marker_path, meta_root, out_state
 from prl.shards.listing import list_sets
 from prl.shards.options import ShardOptions
 from prl.shards.publish import ensure_marker
+from prl.shards.s3out import S3Out
 from prl.shards.target import LocalOut
 from prl.shards.verify import verify_shards
 from prl.store.locks import holding
+from tests.s3_server import moto_endpoint, s3  # noqa: F401
 from tests.shards_fixtures import random_store, reward, table, trace, verdict
 
 runner = CliRunner()
@@ -199,3 +201,40 @@ def test_an_out_that_is_a_mount_point_of_its_own_is_refused(store, tmp_path):
         assert os.listdir(data) == []
     finally:
         _unbind(tmp_path / "mnt")
+
+
+@pytest.mark.s3
+def test_s3_outs_are_refused_inside_an_s3_store_at_a_bucket_root_and_when_foreign(s3, tmp_path):  # noqa: F811
+    store = str(tmp_path / "store")
+    random_store(store, 4, 2)
+    s3.put("etc/passwd", b"root:x:0:0")
+    for out, why in (
+        (s3.url("etc"), "no prl shard output"),
+        (f"s3://{s3.bucket}", "needs a prefix"),
+    ):
+        with pytest.raises(UsageError, match=why):
+            build_shards(store, out, options=OPTIONS)
+    with pytest.raises(UsageError, match="inside the store"):
+        S3Out(s3.url("store/traces")).check_out(s3.url("store"))
+    assert sorted(s3.keys("")) == ["etc/passwd"]  # nothing written
+
+
+@pytest.mark.s3
+def test_an_s3_out_holds_only_its_rows_and_its_meta_sits_beside_it(s3, tmp_path):  # noqa: F811
+    store = str(tmp_path / "store")
+    random_store(store, 4, 2)
+    result = build_shards(store, s3.url("runs/out"), options=OPTIONS)
+    inside = s3.keys("runs/out/")
+    assert inside and all(k.startswith(f"runs/out/{result.set_id}/part-") and k.endswith(".parquet") for k in inside)
+    meta = sorted(k for k in s3.keys("runs/.out.prl/") if "/frontier" not in k)
+    assert meta == [
+        "runs/.out.prl/index.json",
+        "runs/.out.prl/out.json",
+        f"runs/.out.prl/sets/{result.set_id}/manifest.json",
+        f"runs/.out.prl/sets/{result.set_id}/sample_ids.arrow",
+    ]
+    old = s3.url("old")
+    s3.put(f"old/{result.set_id}/part-00000.parquet", b"PAR1")
+    s3.put(f"old/.prl/sets/{result.set_id}/manifest.json", b"{}")  # the earlier layout: meta inside OUT
+    with pytest.raises(UsageError, match="earlier prl"):
+        build_shards(store, old, options=OPTIONS)

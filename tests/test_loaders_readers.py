@@ -1,7 +1,8 @@
 """A set folder reads as exactly its rows with the readers trainers use; globs over OUT see only current sets.
 
-pyarrow.dataset, pandas, polars and DuckDB run on every test run; Hugging Face ``datasets`` and Ray Data run when
-they are installed (they are heavy and not test dependencies: ``pip install datasets 'ray[data]'``).
+pyarrow.dataset, pandas, polars, DuckDB and Hugging Face ``datasets`` (the ``test`` extra) run on every test run; Ray
+Data runs when it is installed (``prl[ray]``). The whole reader matrix, ``OUT`` and its recursive globs included, is
+``tests/test_out_readers.py``.
 """
 
 from __future__ import annotations

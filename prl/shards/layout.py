@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,10 @@ OUT_FORMAT = 2
 """The layout format ``.OUT.prl/out.json`` names (2: meta without Parquet, staging beside ``OUT``)."""
 INDEX = "index.json"
 PART_PREFIX = "part-"
+
+
+SET_ID_RE = re.compile(r"v\d+-[0-9a-f]{12}")
+"""What a set id looks like (:func:`prl.shards.build.build_shards`): only such folders are ever removed from OUT."""
 
 
 def meta_name(name: str) -> str:
@@ -172,16 +177,16 @@ def resolve(path: str) -> list[SetRef]:
     layout."""
     path = os.path.abspath(path)
     parent, name = os.path.split(path.rstrip(os.sep))
-    if name and not name.startswith("."):
-        check_readable(parent)
-        own = set_ref(parent, name)
-        if own is not None:
-            return [own]
+    own = set_ref(parent, name) if name and not name.startswith(".") else None
+    if own is not None:
+        return [own]
     if os.path.isdir(path):
         check_readable(path)
         sets = find_sets(path)
         if sets or is_out(path):
             return sets
+        if SET_ID_RE.fullmatch(name):
+            check_readable(parent)  # a set folder of an OUT of an earlier layout
         raise UsageError(f"{path} holds no shard set (no set folder with a manifest)")
     raise UsageError(f"{path} is not a shard set or a folder of shard sets")
 
@@ -194,6 +199,7 @@ __all__ = [
     "META_SUFFIX",
     "OUT_FORMAT",
     "SAMPLES_FILE",
+    "SET_ID_RE",
     "SetRef",
     "check_readable",
     "find_sets",

@@ -24,7 +24,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Collection
@@ -35,6 +34,7 @@ from prl.errors import UsageError
 from prl.shards.index import index_after_publish, mended_index
 from prl.shards.layout import (
     OUT_FORMAT,
+    SET_ID_RE,
     SetRef,
     find_sets,
     index_path,
@@ -143,9 +143,6 @@ def _pid_of(name: str) -> int | None:
 
 PROBE = ".prl-probe-"
 """The name of the empty folder :func:`make_staging` renames into OUT and back (a kill can leave it)."""
-
-SET_ID_RE = re.compile(r"v\d+-[0-9a-f]{12}")
-"""What a set id looks like (:func:`prl.shards.build.build_shards`): only such folders are ever removed from OUT."""
 
 
 def clean_stale_staging(out: str) -> None:

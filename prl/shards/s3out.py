@@ -54,13 +54,14 @@ from prl.shards.layout import (
     OLD_LAYOUT,
     OUT_FORMAT,
     SAMPLES_FILE,
+    SET_ID_RE,
     SetRef,
     meta_dir,
     meta_name,
     meta_root,
 )
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
-from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, make_staging
+from prl.shards.publish import Staging, clean_stale_staging, discard_staging, make_staging
 from prl.shards.writer import read_ipc
 from prl.store.s3lock import CONDITION_FAILED, shared_s3_client
 

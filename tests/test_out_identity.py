@@ -238,3 +238,17 @@ def test_an_s3_out_holds_only_its_rows_and_its_meta_sits_beside_it(s3, tmp_path)
     s3.put(f"old/.prl/sets/{result.set_id}/manifest.json", b"{}")  # the earlier layout: meta inside OUT
     with pytest.raises(UsageError, match="earlier prl"):
         build_shards(store, old, options=OPTIONS)
+
+
+def test_a_store_through_a_symlink_or_a_bind_mount_takes_the_same_lock(store, tmp_path):
+    """The store's locks are flocks on files inside it: every spelling reaches the same file."""
+    (tmp_path / "store-link").symlink_to(store)
+    step = LocalOut(str(tmp_path / "out")).lock_step()
+    with holding(store, step), pytest.raises(LockedError):
+        build_shards(str(tmp_path / "store-link"), str(tmp_path / "out"), options=OPTIONS)
+    _bind(Path(store), tmp_path / "store-bound")
+    try:
+        with holding(store, step), pytest.raises(LockedError):
+            build_shards(str(tmp_path / "store-bound"), str(tmp_path / "out"), options=OPTIONS)
+    finally:
+        _unbind(tmp_path / "store-bound")

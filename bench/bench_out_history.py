@@ -34,7 +34,7 @@ def classify(line: str) -> str:
         return "LIST"
     if method == "GET" and path.endswith("/manifest.json"):
         return "GET manifest"
-    if method == "GET" and path.endswith("/.prl/index.json"):
+    if method == "GET" and path.endswith(".prl/index.json"):
         return "GET index"
     return method
 

@@ -36,9 +36,10 @@ import pyarrow.parquet as pq
 
 from prl.io.locations import split_s3
 from prl.schema import TABLES
-from prl.shards.layout import SetRef, find_sets
+from prl.shards.layout import SetRef, find_sets, meta_root
 from prl.shards.s3out import S3Out
 from prl.shards.verify import VerifyResult, verify_set, verify_shards
+from prl.shards.writer import read_ipc
 from prl.store.tables import Store
 from tests.crash_inputs import RewardInput, TraceInput
 from tests.pipeline_helpers import assert_shards_sound, read_table
@@ -205,7 +206,7 @@ def _check_set(ref: SetRef, result: VerifyResult) -> list[str]:
     in_shards = []
     for name in sorted(names):
         in_shards += pq.read_table(os.path.join(ref.dir, name), columns=["sample_id"])["sample_id"].to_pylist()
-    samples = pq.read_table(ref.samples_path)["sample_id"].to_pylist()
+    samples = read_ipc(ref.samples_path)["sample_id"].to_pylist()
     assert sorted(in_shards) == samples, f"{ref.set_id}: its parts do not hold its sample ids"
     return samples
 
@@ -234,14 +235,16 @@ def assert_sets_sound(out: Path, expected: set[str], known: Path) -> None:
 def account_shards(p: Paths, data: TraceInput, final: bool) -> None:
     out = Path(p.out)
     if p.out.startswith("s3://"):
-        local = S3Out(p.out).local_root  # where builds stage on this host: a killed one's staging is gone too
+        remote = S3Out(p.out)
+        local = os.path.dirname(remote.local_root)  # where builds stage on this host: a killed one's is gone too
         assert not os.path.exists(local), f"local staging left: {os.listdir(local)}"
         mirror_s3(p.out, p.mirror)
+        mirror_s3(remote.url(remote.mkey()), Path(meta_root(p.mirror)))
         out = p.mirror
     if not out.exists():
         assert not data.expected_good, "nothing published"
         return
-    staging = out / ".prl" / "staging"
+    staging = Path(meta_root(out)) / "staging"
     assert not staging.exists() or not os.listdir(staging), f"staging left: {os.listdir(staging)}"
     assert_sets_sound(out, data.expected_good, p.root / "verified.json")
     if final:  # every set read again, and verified where it lives

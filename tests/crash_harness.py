@@ -56,6 +56,7 @@ from prl.checks.tokenizer import CheckTokenizer
 from prl.io.locations import split_s3
 from prl.schema import TABLES
 from prl.shards.options import ShardOptions
+from prl.shards.s3out import S3Out
 from prl.store.index import INDEX_TABLES
 from prl.store.s3lock import s3_client, shared_s3_client
 from tests.crash_accounting import Paths, account
@@ -163,7 +164,7 @@ def s3_state(p: Paths, known: list[str]) -> list[str]:
     listing of every object makes the S3 server describe each one, which costs more than the runs once the
     bucket holds some thousand objects. Per table of the store, its log entries (every commit adds one): those
     of ``known`` (a state taken before) and the ones listed after the newest of them; in OUT, its folders (a
-    set's parts going up makes one), those of its sets' meta and the objects of ``OUT/.prl`` by name and ETag
+    set's parts going up makes one), those of its sets' meta and the objects of its meta folder by name and ETag
     (the index, the frontier). A killed run that wrote data files of a table but never committed them leaves
     it unchanged."""
     bucket, store = split_s3(p.store)
@@ -173,7 +174,8 @@ def s3_state(p: Paths, known: list[str]) -> list[str]:
         newest = max((name.split(" ")[0] for name in names if name.startswith(log)), default="")
         names += [name for name in _listed(bucket, log, after=newest) if name not in names]
     _, out = split_s3(p.out)
-    for prefix in (f"{out}/", f"{out}/.prl/", f"{out}/.prl/sets/"):
+    meta = S3Out(p.out).mkey()
+    for prefix in (f"{out}/", f"{meta}/", f"{meta}/sets/"):
         names += _listed(bucket, prefix, delimiter="/")
     return sorted(names)
 

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from prl.shards.layout import find_sets
 from prl.shards.verify import verify_shards
+from prl.shards.writer import read_ipc
 from prl.store.tables import Store
 from tests.records import vllm_chat
 
@@ -246,7 +247,7 @@ def assert_shards_sound(out: Path, expect_all: set[str] | None) -> None:
         in_shards = []
         for entry in manifest["shards"]:
             in_shards += pq.read_table(folder / entry["file"], columns=["sample_id"])["sample_id"].to_pylist()
-        samples = pq.read_table(listed[name].samples_path)["sample_id"].to_pylist()
+        samples = read_ipc(listed[name].samples_path)["sample_id"].to_pylist()
         assert sorted(in_shards) == samples
         shipped += samples
     result = verify_shards(str(out)) if shipped else None

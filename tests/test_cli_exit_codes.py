@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from prl.cli import app
-from prl.store.locks import lock_for, step_name
+from prl.shards.target import LocalOut
+from prl.store.locks import lock_for
 from tests.pipeline_helpers import GrowingInput, write_recipe
 
 runner = CliRunner()
@@ -132,7 +133,7 @@ def test_build_shards_codes(tmp_path):
     assert invoke([*base, "--set", "require_checks=false", "--dry-run"])[0] == 0
     assert not os.path.exists(out) or not [n for n in os.listdir(out) if not n.startswith((".", "_"))]
     assert invoke([*base, "--set", "advantage=median"])[0] == 2
-    lock = lock_for(store, step_name("build-shards", os.path.abspath(out)))
+    lock = lock_for(store, LocalOut(out).lock_step())
     lock.acquire()
     try:
         code, summary = invoke([*base, "--set", "require_checks=false"])

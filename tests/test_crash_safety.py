@@ -16,9 +16,11 @@ import random
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
+from prl.shards.layout import meta_root
 from prl.store.tables import Store
 from tests.pipeline_helpers import (
     GrowingInput,
@@ -92,7 +94,7 @@ def test_sigkill_at_random_instants_loses_and_duplicates_nothing(tmp_path):
     assert again["steps"][2]["summary"]["checked"] == 0
     assert again["steps"][3]["summary"]["status"] == "nothing_new"
     assert not [p for p in os.listdir(store_path / "_locks") if p.endswith(".lock")]
-    staging = out / ".prl" / "staging"
+    staging = Path(meta_root(out)) / "staging"
     assert not staging.exists() or not os.listdir(staging)
 
 

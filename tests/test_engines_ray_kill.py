@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from prl.shards.build import build_shards
+from prl.shards.layout import meta_root
 from prl.shards.options import ShardOptions
 from tests.shards_fixtures import varied_store
 from tests.test_engines_ray import SHARD_OPTIONS
@@ -36,14 +37,14 @@ build_shards({store!r}, {out!r}, options=ShardOptions.from_mapping({options!r}),
 
 
 def _published(out: Path) -> list[str]:
-    """The set folders of ``out`` (everything but its ``.prl`` bookkeeping)."""
+    """The set folders of ``out`` (OUT holds nothing else)."""
     return sorted(p.name for p in out.iterdir() if p.name != ".prl") if out.exists() else []
 
 
 def _staged_parts(out: Path) -> bool:
     """Whether a part of the build is being written in its staging folder (the driver has handed the parts to the
     cluster)."""
-    staging = out / ".prl" / "staging"
+    staging = Path(meta_root(out)) / "staging"
     return staging.exists() and any(p.suffix in (".tmp", ".parquet") for p in staging.rglob("part-*"))
 
 

@@ -1,7 +1,8 @@
 """A set folder reads as exactly its rows with the readers trainers use; globs over OUT see only current sets.
 
-pyarrow.dataset, pandas, polars and DuckDB run on every test run; Hugging Face ``datasets`` and Ray Data run when
-they are installed (they are heavy and not test dependencies: ``pip install datasets 'ray[data]'``).
+pyarrow.dataset, pandas, polars, DuckDB and Hugging Face ``datasets`` (the ``test`` extra) run on every test run; Ray
+Data runs when it is installed (``prl[ray]``). The whole reader matrix, ``OUT`` and its recursive globs included, is
+``tests/test_out_readers.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from prl.schema import CHECKS, REWARDS, TRACES
 from prl.shards.build import build_shards
-from prl.shards.layout import staging_root
+from prl.shards.layout import retired_root, staging_root
 from prl.shards.listing import list_sets
 from prl.shards.options import ShardOptions
 from tests.shards_fixtures import reward, table, trace, varied_store, verdict
@@ -42,7 +43,7 @@ def out(tmp_path_factory) -> Path:
     assert first.status == second.status == "built" and second.rows >= 4 and len(first.shards) > 1
     outdir = root / "out"
     # a build in progress and a set being retired: parts in place, never visible
-    for area in (staging_root(str(outdir)), str(outdir / ".prl" / "retired")):
+    for area in (staging_root(str(outdir)), retired_root(str(outdir))):
         busy = Path(area) / f"{first.set_id}-999999-deadbeef" / "parts"
         busy.mkdir(parents=True)
         shutil.copy(os.path.join(first.set_dir, first.shards[0]["file"]), busy / "part-00000.parquet")

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from prl.errors import LockedError, RetryableIOError
+from prl.shards.target import LocalOut
 from prl.store.locks import LocalLock, holding, lock_for, step_name
 
 
@@ -179,7 +180,7 @@ def test_two_builds_into_one_out_spelled_two_ways_never_run_at_once(tmp_path):
     out.mkdir()
     os.symlink(out, tmp_path / "out-link")
     store = str(tmp_path / "store")
-    with holding(store, step_name("build-shards", str(out))) as held:
+    with holding(store, LocalOut(str(out)).lock_step()) as held:
         for spelling in (tmp_path / "out-link", f"{out}/", f"{tmp_path}//out"):
             with pytest.raises(LockedError, match=held.run_id):
                 build_shards(Store(store), str(spelling))

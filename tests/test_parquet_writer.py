@@ -15,8 +15,9 @@ import pyarrow.parquet as pq
 from prl.schema import SHARD, float_leaves
 from prl.shards import writer
 from prl.shards.build import build_shards
+from prl.shards.layout import meta_root
 from prl.shards.options import ShardOptions
-from prl.shards.writer import FLOAT_LEAVES, SHARD_STATISTICS, WRITER, HashingFile, write_shard
+from prl.shards.writer import FLOAT_LEAVES, SHARD_STATISTICS, WRITER, HashingFile, read_ipc, write_shard
 from tests.shards_fixtures import make_store, ref, reward, trace
 
 
@@ -118,8 +119,8 @@ def test_a_built_sets_shards_read_back_and_match_their_manifest(tmp_path):
         assert canonical(pl.read_parquet(path).to_dicts()) == canonical(table.to_pylist())
         rows += table.num_rows
     assert rows == manifest["totals"]["rows"] == 12
-    meta = Path(set_dir).parent / ".prl" / "sets" / Path(set_dir).name  # prl.shards.layout
-    samples = pq.read_table(meta / manifest["samples"]["file"])
+    meta = Path(meta_root(Path(set_dir).parent)) / "sets" / Path(set_dir).name  # prl.shards.layout
+    samples = read_ipc(str(meta / manifest["samples"]["file"]))
     assert samples["sample_id"].to_pylist() == sorted(f"s{i}:0" for i in range(12))
 
 
@@ -170,10 +171,10 @@ def test_empty_shard_and_empty_sample_ids(tmp_path):
     path = tmp_path / "empty.parquet"
     write_shard(empty, str(path))
     assert_reads_back(path, empty)
-    ids = tmp_path / "ids.parquet"
+    ids = tmp_path / "ids.arrow"
     size, sha256 = writer.write_sample_ids(pa.array([], pa.string()), str(ids))
     assert (size, sha256) == (ids.stat().st_size, hashlib.sha256(ids.read_bytes()).hexdigest())
-    assert pq.read_table(ids).num_rows == 0
+    assert writer.read_ipc(str(ids)).num_rows == 0
 
 
 def test_hashing_file_counts_and_hashes_every_write(tmp_path):

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.s3
 
 SET = r"v\d+-[0-9a-f]{12}"
 PART = rf"/out/{SET}/part-\d+\.parquet$"
-MANIFEST = rf"/out/\.prl/sets/{SET}/manifest\.json$"
+MANIFEST = rf"/\.out\.prl/sets/{SET}/manifest\.json$"
 SAMPLES = 12
 
 

@@ -127,19 +127,19 @@ def test_a_build_asks_the_same_of_an_s3_out_at_2_sets_as_at_6(s3, proxy, monkeyp
         assert build_shards(store, out, options=options).status == "built"
         asked[sets] = Counter(_out_request(line) for line in proxy.requests[start:])
     assert asked[2] == asked[6]
-    assert (asked[6]["GET manifest.json"], asked[6]["GET index.json"], asked[6]["GET sample_ids.parquet"]) == (1, 1, 0)
+    assert (asked[6]["GET manifest.json"], asked[6]["GET index.json"], asked[6]["GET sample_ids.arrow"]) == (1, 1, 0)
     assert {k: v for k, v in asked[6].items() if k.startswith("LIST")} == {
-        "LIST out/.prl/sets/": 3,  # the sets when the build plans, when it cleans and when it writes the index
+        "LIST .out.prl/sets/": 3,  # the sets when the build plans, when it cleans and when it writes the index
         "LIST out/ /": 1,  # set folders, and the meta folders of sets, for what killed uploads left
-        "LIST out/.prl/sets/ /": 1,
-        "LIST out/.prl/frontier/": 1,  # the backlog files the frontier no longer names
+        "LIST .out.prl/sets/ /": 1,
+        "LIST .out.prl/frontier/": 1,  # the backlog files the frontier no longer names
     }
 
     def index() -> bytes:
-        return s3.client.get_object(Bucket=s3.bucket, Key="out/.prl/index.json")["Body"].read()
+        return s3.client.get_object(Bucket=s3.bucket, Key=".out.prl/index.json")["Body"].read()
 
     assert index() == (json.dumps(index_json(S3Out(out).existing_sets()), indent=2, sort_keys=True) + "\n").encode()
-    s3.put("out/.prl/index.json", b'{"schema_version": ')
+    s3.put(".out.prl/index.json", b'{"schema_version": ')
     commit_group(store, "g7")
     start = len(proxy.requests)
     assert build_shards(store, out, options=options).status == "built"

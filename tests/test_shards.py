@@ -21,6 +21,7 @@ from prl.schema import CHECKS, REF_LOGPROBS, REWARDS, SHARD, TRACES
 from prl.shards import build as shards
 from prl.shards import gather, scan, scores
 from prl.shards.build import build_shards
+from prl.shards.layout import meta_root
 from prl.shards.options import ShardOptions, parse_version
 from prl.shards.scan import side_sums
 from tests.shards_fixtures import make_store, random_store, ref, reward, table, trace, varied_store, verdict
@@ -74,15 +75,14 @@ def test_basic_columns_values_and_manifest(tmp_path):
         assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == entry["sha256"]
         assert os.path.getsize(path) == entry["bytes"]
     assert sum(s["tokens"] for s in manifest["shards"]) == 5 + 4 + 2
-    # the layout: the set folder holds only its parts; everything else is under OUT/.prl
+    # the layout: the set folder holds only its parts; everything else is beside OUT, in .out.prl
     out = tmp_path / "out"
-    assert sorted(os.listdir(out)) == [".prl", res.set_id]
+    assert sorted(os.listdir(out)) == [res.set_id]
     assert sorted(os.listdir(res.set_dir)) == [e["file"] for e in manifest["shards"]]
-    assert res.manifest_path == str(out / ".prl" / "sets" / res.set_id / "manifest.json")
-    assert sorted(os.listdir(meta)) == ["manifest.json", "sample_ids.parquet"]
-    assert sorted(os.listdir(out / ".prl")) == ["frontier", "frontier.json", "index.json", "sets", "staging"]
-    assert os.listdir(out / ".prl" / "staging") == []
-    index = json.loads(Path(out / ".prl" / "index.json").read_text())
+    assert res.manifest_path == str(Path(meta_root(out)) / "sets" / res.set_id / "manifest.json")
+    assert sorted(os.listdir(meta)) == ["manifest.json", "sample_ids.arrow"]
+    assert sorted(os.listdir(meta_root(out))) == ["frontier", "frontier.json", "index.json", "out.json", "sets"]
+    index = json.loads(Path(Path(meta_root(out)) / "index.json").read_text())
     assert [s["set_id"] for s in index["sets"]] == [res.set_id]
     assert index["sets"][0]["files"] == [f"{res.set_id}/{e['file']}" for e in manifest["shards"]]
 
@@ -135,15 +135,15 @@ def test_incremental_ships_each_sample_once(tmp_path):
     assert third.status == "built" and third.rows == 1 and third.already_shipped == 3
     assert list(by_id(read_set(third))) == ["c0:0"]
     assert third.set_id != first.set_id
-    index = json.loads(Path(os.path.join(out, ".prl", "index.json")).read_text())
+    index = json.loads(Path(os.path.join(meta_root(out), "index.json")).read_text())
     assert {s["set_id"] for s in index["sets"]} == {first.set_id, third.set_id}
     rebuilt = build_shards(store, out, rebuild=True)
     assert rebuilt.rows == 4
     # the rebuild replaced both earlier sets: OUT holds only the new one, rows and meta
     assert sorted(n for n in os.listdir(out) if not n.startswith(".")) == [rebuilt.set_id]
-    assert os.listdir(os.path.join(out, ".prl", "sets")) == [rebuilt.set_id]
-    assert os.listdir(os.path.join(out, ".prl", "retired")) == []
-    index = json.loads(Path(os.path.join(out, ".prl", "index.json")).read_text())
+    assert os.listdir(os.path.join(meta_root(out), "sets")) == [rebuilt.set_id]
+    assert not os.path.exists(os.path.join(meta_root(out), "retired"))
+    index = json.loads(Path(os.path.join(meta_root(out), "index.json")).read_text())
     assert [s["set_id"] for s in index["sets"]] == [rebuilt.set_id]
 
 

@@ -8,14 +8,15 @@ import os
 import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from prl.schema import REWARDS
 from prl.shards.build import build_shards
 from prl.shards.frontier import frontier_path, read_frontier
+from prl.shards.layout import meta_root
 from prl.shards.options import ShardOptions
 from prl.shards.verify import verify_shards
+from prl.shards.writer import read_ipc
 from prl.store.changes import snapshot_files
 from prl.store.maintain import maintain
 from prl.store.tables import Store
@@ -52,7 +53,7 @@ def test_a_frontier_build_reads_backlog_and_new_files_and_ships_the_same_bytes(t
     _same_build(first, build_shards(store, whole, options=OPTIONS))
     frontier = read_frontier(fast)
     assert frontier is not None and (frontier.shipped, frontier.version_max) == (5, 10)
-    backlog = pq.read_table(os.path.join(fast, ".prl", "frontier", frontier.backlog))
+    backlog = read_ipc(os.path.join(meta_root(fast), "frontier", frontier.backlog))
     assert sorted(backlog.column("sample_id").to_pylist()) == ["b0-1:0", "s0-0:0", "s0-1:0"]
 
     # new rows at step 12 (the stale group stays stale), and the missing reward arrives
@@ -95,7 +96,7 @@ def test_a_set_published_after_the_frontier_was_written_is_left_out(tmp_path):
     build_shards(store, fast, options=OPTIONS)
     build_shards(store, whole, options=OPTIONS)
     saved = {p: Path(p).read_bytes() for p in (frontier_path(fast),)}
-    backlog_dir = Path(fast, ".prl", "frontier")
+    backlog_dir = Path(meta_root(fast), "frontier")
     kept = {p.name: p.read_bytes() for p in backlog_dir.iterdir()}
     commit_traces(store, grouped_rows("n", 1, 2, version="step-11"))
     assert build_shards(store, fast, options=OPTIONS).rows == 2
@@ -126,7 +127,7 @@ def test_any_doubt_is_a_whole_scan(tmp_path, change):
         rebuild = True
     elif change == "set_gone":
         shutil.rmtree(first.set_dir)
-        shutil.rmtree(os.path.join(out, ".prl", "sets", first.set_id))
+        shutil.rmtree(os.path.join(meta_root(out), "sets", first.set_id))
     elif change == "compacted":
         maintain(store, retention_hours=1)
     else:

@@ -19,7 +19,7 @@ from prl.cli import app
 from prl.schema import SCHEMA_VERSION
 from prl.shards.build import build_shards
 from prl.shards.index import index_json, updated_index
-from prl.shards.layout import find_sets, index_path, meta_dir
+from prl.shards.layout import find_sets, index_path, meta_dir, meta_root
 from prl.shards.manifest import SAMPLES_FILE, FileEntry, Manifest, ManifestError, Totals, existing_sets
 from prl.shards.options import ShardOptions
 from prl.store.tables import Store
@@ -168,7 +168,7 @@ def test_local_builds_read_one_old_manifest_and_leave_the_index_of_every_manifes
         return result.set_id, seen
 
     def meta(set_id: str) -> str:
-        return os.path.join(".prl", "sets", set_id, "manifest.json")
+        return os.path.relpath(os.path.join(meta_dir(out, set_id), "manifest.json"), out)
 
     sets = [build("a")[0]]
     for name in "bcde":
@@ -283,7 +283,7 @@ def test_an_unreadable_manifest_of_out_stops_the_build_before_it_publishes(tmp_p
     assert summary["exit_code"] == 2 and f"{meta_dir(out, sets[-1])}/manifest.json: not JSON" in summary["error"]
     assert sorted(ref.set_id for ref in find_sets(out)) == sets
     assert Path(index_path(out)).read_bytes() == index
-    assert not os.path.exists(os.path.join(out, ".prl", "staging"))  # the staged set went with the failure
+    assert not os.path.exists(os.path.join(meta_root(out), "staging"))  # the staged set went with the failure
     rebuilt = build_shards(store, out, options=OPTIONS, rebuild=True)
     assert [ref.set_id for ref in find_sets(out)] == [rebuilt.set_id]
     assert Path(index_path(out)).read_bytes() == _expected(out)

@@ -12,8 +12,10 @@ from typer.testing import CliRunner
 import prl.shards.build as build
 from prl.cli import app
 from prl.shards.listing import list_sets
+from prl.shards.s3out import S3Out
+from prl.shards.target import LocalOut
 from prl.store import holder
-from prl.store.locks import holding, step_name
+from prl.store.locks import holding
 from prl.store.tables import Store
 from tests.s3_server import moto_endpoint, s3  # noqa: F401
 from tests.shards_fixtures import random_store
@@ -72,7 +74,7 @@ def test_a_build_into_a_local_out_spelled_another_way_exits_3(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     os.symlink(out, tmp_path / "link")
-    with holding(store, step_name("build-shards", str(out))) as held:
+    with holding(store, LocalOut(str(out)).lock_step()) as held:
         for spelling in (tmp_path / "link", f"{tmp_path}//link/"):
             res = runner.invoke(app, ["build-shards", "--store", store, "--out", str(spelling), "--json"])
             assert res.exit_code == 3
@@ -86,8 +88,8 @@ def test_a_build_into_a_local_out_spelled_another_way_exits_3(tmp_path):
 def test_a_build_into_an_s3_out_spelled_another_way_exits_3(s3, tmp_path):  # noqa: F811
     store = str(tmp_path / "store")
     random_store(store, 2, 2)
-    with holding(store, step_name("build-shards", s3.url("runs/out"))) as held:
+    with holding(store, S3Out(s3.url("runs/out")).lock_step()) as held:
         for spelling in (s3.url("runs/out/"), s3.url("runs//out//")):
             res = runner.invoke(app, ["build-shards", "--store", store, "--out", spelling, "--json"])
             assert res.exit_code == 3 and held.run_id in json.loads(res.stdout)["error"]
-    assert s3.keys() == []
+    assert s3.keys() == ["runs/.out.prl/out.json"]  # the marker the lock is keyed by, and nothing else

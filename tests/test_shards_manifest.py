@@ -36,7 +36,7 @@ def test_the_written_manifest_round_trips(built):
     assert [e.to_json() for e in manifest.shards] == built.shards
     assert manifest.totals.rows == built.rows == 10 and manifest.totals.shards == len(built.shards)
     assert manifest.samples == FileEntry(
-        "sample_ids.parquet", 10, manifest.samples.bytes, manifest.samples.sha256, None, None, None
+        "sample_ids.arrow", 10, manifest.samples.bytes, manifest.samples.sha256, None, None, None
     )
     assert raw["conventions"]["token_advantages"] == (
         "advantage on loss_mask tokens, 0 elsewhere, plus kl_coef·(mean_log_ratio − d_t) on valid tokens"

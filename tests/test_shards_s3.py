@@ -26,6 +26,7 @@ from prl.schema import REWARDS
 from prl.shards.build import build_shards
 from prl.shards.frontier import frontier_path, read_frontier
 from prl.shards.index import index_json
+from prl.shards.layout import meta_root
 from prl.shards.listing import list_sets
 from prl.shards.options import ShardOptions
 from prl.shards.s3out import S3Out
@@ -43,27 +44,34 @@ OPTIONS = ShardOptions(target_tokens=60, seed=5)
 
 
 def local_files(out: str) -> dict[str, bytes]:
-    """Every file under a local OUT, by path relative to OUT, less the frontier (``.prl/frontier*``: what the
+    """Every file under a local OUT, by path relative to OUT, less the frontier (``frontier*`` of the meta folder: what the
     next build need not scan; its backlog file has a name of its own in every OUT)."""
     files = {}
-    for root, _, names in os.walk(out):
-        for name in names:
-            path = os.path.join(root, name)
-            rel = os.path.relpath(path, out)
-            if not rel.startswith(os.path.join(".prl", "frontier")):
-                files[rel] = Path(path).read_bytes()
+    for top, label in ((out, ""), (meta_root(out), "meta/")):
+        for root, _, names in os.walk(top):
+            for name in names:
+                path = os.path.join(root, name)
+                rel = label + os.path.relpath(path, top)
+                if not rel.startswith("meta/frontier") and not rel.startswith("meta/out.json"):
+                    files[rel] = Path(path).read_bytes()
     return files
 
 
 def s3_files(s3, prefix: str) -> dict[str, bytes]:  # noqa: F811
     """Every object under ``prefix`` by key relative to it, less the frontier (as :func:`local_files`)."""
-    keys = [key for key in s3.keys(prefix) if not key[len(prefix) :].startswith(".prl/frontier")]
-    return {key[len(prefix) :]: s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read() for key in keys}
+    meta = S3Out(f"s3://{s3.bucket}/{prefix}").mkey() + "/"
+    files = {}
+    for top, label in ((prefix, ""), (meta, "meta/")):
+        for key in s3.keys(top):
+            rel = label + key[len(top) :]
+            if not rel.startswith("meta/frontier") and not rel.startswith("meta/out.json"):
+                files[rel] = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
+    return files
 
 
 def index_of_every_manifest(s3, out: str) -> bool:  # noqa: F811
     """Whether ``OUT/.prl/index.json`` is byte for byte the index of every manifest in ``out`` (read whole)."""
-    body = s3.client.get_object(Bucket=s3.bucket, Key=f"{out.split('/', 3)[3]}/.prl/index.json")["Body"].read()
+    body = s3.client.get_object(Bucket=s3.bucket, Key=f"{S3Out(out).mkey('index.json')}")["Body"].read()
     return body == (json.dumps(index_json(S3Out(out).existing_sets()), indent=2, sort_keys=True) + "\n").encode()
 
 
@@ -74,7 +82,7 @@ def test_an_s3_out_holds_the_bytes_of_a_local_build_and_reads_back_exactly(s3, t
     assert (remote.status, remote.rows, remote.out) == ("built", 36, f"s3://{s3.bucket}/runs/out")
     assert remote.set_id == local.set_id and remote.shards == local.shards and len(remote.shards) > 1
     assert remote.set_dir == f"s3://{s3.bucket}/runs/out/{local.set_id}"
-    assert remote.manifest_path == f"s3://{s3.bucket}/runs/out/.prl/sets/{local.set_id}/manifest.json"
+    assert remote.manifest_path == f"s3://{s3.bucket}/runs/.out.prl/sets/{local.set_id}/manifest.json"
     assert s3_files(s3, "runs/out/") == local_files(str(tmp_path / "local"))  # parts, ids, manifest, index
 
     listed = list_sets(s3.url("runs/out"))
@@ -125,7 +133,7 @@ def test_a_second_run_ships_nothing_and_new_samples_ship_once(s3, tmp_path):  # 
     second = build_shards(store, out, options=OPTIONS)
     assert (second.status, second.rows, second.already_shipped) == ("built", 2, 12)
     assert [s.set_id for s in list_sets(out).sets] == sorted([first.set_id, second.set_id])
-    index = json.loads(s3.client.get_object(Bucket=s3.bucket, Key="out/.prl/index.json")["Body"].read())
+    index = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=".out.prl/index.json")["Body"].read())
     assert [s["set_id"] for s in index["sets"]] == [first.set_id, second.set_id]
     assert index_of_every_manifest(s3, out) and verify_shards(out).exit_code == 0
 
@@ -137,7 +145,7 @@ def test_an_s3_out_reads_a_manifest_once_per_content_and_again_when_it_changes(s
     store.commit("rewards", rewards_of_new_samples())
     store.commit("checks", verdicts_of_new_samples())
     second = build_shards(store, s3.url("out"), options=OPTIONS)
-    key = f"out/.prl/sets/{first.set_id}/manifest.json"
+    key = f".out.prl/sets/{first.set_id}/manifest.json"
     body = s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read()
     with FaultyProxy(s3.endpoint) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
@@ -146,7 +154,7 @@ def test_an_s3_out_reads_a_manifest_once_per_content_and_again_when_it_changes(s
         s3.put(key, json.dumps(json.loads(body)).encode())  # the same manifest, other bytes: another ETag
         listed.append(out.existing_sets())
     reads = [line.split()[1] for line in proxy.requests if line.startswith("GET ") and "manifest.json" in line]
-    first_key, second_key = (f"/{s3.bucket}/out/.prl/sets/{i}/manifest.json" for i in (first.set_id, second.set_id))
+    first_key, second_key = (f"/{s3.bucket}/.out.prl/sets/{i}/manifest.json" for i in (first.set_id, second.set_id))
     assert [[m.set_id for m in sets] for sets in listed] == [sorted([first.set_id, second.set_id])] * 3
     assert reads == [*sorted([first_key, second_key]), first_key]
     assert listed[0] == listed[1] == listed[2]  # the manifest read again is the same manifest
@@ -188,7 +196,7 @@ def test_an_upload_cut_before_its_manifest_is_invisible_and_a_rerun_publishes_on
     monkeypatch.setattr(S3Out, "_put_manifest", cut)
     with pytest.raises(Cut):
         build_shards(store, out, options=OPTIONS)
-    parts = [k for k in s3.keys("out/") if k.endswith(".parquet") and "/.prl/" not in k]
+    parts = [k for k in s3.keys("out/") if k.endswith(".parquet")]
     assert len(parts) > 1  # the parts went up; no manifest, no index
     assert not [k for k in s3.keys("out/") if k.endswith(".json")]
     assert list_sets(out).sets == [] and verify_shards(out).sets == []
@@ -220,15 +228,15 @@ def test_a_cut_upload_of_a_set_that_is_never_rebuilt_is_removed_by_the_next_buil
     monkeypatch.setattr(S3Out, "_put_manifest", lambda self, set_id, body: (_ for _ in ()).throw(Cut()))
     with pytest.raises(Cut):
         build_shards(store, out, options=OPTIONS)
-    orphan = {k.split("/")[1] for k in s3.keys("out/") if not k.startswith("out/.prl/")}
+    orphan = {k.split("/")[1] for k in s3.keys("out/") if not k.startswith(".out.prl/")}
     monkeypatch.setattr(S3Out, "_put_manifest", real_put)
     store.commit("traces", table_of_new_samples())  # a new traces version: a new set id
     store.commit("rewards", rewards_of_new_samples())
     store.commit("checks", verdicts_of_new_samples())
     result = build_shards(store, out, options=OPTIONS)
     assert result.rows == 10 and orphan != {result.set_id}
-    assert {k.split("/")[1] for k in s3.keys("out/") if not k.startswith("out/.prl/")} == {result.set_id}
-    assert {k.split("/")[3] for k in s3.keys("out/.prl/sets/")} == {result.set_id}
+    assert {k.split("/")[1] for k in s3.keys("out/") if not k.startswith(".out.prl/")} == {result.set_id}
+    assert {k.split("/")[2] for k in s3.keys(".out.prl/sets/")} == {result.set_id}
     assert verify_shards(out).exit_code == 0
 
 
@@ -318,8 +326,8 @@ def test_a_rebuild_retires_the_sets_it_replaces(s3, tmp_path):  # noqa: F811
     rebuilt = build_shards(store, out, options=OPTIONS, rebuild=True)
     assert (rebuilt.rows, rebuilt.already_shipped) == (14, 0)
     assert [s.set_id for s in list_sets(out).sets] == [rebuilt.set_id] != [first.set_id]
-    assert {k.split("/")[1] for k in s3.keys("out/") if not k.startswith("out/.prl/")} == {rebuilt.set_id}
-    index = json.loads(s3.client.get_object(Bucket=s3.bucket, Key="out/.prl/index.json")["Body"].read())
+    assert {k.split("/")[1] for k in s3.keys("out/") if not k.startswith(".out.prl/")} == {rebuilt.set_id}
+    index = json.loads(s3.client.get_object(Bucket=s3.bucket, Key=".out.prl/index.json")["Body"].read())
     assert [s["set_id"] for s in index["sets"]] == [rebuilt.set_id] and index_of_every_manifest(s3, out)
     again = build_shards(store, out, options=OPTIONS, rebuild=True)  # the same set: its manifest is already there
     assert again.set_id == rebuilt.set_id and verify_shards(out).exit_code == 0 and index_of_every_manifest(s3, out)
@@ -405,8 +413,8 @@ def test_an_s3_out_keeps_a_frontier_and_its_next_build_is_the_bytes_of_a_whole_s
     assert (first.traces_scan, first.rows) == ({"from": "whole", "rows": 8}, 5)
     frontier = read_frontier(f"s3://{s3.bucket}/runs/fast")
     assert frontier is not None and (frontier.shipped, frontier.sets) == (5, (first.set_id,))
-    backlog_key = f"runs/fast/.prl/frontier/{frontier.backlog}"
-    assert backlog_key in s3.keys("runs/fast/.prl/frontier/")
+    backlog_key = f"runs/.fast.prl/frontier/{frontier.backlog}"
+    assert backlog_key in s3.keys("runs/.fast.prl/frontier/")
     build_shards(store, whole, options=FRONTIER_OPTIONS)
 
     commit_traces(store, grouped_rows("n", 1, 2, version="step-12"))
@@ -419,10 +427,10 @@ def test_an_s3_out_keeps_a_frontier_and_its_next_build_is_the_bytes_of_a_whole_s
     _same_build(second, twin)
     # the earlier backlog is gone, the new one is named by the new frontier
     newer = read_frontier(f"s3://{s3.bucket}/runs/fast")
-    assert newer is not None and s3.keys("runs/fast/.prl/frontier/") == [f"runs/fast/.prl/frontier/{newer.backlog}"]
+    assert newer is not None and s3.keys("runs/.fast.prl/frontier/") == [f"runs/.fast.prl/frontier/{newer.backlog}"]
     assert verify_shards(out).exit_code == 0
     # a damaged frontier object is no frontier: the next build scans the whole table and ships nothing twice
-    s3.client.put_object(Bucket=s3.bucket, Key="runs/fast/.prl/frontier.json", Body=b"{not json")
+    s3.client.put_object(Bucket=s3.bucket, Key="runs/.fast.prl/frontier.json", Body=b"{not json")
     assert read_frontier(f"s3://{s3.bucket}/runs/fast") is None
     again = build_shards(store, out, options=FRONTIER_OPTIONS)
     assert (again.status, again.traces_scan) == ("nothing_new", {"from": "whole", "rows": 10})

@@ -14,10 +14,12 @@ import prl.shards.build as build_module
 from prl.errors import UsageError
 from prl.shards.build import build_shards
 from prl.shards.frontier import read_frontier
+from prl.shards.layout import meta_root
 from prl.shards.manifest import SAMPLES_FILE
 from prl.shards.options import ShardOptions
 from prl.shards.turns import newest_version, snapshot_turn_files, take
 from prl.shards.verify import verify_shards
+from prl.shards.writer import read_ipc
 from prl.store.changes import snapshot_files
 from prl.store.tables import Store
 from tests.shards_fixtures import commit_traces, grouped_rows
@@ -36,7 +38,7 @@ def _store(tmp_path, commits: int = 4) -> Store:
 def _shipped(out: str, set_ids: list[str]) -> list[list[str]]:
     """The sample ids each set shipped, sorted within the set."""
     return [
-        sorted(pq.read_table(f"{out}/.prl/sets/{s}/{SAMPLES_FILE}").column("sample_id").to_pylist()) for s in set_ids
+        sorted(read_ipc(f"{meta_root(out)}/sets/{s}/{SAMPLES_FILE}").column("sample_id").to_pylist()) for s in set_ids
     ]
 
 
@@ -123,7 +125,7 @@ def test_rows_dropped_in_a_turn_are_reconsidered_with_the_next_and_count_against
     assert res.traces_scan == {"from": "whole", "rows": 4 + 1 + 4}
     frontier = read_frontier(out)
     assert frontier is not None and frontier.pending == ()
-    backlog = pq.read_table(f"{out}/.prl/frontier/{frontier.backlog}")
+    backlog = read_ipc(f"{meta_root(out)}/frontier/{frontier.backlog}")
     assert backlog.column("sample_id").to_pylist() == ["a0-1:0"]
 
 
@@ -154,7 +156,7 @@ def test_a_rebuild_in_turns_replaces_every_set_and_ships_each_sample_once(tmp_pa
     first = build_shards(store, out, options=OPTIONS)
     res = build_shards(store, out, options=OPTIONS.replace(max_set_samples=8), rebuild=True)
     assert [s["rows"] for s in res.sets] == [8, 8]
-    index = json.loads(Path(out, ".prl", "index.json").read_text())
+    index = json.loads(Path(meta_root(out), "index.json").read_text())
     assert first.set_id not in json.dumps(index)
     flat = [s for ids in _shipped(out, [s["set_id"] for s in res.sets]) for s in ids]
     assert sorted(flat) == sorted(set(flat)) and len(flat) == 16
@@ -238,7 +240,7 @@ def test_a_set_left_out_by_id_and_gone_between_turns_means_a_whole_scan(tmp_path
     )
     monkeypatch.undo()
     shutil.rmtree(Path(out, first.set_id))
-    shutil.rmtree(Path(out, ".prl", "sets", first.set_id))
+    shutil.rmtree(Path(meta_root(out), "sets", first.set_id))
     res = build_shards(store, out, options=options)
     assert (res.traces_scan["from"], res.rows, [s["rows"] for s in res.sets]) == ("whole", 12, [4, 4, 4])
 
@@ -255,7 +257,7 @@ def test_a_frontier_whose_pending_files_cannot_be_followed_is_a_whole_scan(tmp_p
     with pytest.raises(KeyboardInterrupt):
         build_shards(store, out, options=options)  # one set, two files pending
     monkeypatch.undo()
-    path = Path(out, ".prl", "frontier.json")
+    path = Path(meta_root(out), "frontier.json")
     raw = json.loads(path.read_text())
     assert len(raw["pending"]) == 2
     if damage == "pending_gone":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from prl.cli import app
 from prl.errors import UsageError
 from prl.shards.build import build_shards
+from prl.shards.layout import meta_root
 from prl.shards.options import ShardOptions
 from prl.shards.verify import verify_shards
 from tests.shards_fixtures import random_store
@@ -81,12 +83,12 @@ def test_manifest_counts_are_recomputed(built):
 
 def test_a_sample_in_two_sets_is_reported(built, tmp_path):
     shutil.copytree(built.set_dir, tmp_path / "out" / "v9-copy")
-    shutil.copytree(os.path.dirname(built.manifest_path), tmp_path / "out" / ".prl" / "sets" / "v9-copy")
+    shutil.copytree(os.path.dirname(built.manifest_path), Path(meta_root(tmp_path / "out")) / "sets" / "v9-copy")
     found = verify_shards(str(tmp_path / "out")).problems
     assert found[0].file == "manifest.json" and f"set_id {built.set_id!r} != folder name" in found[0].problem
     twice, index = found[1:-1], found[-1]
     assert len(twice) == 10  # every sample of the copy, each named once (the copy sorts after the original)
-    assert (index.set_id, index.file) == (".prl", "index.json")  # the copy is no line of the index
+    assert (index.set_id, index.file) == ("meta", "index.json")  # the copy is no line of the index
     assert {p.set_id for p in twice} == {"v9-copy"}
     assert all(p.problem.endswith(f"shipped in {built.set_id}, v9-copy") for p in twice)
 
@@ -100,7 +102,7 @@ def test_not_a_shard_set(tmp_path):
 
 def test_an_out_whose_index_is_not_its_manifests_is_reported(built, tmp_path):
     out = tmp_path / "out"
-    index = out / ".prl" / "index.json"
+    index = Path(meta_root(out)) / "index.json"
     lines = json.loads(index.read_text())
     assert problems(out) == []
     edited = {**lines, "sets": [{**lines["sets"][0], "rows": lines["sets"][0]["rows"] + 1}]}
@@ -112,7 +114,7 @@ def test_an_out_whose_index_is_not_its_manifests_is_reported(built, tmp_path):
     index.unlink()
     found = verify_shards(str(out)).problems
     assert [(p.set_id, p.file, p.problem) for p in found] == [
-        (".prl", "index.json", "missing: the next build that publishes a set writes it")
+        ("meta", "index.json", "missing: the next build that publishes a set writes it")
     ]
     res = runner.invoke(app, ["verify", str(out)])
-    assert res.exit_code == 1 and "MISMATCH .prl/index.json: missing" in res.stdout
+    assert res.exit_code == 1 and "MISMATCH meta/index.json: missing" in res.stdout

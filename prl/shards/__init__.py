@@ -21,7 +21,7 @@ One module per job, in the order a build takes them (:func:`prl.shards.build.bui
 - :mod:`~prl.shards.writer` — Parquet via pyarrow (zstd, byte-stream-split floats), hashed as written.
 - :mod:`~prl.shards.statistics` — the summaries a build reports and its manifest records.
 - :mod:`~prl.shards.manifest` — the typed :class:`Manifest` (``manifest.json``) and the sets of an ``OUT`` folder.
-- :mod:`~prl.shards.publish` — staging, fsync + rename, the set folder's atomic rename, ``OUT/.prl/index.json``.
+- :mod:`~prl.shards.publish` — staging, fsync + rename, the set folder's atomic rename, ``.OUT.prl/index.json``.
 - :mod:`~prl.shards.s3out` — an ``s3://`` OUT: uploads, the manifest's conditional put, its sets read back.
 - :mod:`~prl.shards.target` — where a build publishes: a local OUT folder or an ``s3://`` OUT, one interface.
 - :mod:`~prl.shards.result` — :class:`ShardResult`, what a build returns.

@@ -15,10 +15,10 @@
    the files written. Every value is computed per sample, so the bytes do not depend on the threads.
 5. **Publish** (:mod:`prl.shards.target`; layout in :mod:`prl.shards.layout`), after checking that the build
    still holds its lock (:func:`prl.store.holder.ensure_held`): in a local OUT the staged parts folder is renamed
-   to ``OUT/<set-id>/``, then the staged meta folder (sample ids, ``manifest.json``) to ``OUT/.prl/sets/<set-id>/``
+   to ``OUT/<set-id>/``, then the staged meta folder (sample ids, ``manifest.json``) to ``.OUT.prl/sets/<set-id>/``
    (:mod:`prl.shards.publish`); to an ``s3://`` OUT the parts and sample ids are uploaded, then the manifest with
    a conditional put (:mod:`prl.shards.s3out`). A rebuild then retires the sets it replaces, and
-   ``OUT/.prl/index.json`` is written: made before publishing (so that a manifest of OUT that cannot be read
+   ``.OUT.prl/index.json`` is written: made before publishing (so that a manifest of OUT that cannot be read
    stops the build before it publishes anything), keeping the lines of the sets already in it
    (:mod:`prl.shards.index`). A build that ships nothing mends an index a killed build left one set behind.
 
@@ -76,7 +76,7 @@ from prl.shards.statistics import build_statistics, heads_info, kl_cap_warning, 
 from prl.shards.target import OutTarget, out_target
 from prl.shards.writer import WRITER, write_sample_ids
 from prl.store import holder
-from prl.store.locks import holding, step_name
+from prl.store.locks import holding
 from prl.store.tables import Store
 
 IO_THREADS = 4
@@ -103,11 +103,11 @@ def build_shards(
 
     Samples shipped by earlier sets in ``out`` are skipped unless ``rebuild``. ``dry_run`` plans and reports
     without writing anything. Unless ``dry_run`` (or ``lock=False``), the build holds the store's
-    ``build-shards-<digest of OUT's resolved location>`` lock (:func:`prl.store.locks.step_name`), so two builds
-    into one ``OUT``, however spelled, never overlap; a second one raises :class:`~prl.errors.LockedError`, and a
+    ``build-shards-<digest of OUT's id>`` lock (the id in ``.OUT.prl/out.json``, made by the first build; an
+    ``s3://`` OUT's normalised URI), so two builds into one ``OUT``, however spelled or mounted, never overlap; a second one raises :class:`~prl.errors.LockedError`, and a
     build whose lock was taken over publishes nothing (:class:`~prl.errors.LockLostError`, exit 3). Raises
-    :class:`~prl.errors.UsageError` for bad options, missing inputs, or an ``s3://`` OUT without credentials or
-    bucket.
+    :class:`~prl.errors.UsageError` for bad options, missing inputs, an ``OUT`` inside the store, an ``OUT`` that
+    is neither empty nor a prl OUT of this layout, or an ``s3://`` OUT without credentials or bucket.
 
     ``engine`` (:func:`prl.engines.get_engine`: ``"local"``, the default, or ``"ray"``) decides where the parts are
     written; the plan, the scores and the publication run here, and the set is the same bytes on every engine.
@@ -116,8 +116,9 @@ def build_shards(
     engine = get_engine(engine)
     options = options or ShardOptions()
     target = out_target(out)
-    target.check()
-    with holding(store.uri, step_name("build-shards", target.uri), enabled=lock and not dry_run):
+    target.check(store.uri)
+    locked = lock and not dry_run
+    with holding(store.uri, target.lock_step() if locked else "build-shards", enabled=locked):
         return _build_locked(store, target, options, rebuild, dry_run, engine)
 
 

@@ -2,10 +2,10 @@
 
 A build of ``OUT`` considers every trace row whose sample no set of ``OUT`` shipped. Without help that is a scan
 of the whole ``traces`` table on every run, decoding every token of the store's history. After each build that
-completes (a set published, or nothing to ship), ``OUT/.prl/frontier.json`` records:
+completes (a set published, or nothing to ship), ``.OUT.prl/frontier.json`` records:
 
 - ``traces_version`` ``W``: the traces version the build read;
-- ``backlog``: a Parquet file (in ``OUT/.prl/frontier/``) of the ``sample_id`` of every considered row that did not ship (dropped for any
+- ``backlog``: an Arrow IPC file (in ``.OUT.prl/frontier/``) of the ``sample_id`` of every considered row that did not ship (dropped for any
   reason: a later reward, verdict or reference row, or new group members, may let it ship) and the traces data
   file that holds it;
 - ``sets``: the sets of ``OUT`` whose samples it accounts for; ``shipped``: how many rows of traces at ``W`` they
@@ -42,19 +42,20 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from prl.io.locations import is_remote
-from prl.shards.layout import META, meta_root
+from prl.shards.layout import meta_root
 from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file, write_json
 from prl.shards.turns import newest_version, snapshot_turn_files, take
+from prl.shards.writer import read_ipc, write_ipc
 from prl.store.changes import added_files, files_dataset
 from prl.store.tables import Store
 
 FRONTIER = "frontier.json"
-FRONTIER_FORMAT = 2
-"""2: with ``pending`` (:mod:`prl.shards.turns`); a frontier of format 1 is not read (a whole scan instead)."""
+FRONTIER_FORMAT = 3
+"""3: with ``pending`` (:mod:`prl.shards.turns`) and an Arrow IPC backlog; a frontier of another format is not
+read (a whole scan instead)."""
 BACKLOG_SCHEMA = pa.schema([("sample_id", pa.string()), ("file", pa.string())])
 """One row per unshipped considered trace row: its sample and the traces data file (relative to the table)."""
 
@@ -74,7 +75,7 @@ def backlog_dir(out: str) -> str:
 
 @dataclass(frozen=True)
 class Frontier:
-    """``OUT/.prl/frontier.json`` (see the module docstring)."""
+    """``.OUT.prl/frontier.json`` (see the module docstring)."""
 
     traces_version: int
     options: str
@@ -82,8 +83,7 @@ class Frontier:
     shipped: int
     version_max: int | None
     backlog: str
-    """File name of the backlog, in ``OUT/.prl/frontier/`` (two folders down, where the globs ``OUT/*/*.parquet``
-    never reach)."""
+    """File name of the backlog (Arrow IPC, never Parquet), in ``.OUT.prl/frontier/``."""
     pending: tuple[str, ...] = ()
     """Traces data files of the snapshot at ``traces_version`` that no build has read yet (a build taking turns,
     :mod:`prl.shards.turns`), oldest first; ``version_max`` covers their rows already."""
@@ -113,7 +113,7 @@ def read_frontier(out: str) -> Frontier | None:
             from prl.shards.s3out import S3Out
 
             target = S3Out(out)
-            body = target.read_if_any(target.key(META, FRONTIER))
+            body = target.read_if_any(target.mkey(FRONTIER))
             if body is None:
                 return None
             raw = json.loads(body)
@@ -232,10 +232,10 @@ def _read_backlog(out: str, name: str) -> pa.Table | None:
             from prl.shards.s3out import S3Out
 
             target = S3Out(out)
-            body = target.read_if_any(target.key(META, "frontier", name))
-            return None if body is None else pq.read_table(pa.BufferReader(body), schema=BACKLOG_SCHEMA)
-        return pq.read_table(os.path.join(backlog_dir(out), name), schema=BACKLOG_SCHEMA)
-    except (OSError, pa.ArrowInvalid):
+            body = target.read_if_any(target.mkey("frontier", name))
+            return None if body is None else read_ipc(pa.py_buffer(body)).cast(BACKLOG_SCHEMA)
+        return read_ipc(os.path.join(backlog_dir(out), name)).cast(BACKLOG_SCHEMA)
+    except (OSError, pa.ArrowInvalid, ValueError):
         return None
 
 
@@ -255,7 +255,7 @@ def write_frontier(out: str, frontier: Frontier, backlog: pa.Table) -> None:
     root = backlog_dir(out)
     os.makedirs(root, exist_ok=True)
     path = os.path.join(root, frontier.backlog)
-    pq.write_table(backlog.cast(BACKLOG_SCHEMA), f"{path}.tmp", compression="zstd")
+    write_ipc(backlog.cast(BACKLOG_SCHEMA), f"{path}.tmp")
     publish_file(f"{path}.tmp", path)
     write_json(frontier_path(out), frontier.to_json())
     for name in os.listdir(root):
@@ -271,15 +271,16 @@ def _write_remote(out: str, frontier: Frontier, backlog: pa.Table) -> None:
 
     target = S3Out(out)
     sink = pa.BufferOutputStream()
-    pq.write_table(backlog.cast(BACKLOG_SCHEMA), sink, compression="zstd")
-    folder = target.key(META, "frontier")
+    with pa.ipc.new_file(sink, BACKLOG_SCHEMA, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(backlog.cast(BACKLOG_SCHEMA))
+    folder = target.mkey("frontier")
     target.put(f"{folder}/{frontier.backlog}", sink.getvalue().to_pybytes())
-    target.put(target.key(META, FRONTIER), json.dumps(frontier.to_json(), indent=2, sort_keys=True).encode())
+    target.put(target.mkey(FRONTIER), json.dumps(frontier.to_json(), indent=2, sort_keys=True).encode())
     target.delete_under(f"{folder}/", keep=f"{folder}/{frontier.backlog}")
 
 
 def new_backlog_name() -> str:
-    return f"backlog-{uuid.uuid4().hex[:12]}.parquet"
+    return f"backlog-{uuid.uuid4().hex[:12]}.arrow"
 
 
 __all__ = [

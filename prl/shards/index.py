@@ -1,4 +1,4 @@
-"""``OUT/.prl/index.json``: one line per current set (docs/design.md), kept up to date without reading every manifest.
+"""``.OUT.prl/index.json``: one line per current set (docs/out-layout.md), kept up to date without reading every manifest.
 
 :func:`index_json` is the index of some manifests: ``{"schema_version", "sets": [line, …]}``, one line per set
 (:func:`index_line`) in :func:`index_order`. A build rewrites the index after it publishes or retires sets;
@@ -43,7 +43,7 @@ def index_line(manifest: Manifest) -> dict[str, Any]:
 
 
 def index_json(manifests: list[Manifest]) -> dict[str, Any]:
-    """The ``OUT/.prl/index.json`` object of the sets ``manifests``: one line per set, in :func:`index_order`."""
+    """The ``.OUT.prl/index.json`` object of the sets ``manifests``: one line per set, in :func:`index_order`."""
     return {"schema_version": SCHEMA_VERSION, "sets": [index_line(m) for m in sorted(manifests, key=index_order)]}
 
 

@@ -18,7 +18,6 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from prl.errors import UsageError
 from prl.numerics import advantages as adv
@@ -29,6 +28,7 @@ from prl.shards.merge_build import mark_units
 from prl.shards.options import VERSION_RE, ShardOptions, parse_version
 from prl.shards.scan import latest_rewards, latest_verdicts, scan_refs, scan_traces, source_sample_ids
 from prl.shards.spill import ScanSpill
+from prl.shards.writer import read_ipc
 from prl.store.tables import Store
 
 DROP_REASONS = (
@@ -177,7 +177,7 @@ def shipped_ids(out: str, prior: list[str]) -> pa.Array | None:
     """The sample ids the earlier sets ``prior`` (ids) of ``out`` shipped, as one Arrow string array (None when
     there are none): read column-wise from each set's ``sample_ids`` file, never as Python strings."""
     columns = [
-        pq.read_table(_samples_path(out, set_id), columns=["sample_id"])
+        read_ipc(_samples_path(out, set_id), columns=["sample_id"])
         .column("sample_id")
         .combine_chunks()
         .cast(pa.string())

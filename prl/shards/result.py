@@ -22,7 +22,7 @@ class ShardResult:
     set_id: str | None = None
     set_dir: str | None = None
     manifest_path: str | None = None
-    """Where the set's ``manifest.json`` is (``OUT/.prl/sets/<set-id>/``, :mod:`prl.shards.layout`)."""
+    """Where the set's ``manifest.json`` is (``.OUT.prl/sets/<set-id>/``, :mod:`prl.shards.layout`)."""
     rows: int = 0
     tokens: int = 0
     shards: list[dict[str, Any]] = field(default_factory=list)

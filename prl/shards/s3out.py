@@ -6,13 +6,13 @@ which the next build into that OUT on this host clears of what killed builds lef
 then :meth:`S3Out.publish`:
 
 1. uploads every part to ``OUT/<set-id>/part-*.parquet`` and the sample ids to
-   ``OUT/.prl/sets/<set-id>/sample_ids.parquet``, each with its sha256 as object metadata (``x-amz-meta-sha256``);
+   ``.OUT.prl/sets/<set-id>/sample_ids.arrow``, each with its sha256 as object metadata (``x-amz-meta-sha256``);
    a part already there with that sha256 and size (left by a cut upload of the same set) is not sent again;
-2. checks that the build still holds its lock, then puts ``OUT/.prl/sets/<set-id>/manifest.json`` with
+2. checks that the build still holds its lock, then puts ``.OUT.prl/sets/<set-id>/manifest.json`` with
    ``If-None-Match: *``, the same S3 conditional write the store's locks use (:mod:`prl.store.s3lock`): the commit.
    A reader that sees the manifest sees every part it names. A manifest already there with the same bytes is the
    same set, already published; one with other bytes means another run published that set, exit 3;
-3. puts ``OUT/.prl/index.json`` (after a rebuild has retired the sets it replaces), made before the uploads
+3. puts ``.OUT.prl/index.json`` (after a rebuild has retired the sets it replaces), made before the uploads
    (:meth:`S3Out.next_index`) so that an unreadable manifest stops the build before it publishes: the lines of
    sets already in it are kept, and only the manifests of the others are read
    (:func:`prl.shards.index.updated_index`; normally none: the one just published is in hand), plus one that
@@ -32,22 +32,37 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import tempfile
+import uuid
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from prl.errors import LockedError, RetryableIOError, UsageError
-from prl.io.locations import normalise_s3, split_s3
+from prl.io.locations import S3_SCHEME, normalise_s3, split_s3
 from prl.shards.index import index_after_publish, mended_index
-from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef
+from prl.shards.layout import (
+    INDEX,
+    MANIFEST,
+    MARKER,
+    META,
+    OLD_LAYOUT,
+    OUT_FORMAT,
+    SAMPLES_FILE,
+    SET_ID_RE,
+    SetRef,
+    meta_dir,
+    meta_name,
+    meta_root,
+)
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
-from prl.shards.publish import SET_ID_RE, Staging, clean_stale_staging, discard_staging, make_staging
+from prl.shards.publish import Staging, clean_stale_staging, discard_staging, make_staging
+from prl.shards.writer import read_ipc
 from prl.store.s3lock import CONDITION_FAILED, shared_s3_client
 
 try:
@@ -69,6 +84,17 @@ def _code(exc: ClientError) -> str:
     return code if code and not code.isdigit() else status or code
 
 
+def _marker(body: bytes | None) -> dict[str, Any] | None:
+    """An OUT marker's JSON (``{"format", "out_id"}``), None when missing or not such an object."""
+    try:
+        obj = None if body is None else json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("out_id"), str) or not isinstance(obj.get("format"), int):
+        return None
+    return obj
+
+
 class S3Out:
     """An ``s3://bucket/prefix`` OUT: its sets (complete once their manifest exists), their publication and
     their removal. ``uri`` is normalised (no empty segment, no trailing slash)."""
@@ -79,6 +105,9 @@ class S3Out:
         self.uri = normalise_s3(uri)
         self.bucket, prefix = split_s3(self.uri)
         self.prefix = f"{prefix}/" if prefix else ""
+        parent, _, name = prefix.rpartition("/")
+        self.meta_prefix = f"{parent}/{meta_name(name)}" if parent else meta_name(name) if name else ""
+        """The meta folder's prefix, beside OUT's (``a/.out.prl`` for ``a/out``): no reader of OUT lists it."""
         self._client: Any = None
         self._manifests: dict[str, tuple[str, Manifest]] = {}
         """The manifests read, by set id, with the ETag each was read at."""
@@ -87,12 +116,18 @@ class S3Out:
     def key(self, *parts: str) -> str:
         return self.prefix + "/".join(parts)
 
+    def mkey(self, *parts: str) -> str:
+        """A key in the meta folder beside OUT (an OUT at a bucket's root has none: a usage error)."""
+        if not self.meta_prefix:
+            raise UsageError(f"shard output {self.uri}: an s3:// OUT needs a prefix (s3://bucket/name), not a bucket")
+        return "/".join([self.meta_prefix, *parts])
+
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
     def meta_key(self, set_id: str, name: str) -> str:
-        """``OUT/.prl/sets/<set-id>/<name>``."""
-        return self.key(META, "sets", set_id, name)
+        """``.OUT.prl/sets/<set-id>/<name>``."""
+        return self.mkey("sets", set_id, name)
 
     def manifest_uri(self, set_id: str) -> str:
         return self.url(self.meta_key(set_id, MANIFEST))
@@ -112,9 +147,14 @@ class S3Out:
             return UsageError(f"shard output {self.uri}: bucket {self.bucket!r} does not exist")
         return RetryableIOError(f"{action} shard output {self.uri} failed: {exc}")
 
-    def check(self) -> None:
+    def check(self, store_uri: str = "") -> None:
         """Refuse an OUT this process cannot use before anything is built: no credentials in the standard AWS
-        environment (exit 2), a missing bucket (exit 2), an endpoint that cannot be reached (exit 5)."""
+        environment (exit 2), a missing bucket (exit 2), an endpoint that cannot be reached (exit 5), and what
+        :meth:`check_out` refuses (exit 2)."""
+        self._check_access()
+        self.check_out(store_uri)
+
+    def _check_access(self) -> None:
         if boto3.session.Session().get_credentials() is None:
             raise UsageError(
                 f"shard output {self.uri}: no AWS credentials in the environment (set AWS_ACCESS_KEY_ID and "
@@ -129,6 +169,44 @@ class S3Out:
             raise self._error("reaching", exc) from exc
         except BotoCoreError as exc:
             raise self._error("reaching", exc) from exc
+
+    def check_out(self, store_uri: str) -> None:
+        """Refuse (exit 2) an OUT inside the store or holding it (``s3://`` URIs compared normalised), an OUT of
+        an earlier prl layout, and a prefix that holds objects but is no prl OUT (no ``.prl/out.json``)."""
+        if store_uri.startswith(S3_SCHEME):
+            store = normalise_s3(store_uri)
+            if self.uri == store or self.uri.startswith(f"{store}/"):
+                raise UsageError(f"shard output {self.uri} is inside the store {store}: choose a prefix outside it")
+            if store.startswith(f"{self.uri}/"):
+                raise UsageError(f"shard output {self.uri} holds the store {store}: choose a prefix outside it")
+        body = self.read_unless_missing(self.mkey(MARKER))
+        marker = _marker(body)
+        if marker is not None and marker["format"] == OUT_FORMAT:
+            return
+        keys = [obj["Key"] for obj in itertools.islice(self._keys(self.prefix), 1000)]
+        if body is not None or any(k.startswith(self.key(META) + "/") for k in keys):
+            raise UsageError(
+                OLD_LAYOUT.format(out=self.uri, META=self.url(self.meta_prefix), MARKER=MARKER, FORMAT=OUT_FORMAT)
+            )
+        if keys:
+            raise UsageError(
+                f"shard output {self.uri} holds objects and is no prl shard output (no "
+                f"{self.url(self.mkey(MARKER))}): build into an empty or new prefix"
+            )
+
+    def lock_step(self) -> str:
+        """The build lock's step, ``build-shards-<digest of the normalised URI>`` (an S3 prefix has one spelling
+        once normalised), after putting the OUT's marker when it has none (``If-None-Match: *``)."""
+        key = self.mkey(MARKER)
+        body = json.dumps({"format": OUT_FORMAT, "out_id": uuid.uuid4().hex}).encode()
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
+        except ClientError as exc:
+            if _code(exc) not in CONDITION_FAILED:
+                raise self._error("writing", exc) from exc
+        except BotoCoreError as exc:
+            raise self._error("writing", exc) from exc
+        return f"build-shards-{hashlib.sha256(self.uri.encode()).hexdigest()[:12]}"
 
     def _keys(self, prefix: str) -> Iterator[dict[str, Any]]:
         """Every object under ``prefix`` (``Key``, ``Size``)."""
@@ -189,7 +267,7 @@ class S3Out:
     # --- reading sets --------------------------------------------------------------------------------------
     def _listed_manifests(self) -> dict[str, str]:
         """The complete sets (those whose manifest exists): set id → the manifest's ETag."""
-        meta = self.key(META, "sets") + "/"
+        meta = self.mkey("sets") + "/"
         return {
             obj["Key"][len(meta) :].split("/")[0]: str(obj.get("ETag", ""))
             for obj in self._keys(meta)
@@ -243,7 +321,7 @@ class S3Out:
         columns = []
         for set_id in prior:
             data = self.read(self.meta_key(set_id, SAMPLES_FILE))
-            column = pq.read_table(pa.BufferReader(data), columns=["sample_id"]).column("sample_id")
+            column = read_ipc(pa.py_buffer(data), columns=["sample_id"]).column("sample_id")
             columns.append(column.combine_chunks().cast(pa.string()))
         columns = [c for c in columns if len(c)]
         return pa.concat_arrays(columns) if columns else None
@@ -257,16 +335,16 @@ class S3Out:
             if name in own.set_ids():
                 return [own.ref(name)]
         refs = self.refs()
-        if refs or any(True for _ in self._keys(self.key(META) + "/")):
+        if refs or any(True for _ in self._keys(self.mkey() + "/")):
             return refs
-        raise UsageError(f"{self.uri} holds no shard set (no {META}/sets/<set-id>/{MANIFEST})")
+        raise UsageError(f"{self.uri} holds no shard set (no {self.url(self.mkey('sets'))}/<set-id>/{MANIFEST})")
 
     def download_set(self, set_id: str, local_out: str) -> None:
         """Copy set ``set_id`` (every object of its folder and of its meta folder) into the local OUT
         ``local_out``, in the same layout."""
         for prefix, folder in (
             (self.key(set_id) + "/", os.path.join(local_out, set_id)),
-            (self.key(META, "sets", set_id) + "/", os.path.join(local_out, META, "sets", set_id)),
+            (self.mkey("sets", set_id) + "/", meta_dir(local_out, set_id)),
         ):
             os.makedirs(folder, exist_ok=True)
             for obj in self._keys(prefix):
@@ -282,9 +360,10 @@ class S3Out:
     @property
     def local_root(self) -> str:
         """Where builds into this OUT stage their sets on this host: ``$TMPDIR/prl-s3out-<12 hex digits of the
-        OUT's URI>``, laid out as a local OUT (staging folders named by set id, pid and nonce)."""
+        OUT's URI>/out``, laid out as a local OUT (its meta folder beside it holds the staging folders, named by
+        set id, pid and nonce)."""
         digest = hashlib.sha256(self.uri.encode()).hexdigest()[:12]
-        return os.path.join(tempfile.gettempdir(), f"prl-s3out-{digest}")
+        return os.path.join(tempfile.gettempdir(), f"prl-s3out-{digest}", "out")
 
     def stage(self, set_id: str) -> Staging:
         """A local staging folder for ``set_id`` under :attr:`local_root`."""
@@ -293,19 +372,20 @@ class S3Out:
     def discard(self, staging: Staging, nothing_shipped: bool = False) -> None:
         """Remove the local folder :meth:`stage` made (and :attr:`local_root` when nothing else is left)."""
         discard_staging(staging, self.local_root)
-        with contextlib.suppress(OSError):
-            os.rmdir(self.local_root)
+        for folder in (meta_root(self.local_root), self.local_root, os.path.dirname(self.local_root)):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
 
     def clean(self, keep: str | None) -> None:
         """Remove what killed uploads left (call it holding the build lock): set folders and meta folders of
         set ids without a manifest, except set ``keep`` (the set this build makes: its parts already sent are
         not sent again); and on this host the local staging folders of killed builds into this OUT (their pid
         is gone, :func:`prl.shards.publish.clean_stale_staging`)."""
-        if os.path.isdir(self.local_root):
+        if os.path.isdir(os.path.dirname(self.local_root)):
             clean_stale_staging(self.local_root)
         complete = {*self.set_ids(), keep}
         keys: list[str] = []
-        for root in (self.prefix, self.key(META, "sets") + "/"):
+        for root in (self.prefix, self.mkey("sets") + "/"):
             for name in self._folders(root):
                 if SET_ID_RE.fullmatch(name) and name not in complete:
                     keys += [obj["Key"] for obj in self._keys(f"{root}{name}/")]
@@ -370,7 +450,7 @@ class S3Out:
         for set_id in set_ids:
             self._delete([self.meta_key(set_id, MANIFEST)])
             self._delete([obj["Key"] for obj in self._keys(self.key(set_id) + "/")])
-            self._delete([obj["Key"] for obj in self._keys(self.key(META, "sets", set_id) + "/")])
+            self._delete([obj["Key"] for obj in self._keys(self.mkey("sets", set_id) + "/")])
 
     def put(self, key: str, body: bytes) -> None:
         """Put one object of derived data (the index, the frontier: the last writer wins)."""
@@ -385,20 +465,20 @@ class S3Out:
         self._delete([obj["Key"] for obj in self._keys(prefix) if obj["Key"] != keep])
 
     def next_index(self, manifest: Manifest, replaced: Collection[str] = ()) -> dict[str, Any]:
-        """The ``OUT/.prl/index.json`` object once ``manifest``'s set is published and the sets ``replaced`` are
+        """The ``.OUT.prl/index.json`` object once ``manifest``'s set is published and the sets ``replaced`` are
         retired (:func:`prl.shards.index.index_after_publish`), made before the set is published."""
         listed = self._listed_manifests()
-        raw = self.read_if_any(self.key(META, INDEX))
+        raw = self.read_if_any(self.mkey(INDEX))
         return index_after_publish(
             raw, listed, manifest, lambda set_id: self.manifest(set_id, listed[set_id]), replaced
         )
 
     def refresh_index(self) -> bool:
-        """Put ``OUT/.prl/index.json`` again when it is not the index of the sets listed now (a build killed
+        """Put ``.OUT.prl/index.json`` again when it is not the index of the sets listed now (a build killed
         between publishing its manifest and putting the index leaves it one set behind); reads only the manifests
         of listed sets missing from it. Returns whether it was put (never when OUT holds no set and no index)."""
         listed = self._listed_manifests()
-        raw = self.read_unless_missing(self.key(META, INDEX))  # a failed read is no reason to read every manifest
+        raw = self.read_unless_missing(self.mkey(INDEX))  # a failed read is no reason to read every manifest
         index = mended_index(raw, listed, lambda set_id: self.manifest(set_id, listed[set_id]))
         if index is None:
             return False
@@ -406,12 +486,10 @@ class S3Out:
         return True
 
     def write_index(self, index: dict[str, Any]) -> None:
-        """Put ``index`` (:meth:`next_index`) as ``OUT/.prl/index.json`` (derived data: the last writer wins)."""
+        """Put ``index`` (:meth:`next_index`) as ``.OUT.prl/index.json`` (derived data: the last writer wins)."""
         data = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
         try:
-            self.client.put_object(
-                Bucket=self.bucket, Key=self.key(META, INDEX), Body=data, ContentType="application/json"
-            )
+            self.client.put_object(Bucket=self.bucket, Key=self.mkey(INDEX), Body=data, ContentType="application/json")
         except (ClientError, BotoCoreError) as exc:
             raise self._error("writing", exc) from exc
 

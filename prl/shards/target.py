@@ -8,6 +8,8 @@ written after), and the removal of what killed builds left.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,13 +18,14 @@ import pyarrow as pa
 
 from prl.errors import UsageError
 from prl.io.locations import S3_SCHEME, is_remote
-from prl.shards.layout import find_sets, manifest_path
+from prl.shards.layout import MARKER, check_readable, find_sets, manifest_path, marker_path, meta_root, out_state
 from prl.shards.manifest import Manifest
 from prl.shards.plan import shipped_ids
 from prl.shards.publish import (
     Staging,
     clean_stale_staging,
     discard_staging,
+    ensure_marker,
     make_staging,
     next_index,
     publish_set,
@@ -40,7 +43,8 @@ class OutTarget(Protocol):
 
     uri: str
 
-    def check(self) -> None: ...
+    def check(self, store_uri: str) -> None: ...
+    def lock_step(self) -> str: ...
     def clean(self, keep: str | None) -> None: ...
     def set_ids(self) -> list[str]: ...
     def shipped_ids(self, prior: list[str]) -> pa.Array | None: ...
@@ -54,15 +58,70 @@ class OutTarget(Protocol):
     def manifest_uri(self, set_id: str) -> str: ...
 
 
+def _ancestors(path: str) -> list[str]:
+    """``path`` and every folder above it that exists, as spelled and as resolved (symlinks followed)."""
+    found: list[str] = []
+    for start in (os.path.abspath(path), os.path.realpath(path)):
+        here = start
+        while True:
+            if os.path.exists(here):
+                found.append(here)
+            parent = os.path.dirname(here)
+            if parent == here:
+                break
+            here = parent
+    return found
+
+
+def _within(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or inside it, by what the folders are (device and inode: a symlink, a bind
+    mount or another spelling of ``folder`` counts), not by how they are spelled."""
+    try:
+        target = os.stat(folder)
+    except OSError:
+        return False
+    return any(os.path.samestat(os.stat(a), target) for a in _ancestors(path))
+
+
+def refuse_store_overlap(out: str, store_uri: str) -> None:
+    """Refuse (:class:`~prl.errors.UsageError`) a local ``out`` inside the store (a table, ``_index``, any path
+    under it) or holding it: the store's maintenance would delete published parts, and readers of ``OUT`` would
+    read the store's tables."""
+    if is_remote(store_uri):
+        return
+    store = store_uri.removeprefix("file://")
+    if _within(out, store):
+        raise UsageError(f"shard output {out} is inside the store {store}: choose a folder outside the store")
+    if _within(store, out) or _within(store, meta_root(out)):
+        raise UsageError(f"shard output {out} holds the store {store}: choose a folder outside the store")
+
+
 class LocalOut:
-    """A local OUT folder (made by the first build that ships; removed again when that build ships nothing)."""
+    """A local OUT folder: missing, empty, or a prl OUT of this layout (anything else is refused)."""
 
     def __init__(self, path: str) -> None:
         self.uri = os.path.abspath(path.removeprefix("file://"))
         self._made = False
 
-    def check(self) -> None:
-        """Nothing to check up front: folder problems surface as the build writes (exit 5)."""
+    def check(self, store_uri: str) -> None:
+        """Refuse, before anything is built or written: an OUT inside the store (or holding it), an OUT of an
+        earlier prl layout, and a folder that is neither empty nor a prl OUT (exit 2)."""
+        refuse_store_overlap(self.uri, store_uri)
+        state = out_state(self.uri)
+        if state == "old":
+            check_readable(self.uri)
+        if state == "foreign":
+            what = "is not a folder" if not os.path.isdir(self.uri) else "holds files and is no prl shard output"
+            raise UsageError(
+                f"shard output {self.uri} {what} (no {marker_path(self.uri)}): build into an empty or new folder"
+            )
+
+    def lock_step(self) -> str:
+        """The build lock's step: ``build-shards-<digest of the OUT's id>`` (:func:`ensure_marker`, which makes
+        the folder and its marker when missing), the same for every spelling of the OUT."""
+        self._made = out_state(self.uri) in ("missing", "empty")
+        out_id = ensure_marker(self.uri)
+        return f"build-shards-{hashlib.sha256(f'out:{out_id}'.encode()).hexdigest()[:12]}"
 
     def clean(self, keep: str | None) -> None:
         """Remove what killed builds left (:func:`clean_stale_staging`; ``keep`` is not needed: a local set
@@ -78,19 +137,21 @@ class LocalOut:
         return shipped_ids(self.uri, prior)
 
     def stage(self, set_id: str) -> Staging:
-        self._made = not os.path.isdir(self.uri)
-        os.makedirs(self.uri, exist_ok=True)
+        ensure_marker(self.uri)
         return make_staging(self.uri, set_id)
 
     def discard(self, staging: Staging, nothing_shipped: bool = False) -> None:
-        """Remove ``staging``; after a build that shipped nothing, the OUT folder too when that build made it."""
+        """Remove ``staging``; after a build that shipped nothing, the OUT folder and its meta folder too when
+        that build made them and they hold nothing else (a first build that ships nothing leaves nothing)."""
         discard_staging(staging, self.uri)
         if self._made and nothing_shipped:
             self._made = False
-            try:
-                os.rmdir(self.uri)
-            except OSError:
-                pass  # something else was put there meanwhile: not ours to remove
+            meta = meta_root(self.uri)
+            with contextlib.suppress(OSError):
+                if os.listdir(meta) == [MARKER] and not os.listdir(self.uri):
+                    os.remove(os.path.join(meta, MARKER))
+                    os.rmdir(meta)
+                    os.rmdir(self.uri)
 
     def publish(self, staging: Staging, set_id: str, check_lock: Callable[[], None]) -> str:
         check_lock()
@@ -124,4 +185,4 @@ def out_target(out: str) -> LocalOut | S3Out:
     return LocalOut(out)
 
 
-__all__ = ["LocalOut", "OutTarget", "out_target"]
+__all__ = ["LocalOut", "OutTarget", "out_target", "refuse_store_overlap"]

@@ -27,14 +27,17 @@ import pyarrow.parquet as pq
 from prl.errors import ExitCode
 from prl.io.locations import S3_SCHEME
 from prl.shards.index import index_json
-from prl.shards.layout import INDEX, MANIFEST, META, SAMPLES_FILE, SetRef, index_path, resolve, set_ref
+from prl.shards.layout import INDEX, MANIFEST, SAMPLES_FILE, SetRef, index_path, resolve, set_ref
 from prl.shards.manifest import FileEntry, Manifest, ManifestError
 from prl.shards.publish import sha256_file
+from prl.shards.writer import read_ipc
 
 if TYPE_CHECKING:
     from prl.shards.s3out import S3Out  # loaded where an s3:// OUT is used: boto3 only then
 
 BATCH_ROWS = 1024
+META_FOLDER = "meta"
+"""What a problem of the meta folder beside OUT (:func:`prl.shards.layout.meta_root`) names as its set."""
 
 
 @dataclass
@@ -143,7 +146,7 @@ def verify_set(ref: SetRef, result: VerifyResult) -> Manifest | None:
     for name in sorted(os.listdir(folder)):
         if ".tmp" in name:
             result.problems.append(Problem(set_id, name, "leftover temporary file in a published set"))
-        elif not ref.legacy and name not in listed:
+        elif name not in listed:
             result.problems.append(Problem(set_id, name, "a file the manifest does not name, in the set folder"))
     for entry in manifest.shards:
         result.shards += 1
@@ -151,7 +154,7 @@ def verify_set(ref: SetRef, result: VerifyResult) -> Manifest | None:
     samples = manifest.samples
     samples_dir = os.path.dirname(ref.samples_path)
     if _check_file(set_id, samples_dir, samples, result):
-        rows = pq.ParquetFile(os.path.join(samples_dir, samples.file)).metadata.num_rows
+        rows = read_ipc(os.path.join(samples_dir, samples.file)).num_rows
         if rows != samples.rows:
             result.problems.append(Problem(set_id, samples.file, f"rows {rows} != manifest {samples.rows}"))
     return manifest
@@ -168,10 +171,10 @@ def _check_index(raw: bytes | None, manifests: list[Manifest | None], result: Ve
     except ValueError:
         found = None
     if raw is None:
-        result.problems.append(Problem(META, INDEX, "missing: the next build that publishes a set writes it"))
+        result.problems.append(Problem(META_FOLDER, INDEX, "missing: the next build that publishes a set writes it"))
     elif found != expected:
         problem = "not the index of the sets' manifests: remove it, and the next build that publishes a set writes it"
-        result.problems.append(Problem(META, INDEX, f"{problem} from every manifest"))
+        result.problems.append(Problem(META_FOLDER, INDEX, f"{problem} from every manifest"))
 
 
 def _shipped_twice(refs: list[SetRef], result: VerifyResult) -> None:
@@ -179,7 +182,7 @@ def _shipped_twice(refs: list[SetRef], result: VerifyResult) -> None:
     frames = []
     for ref in refs:
         if os.path.isfile(ref.samples_path):
-            frames.append(pl.scan_parquet(ref.samples_path).select("sample_id", pl.lit(ref.set_id).alias("set")))
+            frames.append(pl.scan_ipc(ref.samples_path).select("sample_id", pl.lit(ref.set_id).alias("set")))
     if len(frames) < 2:
         return
     twice = (
@@ -195,6 +198,17 @@ def _shipped_twice(refs: list[SetRef], result: VerifyResult) -> None:
         result.problems.append(Problem(sets[-1], SAMPLES_FILE, f"sample {sid} shipped in {', '.join(sets)}"))
 
 
+def _stray_parquet(out: str, refs: list[SetRef], result: VerifyResult) -> None:
+    """Every ``*.parquet`` file under ``out`` (hidden folders too, as DuckDB's and polars' recursive globs read
+    them) must be a part of a current set: any other would be read as rows by such a reader."""
+    sets = {ref.set_id for ref in refs}
+    for root, _, names in os.walk(out):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), out)
+            if name.endswith(".parquet") and os.path.dirname(rel) not in sets:
+                result.problems.append(Problem("OUT", rel, "a Parquet file of no current set, read by recursive globs"))
+
+
 def verify_shards(path: str) -> VerifyResult:
     """Verify a shard set, or every set of an ``OUT`` folder or ``s3://`` OUT (see the module docstring)."""
     if path.startswith(S3_SCHEME):
@@ -206,7 +220,9 @@ def verify_shards(path: str) -> VerifyResult:
     refs = resolve(path)
     manifests = [verify_set(ref, result) for ref in refs]
     _shipped_twice(refs, result)
-    if refs and all(ref.out == path for ref in refs):  # an OUT, not one set of it
+    if all(ref.out == path for ref in refs):  # an OUT, not one set of it
+        _stray_parquet(path, refs, result)
+    if refs and all(ref.out == path for ref in refs):
         try:
             with open(index_path(path), "rb") as fh:
                 raw: bytes | None = fh.read()
@@ -227,7 +243,8 @@ def _verify_s3(remote: S3Out) -> VerifyResult:
     local_refs: list[SetRef] = []
     manifests: list[Manifest | None] = []
     refs = remote.resolve()
-    with tempfile.TemporaryDirectory(prefix="prl-verify-") as local_out:
+    with tempfile.TemporaryDirectory(prefix="prl-verify-") as scratch:
+        local_out = os.path.join(scratch, "out")  # its meta folder goes beside it, inside the scratch folder
         for ref in refs:
             from prl.shards.s3out import S3Out
 
@@ -242,5 +259,5 @@ def _verify_s3(remote: S3Out) -> VerifyResult:
             local_refs.append(local)
         _shipped_twice(local_refs, result)
     if refs and all(ref.out == remote.uri for ref in refs):  # an OUT, not one set of it
-        _check_index(remote.read_if_any(remote.key(META, INDEX)), manifests, result)
+        _check_index(remote.read_if_any(remote.mkey(INDEX)), manifests, result)
     return result

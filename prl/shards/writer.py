@@ -160,9 +160,27 @@ def write_shard(table: pa.Table, path: str) -> tuple[int, str]:
         return writer.close()
 
 
+def write_ipc(table: pa.Table, path: str) -> tuple[int, str]:
+    """Write ``table`` to ``path`` as an Arrow IPC file (zstd buffers), hashed as written (not yet fsynced):
+    prl's own tables in ``OUT`` are never Parquet, so no Parquet reader of ``OUT`` picks them up."""
+    with HashingFile(path) as fh:
+        options = pa.ipc.IpcWriteOptions(compression="zstd")
+        with pa.ipc.new_file(pa.PythonFile(fh, mode="w"), table.schema, options=options) as writer:
+            writer.write_table(table)
+        return fh.size, fh.hexdigest()
+
+
+def read_ipc(source: str | pa.Buffer, columns: list[str] | None = None) -> pa.Table:
+    """An Arrow IPC file written by :func:`write_ipc` (a path or the file's bytes), ``columns`` only if given."""
+    reader = pa.ipc.open_file(pa.OSFile(source) if isinstance(source, str) else pa.BufferReader(source))
+    table = reader.read_all()
+    return table.select(columns) if columns is not None else table
+
+
 def write_sample_ids(sample_ids: pa.Array, path: str) -> tuple[int, str]:
-    """Write a set's sample ids (a string array, in the order given) to ``path``; returns ``(bytes, hex sha256)``."""
-    return write_parquet(pa.table({"sample_id": sample_ids}), path, use_dictionary=False, write_statistics=True)
+    """Write a set's sample ids (a string array, in the order given) to ``path`` as Arrow IPC; returns
+    ``(bytes, hex sha256)``."""
+    return write_ipc(pa.table({"sample_id": sample_ids}), path)
 
 
 __all__ = [
@@ -172,6 +190,8 @@ __all__ = [
     "WRITER",
     "HashingFile",
     "ShardWriter",
+    "read_ipc",
+    "write_ipc",
     "write_parquet",
     "write_sample_ids",
     "write_shard",

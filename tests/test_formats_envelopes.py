@@ -37,6 +37,54 @@ def test_proxy_capture_fills_request_side():
     assert reasons(items) == [(3, "upstream_error")]
 
 
+CHAT_BODY = {
+    "id": "chatcmpl-h1",
+    "object": "chat.completion",
+    "model": "tiny-llama-v7",
+    "prompt_token_ids": [0, 5],
+    "choices": [{"index": 0, "token_ids": [7], "logprobs": {"content": [{"token": "token_id:7", "logprob": -0.5}]}}],
+}
+
+
+@pytest.mark.parametrize(
+    ("record", "options", "version"),
+    [
+        # a routing proxy's header on the request, in any case, as a dict or [name, value] pairs
+        ({"request": {"headers": {"X-Policy-Version": "step-40"}, "body": {}}}, ParseOptions(), "step-40"),
+        ({"request": {"headers": [["x-weight-version", 41]], "body": {}}}, ParseOptions(), "41"),
+        ({"headers": {"x-policy-version": "v3"}, "request": {}}, ParseOptions(), "v3"),
+        # no header: --policy-version fills in
+        ({"request": {}}, ParseOptions(policy_version="cli"), "cli"),
+        # the header beats --policy-version
+        ({"request": {"headers": {"x-policy-version": "hdr"}, "body": {}}}, ParseOptions(policy_version="cli"), "hdr"),
+        # no header, an empty one, a boolean: none named
+        ({"request": {"headers": {"x-policy-version": ""}, "body": {}}}, ParseOptions(), None),
+        ({"request": {"headers": {"x-policy-version": True}, "body": {}}}, ParseOptions(), None),
+        ({"request": {"headers": {"x-other": "v9"}, "body": {}}}, ParseOptions(), None),
+    ],
+)
+def test_proxy_header_names_the_policy_version(record, options, version):
+    record = {**record, "response": {"status_code": 200, "headers": {}, "body": CHAT_BODY}}
+    (s,) = by_name("proxy_capture").parse(record, options)
+    assert (s.request_id, s.model, s.policy_version) == ("chatcmpl-h1", "tiny-llama-v7", version)
+
+
+def test_a_version_in_the_response_beats_the_proxy_header():
+    body = {**CHAT_BODY, "metadata": {"weight_version": "resp-7"}}
+    record = {
+        "request": {"headers": {"x-policy-version": "hdr"}, "body": {}},
+        "response": {"status_code": 200, "body": body},
+    }
+    (s,) = by_name("proxy_capture").parse(record, ParseOptions(policy_version="cli"))
+    assert s.policy_version == "resp-7"
+    response_side = {
+        "request": {},
+        "response": {"status_code": 200, "headers": {"X-Weight-Version": "r8"}, "body": CHAT_BODY},
+    }
+    (s,) = by_name("proxy_capture").parse(response_side, ParseOptions())
+    assert s.policy_version == "r8"
+
+
 def test_litellm_payload():
     items = parse_file("litellm_log", "envelopes/litellm_log.jsonl")
     (s,) = samples(items)

@@ -13,7 +13,8 @@ the response does not say:
 * proxy captures ``{"request": {...}, "response": {...}}``: either side may be the body itself or an HTTP
   record ``{"body": ..., "status_code": ...}``; a streamed response body (SSE text or a list of chunks) is
   joined like an SSE capture. Timestamps from ``timestamp``/``created_at``/``start_time`` on the envelope or
-  the request.
+  the request. The policy version from an ``x-policy-version`` / ``x-weight-version`` header (a routing proxy
+  naming the weights it sent the request to) where the response names none.
 * LiteLLM logging payloads (``StandardLoggingPayload``, alone or under ``standard_logging_object``):
   ``messages``, ``response``, ``model_parameters``, ``startTime``, ``metadata``, ``end_user``, ``status``.
 
@@ -26,6 +27,7 @@ and the creation time. Response-side values win where both exist.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
@@ -141,7 +143,32 @@ class ProxyCapture(_Envelope):
         if side.created_at_ms is None:
             side.created_at_ms = timestamp_ms(created)
         side.session_id = side.session_id or opt_str(obj.get("session_id"))
+        version = header_version(obj)
+        if version is not None:  # the proxy's word beats --policy-version; a version in the response beats both
+            options = replace(options, policy_version=version)
         return dispatch(body, side, options, self.inner)
+
+
+VERSION_HEADERS = ("x-policy-version", "x-weight-version")
+"""Headers a routing proxy sets to name the policy version it sent the request to (any case)."""
+
+
+def header_version(obj: dict[str, Any]) -> str | None:
+    """The policy version named by a proxy capture's headers: on the record, its request or its response (a dict,
+    or a list of ``[name, value]`` pairs); None when none names one."""
+    request, response = obj.get("request"), obj.get("response")
+    places = [obj.get("headers"), obj.get("request_headers")]
+    places += [side.get("headers") for side in (request, response) if isinstance(side, dict)]
+    for headers in places:
+        if isinstance(headers, list):
+            headers = {str(p[0]): p[1] for p in headers if isinstance(p, list | tuple) and len(p) == 2}
+        if isinstance(headers, dict):
+            lowered = {str(k).lower(): v for k, v in headers.items()}
+            for name in VERSION_HEADERS:
+                value = lowered.get(name)
+                if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
+                    return str(value)
+    return None
 
 
 class LiteLLMLog(_Envelope):

@@ -1,11 +1,12 @@
 """check-tokens batches checked away from the driver (another engine's workers, :mod:`prl.engines`).
 
 The driver describes the run in a :class:`CheckJob` (the store, the tokenizer as the driver loaded it, the
-options, the traces version and files, the anti-join filter, the session index) and cuts its files into tasks. A
-worker runs :func:`check_files` on each task: the pending rows of those files, checked by the same
-:class:`prl.checks.run.BatchChecker` the local engine uses, batch by batch, each batch coming back as one
-:class:`CheckedBatch` (its verdict rows and the counts the run summary adds up). The driver folds them into the
-summary and commits them exactly as the local engine does; nothing here writes to the store.
+options, the traces version and files, the anti-join filter, the session index) and cuts the files' row groups
+into tasks (:func:`row_group_pieces`). A worker runs :func:`check_pieces` on each task: the pending rows of those
+row groups, checked by the same :class:`prl.checks.run.BatchChecker` the local engine uses, batch by batch, each
+batch coming back as one :class:`CheckedBatch` (its verdict rows and the counts the run summary adds up). The
+driver folds them into the summary and commits them exactly as the local engine does; nothing here writes to the
+store.
 """
 
 from __future__ import annotations
@@ -110,15 +111,41 @@ def _checker(job: CheckJob) -> Any:
     return checker
 
 
-def check_files(job: CheckJob, files: Sequence[str]) -> Iterator[CheckedBatch]:
-    """Check the pending traces rows (``prl.checks.batch.COLUMNS``) of ``files`` in batches of
-    ``job.batch_size``; one :class:`CheckedBatch` per batch."""
+Piece = tuple[str, int]
+"""One row group of a traces data file: (its path in the store's filesystem, its row group)."""
+
+
+def row_group_pieces(store_uri: str, files: Sequence[str]) -> list[Piece]:
+    """Every row group of ``files`` (one footer read per file), in file order: what a run's tasks are cut from, so
+    that even one large file is checked by several workers."""
+    from prl.store.tables import Store
+
+    store = Store(store_uri)
+    parquet = ds.ParquetFileFormat(default_fragment_scan_options=store.scan_options)
+    pieces: list[Piece] = []
+    for path in files:
+        fragment = parquet.make_fragment(path, filesystem=store.fs)
+        fragment.ensure_complete_metadata()
+        pieces.extend((path, group) for group in range(max(1, fragment.num_row_groups)))
+    return pieces
+
+
+def check_pieces(job: CheckJob, pieces: Sequence[Piece]) -> Iterator[CheckedBatch]:
+    """An engine's task: check the pending traces rows (``prl.checks.batch.COLUMNS``) of ``pieces``, in their
+    order, in batches of ``job.batch_size``; one :class:`CheckedBatch` per batch."""
     from prl.checks.batch import COLUMNS
     from prl.checks.run import keep_sampled
+    from prl.schema import TABLES
     from prl.store.tables import Store
 
     checker = _checker(job)
-    data = ds.dataset(list(files), format="parquet", filesystem=Store(job.store_uri).fs)
+    store = Store(job.store_uri)
+    parquet = ds.ParquetFileFormat(default_fragment_scan_options=store.scan_options)
+    groups: dict[str, list[int]] = {}
+    for path, group in pieces:
+        groups.setdefault(path, []).append(group)
+    fragments = [parquet.make_fragment(path, filesystem=store.fs, row_groups=rg) for path, rg in groups.items()]
+    data = ds.FileSystemDataset(fragments, TABLES["traces"], parquet, store.fs)
     try:
         for rb in data.to_batches(columns=list(COLUMNS), filter=job.pending, batch_size=job.batch_size):
             if not rb.num_rows:
@@ -147,4 +174,4 @@ def check_files(job: CheckJob, files: Sequence[str]) -> Iterator[CheckedBatch]:
         checker.close()  # the render worker ends with the task (a later task starts a new one)
 
 
-__all__ = ["CheckJob", "CheckedBatch", "check_files"]
+__all__ = ["CheckJob", "CheckedBatch", "check_pieces", "row_group_pieces"]

@@ -36,7 +36,7 @@ from prl.checks.logprobs import check_logprobs
 from prl.checks.options import CheckOptions
 from prl.checks.prefix import check_prefix
 from prl.checks.progress import progress
-from prl.checks.remote import CheckedBatch, CheckJob, check_files
+from prl.checks.remote import CheckedBatch, CheckJob, check_pieces, row_group_pieces
 from prl.checks.result import GROUP_COLUMNS, CheckResult, Example
 from prl.checks.roundtrip import PendingSegments, RoundTripper, roundtrip_findings
 from prl.checks.special import check_special
@@ -450,8 +450,9 @@ def _checked_there(
             tb = TokenBatch.from_record_batch(rb)
             guard_vocab(tb, check_vocab(tb, tok.vocab_size)[1], tok)
             break
-    tasks = split(job.files, engine.width(len(job.files)))
-    for batch in engine.map(functools.partial(check_files, job), tasks):
+    pieces = row_group_pieces(job.store_uri, job.files)
+    tasks = split(pieces, engine.width(len(pieces)))
+    for batch in engine.map(functools.partial(check_pieces, job), tasks):
         counts.add(batch)
         yield batch.verdicts, batch.flagged(), batch.status(), batch.sampled_out
 

@@ -457,9 +457,11 @@ def _write_shards(job: PartJob, io: ThreadPoolExecutor, engine: Engine, meter: T
     meter.grow(job.parts)
     if not engine.in_process:
         tasks = split(list(range(job.parts)), engine.width(job.parts))
-        parts = sorted(engine.map(job.write_published, tasks), key=lambda w: w.shard)
-        meter.advance(len(parts))
-        return _Written.of(parts)
+        parts = []
+        for written in engine.map(job.write_published, tasks):
+            parts.append(written)
+            meter.advance(1)
+        return _Written.of(sorted(parts, key=lambda w: w.shard))
 
     def one(s: int) -> tuple[PartWritten, Future[None]]:
         written = job.write(s, job.gather(s))

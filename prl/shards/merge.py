@@ -1,6 +1,6 @@
 """Merged multi-turn rows (``[shards] merge_turns = true``): consecutive turns of a trajectory as one training row.
 
-A trajectory is one agent's turns inside a session, in order (:mod:`prl.checks.history`). When a turn's prompt
+A trajectory is one agent's turns inside a session, in order (:mod:`prl.trajectory`). When a turn's prompt
 extends the row built so far (CLEAN: the row's tokens, i.e. the previous turn's prompt + completion, are a prefix of
 this prompt), the row grows by the prompt's new tail (the user, tool and observation tokens between completions:
 loss mask 0, no logprob) and then this turn's completion (its own loss mask, logprobs, heads and reference

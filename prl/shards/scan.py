@@ -66,7 +66,7 @@ _PLAN_TRACE_SCALARS = (
 """Trace columns the plan keeps as they are, per sample."""
 
 MERGE_KEYS = [c for c in KEY_COLUMNS if c not in _PLAN_TRACE_SCALARS]
-"""Trace columns the plan adds with ``merge_turns``: the trajectory order keys (:mod:`prl.checks.history`)."""
+"""Trace columns the plan adds with ``merge_turns``: the trajectory order keys (:mod:`prl.trajectory`)."""
 
 
 def frame(table: pa.Table) -> pl.DataFrame:

@@ -35,12 +35,14 @@ from prl.formats.fields import (
     timestamp_ms,
 )
 
+_LIST = frozenset({list})
+
 
 def _columns(triples: list[Any], what: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """(logprobs, ids) columns of ``[logprob, id, text]`` triples."""
     if not triples:
         return (), ()
-    if not all(isinstance(t, list) and len(t) >= 2 for t in (triples[0], triples[-1])):
+    if not set(map(type, triples)) <= _LIST or not all(len(t) >= 2 for t in (triples[0], triples[-1])):
         raise Quarantined("bad_shape", f"{what} entries are not [logprob, token_id, text] triples")
     columns = list(zip(*triples))
     if len(columns) < 2 or len(columns[0]) != len(triples):
@@ -53,6 +55,8 @@ def _heads(heads_raw: Any, n_positions: int) -> tuple[pa.Array | None, pa.Array 
         return None, None
     if len(heads_raw) != n_positions or any(h is None for h in heads_raw):
         raise Quarantined("topk_length_mismatch", "output_top_logprobs does not cover every completion token")
+    if not set(map(type, heads_raw)) <= _LIST:
+        raise Quarantined("bad_shape", "output_top_logprobs entries are not lists of [logprob, token_id, text] triples")
     lengths = np.fromiter(map(len, heads_raw), dtype=np.int32, count=len(heads_raw))
     lps, ids = _columns(list(chain.from_iterable(heads_raw)), "output_top_logprobs")
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)

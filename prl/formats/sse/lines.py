@@ -12,8 +12,6 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import orjson
-
 from prl.formats.base import Quarantined, RawRecord, decode_json
 
 STREAM_KEY = "sse_chunks"
@@ -36,12 +34,9 @@ _ID_ESCAPES = b"\\u006"
 def decode_chunk(payload: bytes, line_no: int) -> tuple[Any, Quarantined | None]:
     """A chunk and None, or None and the ``malformed_json`` signal naming its line."""
     try:
-        return orjson.loads(payload), None
-    except (ValueError, RecursionError):  # orjson refused it: the standard library decides
-        try:
-            return decode_json(payload), None
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            return None, Quarantined("malformed_json", f"line {line_no}: not valid JSON: {exc}")
+        return decode_json(payload), None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        return None, Quarantined("malformed_json", f"line {line_no}: not valid JSON: {exc}")
 
 
 def payload_of(line: bytes) -> bytes:

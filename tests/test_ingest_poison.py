@@ -190,19 +190,28 @@ def test_a_nonfinite_sampling_setting_is_quarantined(tmp_path, setting, text):
 
 def test_a_build_over_nonfinite_settings_in_the_store_publishes(tmp_path):
     """A store written otherwise than by ingest may hold them: the build publishes, the manifest names them.
-    Failed before: ``ValueError: Out of range float values are not JSON compliant`` writing manifest.json."""
+    Failed before: ``ValueError: Out of range float values are not JSON compliant`` writing manifest.json, and
+    a policy version whose number is beyond int64 stopped the plan (``InvalidOperationError``)."""
     traces = [
         trace("a0:0", "ga", [1, 2], [10, 11], temperature=math.inf),
         trace("a1:0", "ga", [1, 2], [12], top_p=math.nan),
         trace("b0:0", "gb", [3], [20], temperature=-math.inf),
+        trace("c0:0", "gc", [4], [21], policy_version=f"step-{BIG}"),  # a step beyond int64: unknown
     ]
     store = make_store(str(tmp_path / "store"), traces, [reward(t["sample_id"], 1.0) for t in traces])
     result = build_shards(store, str(tmp_path / "out"))
-    assert (result.status, result.rows) == ("built", 3)
+    assert (result.status, result.rows) == ("built", 4)
     manifest = json.loads(Path(result.manifest_path).read_text())
     values = manifest["sampling"]["temperature"]["values"]
     assert sorted(v["value"] for v in values if isinstance(v["value"], str)) == ["-inf", "inf"]
-    assert {v["value"]: v["rows"] for v in manifest["sampling"]["top_p"]["values"]} == {1.0: 2, "nan": 1}
+    assert {v["value"]: v["rows"] for v in manifest["sampling"]["top_p"]["values"]} == {1.0: 3, "nan": 1}
+    assert manifest["sampling"]["policy"] == {
+        "versions": 2,
+        "unknown_version": 0,
+        "min_step": 10,
+        "max_step": 10,
+        "rows_with_spans": 0,
+    }
 
 
 def test_json_safe_names_every_nonfinite_float():

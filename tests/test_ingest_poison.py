@@ -406,3 +406,33 @@ def test_a_surrogate_reward_name_quarantines_the_reward_and_keeps_the_sample(tmp
     result, traces, quarantine = run(tmp_path, [line(record)])
     assert result.samples == traces.height > 0
     assert quarantine.select("table", "reason").rows() == [("rewards", "bad_string")]
+
+
+def test_a_surrogate_stream_id_is_quarantined_and_the_capture_lands(tmp_path):
+    """Failed before: the SSE framer encoded the chunk ``id`` to compare it with the line, and a lone
+    surrogate there raised UnicodeEncodeError out of ingest (found by the fuzz campaign)."""
+    streams = (FIXTURES / "sse" / "streams.sse").read_bytes()
+    bad = streams.replace(b'"id": "chatcmpl-s1"', b'"id": "\xed\xa0\x80"')  # raw bytes of a lone surrogate
+    assert bad != streams
+    path = tmp_path / "in" / "capture.sse"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(bad)
+    result = ingest([str(path)], str(tmp_path / "store"), max_quarantine_rate=None, partial_line_grace=0)
+    clean = ingest(
+        [str(FIXTURES / "sse" / "streams.sse")], str(tmp_path / "clean"), max_quarantine_rate=None, partial_line_grace=0
+    )
+    assert result.files[0].status == "ingested"
+    assert result.quarantined.get("bad_string", 0) >= 1
+    assert result.samples == clean.samples - 1
+
+
+@pytest.mark.parametrize("versions", [[[1], [2]], [1, [2]], [None, "1"], [1.5, 2.5]])
+def test_sglang_weight_versions_that_are_not_versions_are_bad_shape(versions):
+    """Failed before: numpy raised ValueError on an inhomogeneous list (parse_error; found by the campaign)."""
+    record = sglang_generate("s", [1, 2], [3, 4], [-0.5, -0.25], weight_versions=versions)
+    (item,) = _read(record)
+    assert isinstance(item, Quarantined)
+    assert (item.reason, item.message) == (
+        "bad_shape",
+        "weight_versions entries are not versions (strings or integers)",
+    )

@@ -183,9 +183,20 @@ orjson's range (above 2^64 - 1, below -2^63) is spelled so. A float's fraction f
 inside a string (or an integer that orjson would keep) is a false alarm, decoded by the slower decoder."""
 
 
+_DIGIT_RUNS = bytes(0x30 if 0x30 <= b <= 0x39 else b if b == 0x2E else 0x20 for b in range(256))
+"""Every digit as ``0``, a point as itself, any other byte as a blank: nineteen digits not after a point are
+then one substring, found at memory speed."""
+_RUN = b" " + b"0" * 19
+
+
 def may_hold_big_integer(raw: bytes | str) -> bool:
-    """Whether JSON text may hold an integer orjson cannot keep exact (beyond 64 bits), one C-level search."""
-    return _BIG_INTEGER.search(raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")) is not None
+    """Whether JSON text may hold an integer orjson cannot keep exact (beyond 64 bits): a translation and a
+    substring search over the text (both at memory speed), and only where they find a long run of digits, the
+    exact pattern :data:`_BIG_INTEGER`."""
+    text = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    if _RUN not in (b" " + text).translate(_DIGIT_RUNS):
+        return False
+    return _BIG_INTEGER.search(text) is not None
 
 
 DEPTH_LIMIT = 1024

@@ -36,6 +36,7 @@ from prl.formats.fields import (
 )
 
 _LIST = frozenset({list})
+_VERSION_TYPES = frozenset({str, int})
 
 
 def _columns(triples: list[Any], what: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -81,6 +82,8 @@ def version_spans(value: Any, n_tokens: int) -> list[dict[str, Any]] | None:
         return spans
     if len(value) != n_tokens:
         raise Quarantined("bad_shape", f"weight_versions has {len(value)} entries for {n_tokens} tokens")
+    if not set(map(type, value)) <= _VERSION_TYPES:
+        raise Quarantined("bad_shape", "weight_versions entries are not versions (strings or integers)")
     versions = np.asarray([str(v) for v in value]) if len(value) < 2 else np.asarray(value).astype(str)
     change = np.flatnonzero(versions[1:] != versions[:-1]) + 1
     starts = np.concatenate([[0], change])

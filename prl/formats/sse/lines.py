@@ -68,7 +68,7 @@ class _Stream:
         if self.stream_id is None and isinstance(chunk_id, (str, int)):
             self.stream_id = chunk_id
             match = _ID_FIRST.match(line) if isinstance(chunk_id, str) else None
-            if match is not None and match.group(1) == chunk_id.encode():  # type: ignore[union-attr]
+            if match is not None and match.group(1) == chunk_id.encode("utf-8", "surrogatepass"):  # type: ignore[union-attr]
                 self.prefix = line[: match.end()]
 
     def record(self, done_line: bytes | None) -> RawRecord:

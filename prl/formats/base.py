@@ -11,8 +11,10 @@ Arrow or numpy kernel.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from operator import methodcaller
 from typing import Any, ClassVar
 
@@ -154,9 +156,15 @@ def decode_json(raw: bytes | str) -> Any:
     Python-written JSONL often holds, and lone surrogate escapes) only for what orjson refuses, so such values
     reach validation and get their own reason code instead of ``malformed_json``.
 
+    orjson reads an integer beyond 64 bits as a float (2^70 and 2^70 + 1 both become ``1.1805916207174113e+21``),
+    so text that may hold one (:func:`may_hold_big_integer`) is decoded by the standard library, which keeps
+    every integer exact: an ID stays the integer it was written as.
+
     Raises :class:`Quarantined` ``too_deep`` for nesting beyond orjson's limit (1024 levels), and ``ValueError``
     for text that is not JSON."""
     try:
+        if may_hold_big_integer(raw):
+            raise orjson.JSONDecodeError("an integer may be beyond 64 bits", "", 0)
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         if "depth limit" in str(exc) or "recursion" in str(exc).lower():
@@ -167,6 +175,28 @@ def decode_json(raw: bytes | str) -> Any:
             return json.loads(raw)
         except RecursionError:
             raise Quarantined("too_deep", f"JSON nested beyond {DEPTH_LIMIT} levels") from None
+
+
+_BIG_INTEGER = re.compile(rb"(?<![\d.])(?:\d{20}|9\d{18})")
+"""Twenty digits, or nineteen starting with 9, not after a digit or a decimal point: every integer beyond
+orjson's range (above 2^64 - 1, below -2^63) is spelled so. A float's fraction follows its point; a digit run
+inside a string (or an integer that orjson would keep) is a false alarm, decoded by the slower decoder."""
+
+
+_DIGIT_RUNS = bytes(0x30 if 0x30 <= b <= 0x39 else b if b == 0x2E else 0x20 for b in range(256))
+"""Every digit as ``0``, a point as itself, any other byte as a blank: nineteen digits not after a point are
+then one substring, found at memory speed."""
+_RUN = b" " + b"0" * 19
+
+
+def may_hold_big_integer(raw: bytes | str) -> bool:
+    """Whether JSON text may hold an integer orjson cannot keep exact (beyond 64 bits): a translation and a
+    substring search over the text (both at memory speed), and only where they find a long run of digits, the
+    exact pattern :data:`_BIG_INTEGER`."""
+    text = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    if _RUN not in (b" " + text).translate(_DIGIT_RUNS):
+        return False
+    return _BIG_INTEGER.search(text) is not None
 
 
 DEPTH_LIMIT = 1024
@@ -268,6 +298,46 @@ def reject_booleans(values: Any, what: str, key: str | None = None) -> None:
         raise Quarantined("bad_logprob", f"{what} holds booleans, expected numbers")
 
 
+def reject_head_booleans(entries: Any, what: str, heads_key: str = "top_logprobs", key: str = "logprob") -> None:
+    """``bad_logprob`` when a top-k head holds ``true`` / ``false``: the objects listed under each entry's
+    ``heads_key`` (an OpenAI chat entry's ``top_logprobs``), their ``key`` field. Arrow reads such a value as
+    1.0 / 0.0 beside numbers, and a head logprob of 0.0 reads as "certain". C-level iteration, as
+    :func:`reject_booleans`; entries of another shape are left to the converters, which refuse them."""
+    if not isinstance(entries, list):
+        return
+    try:
+        heads = list(chain.from_iterable(filter(None, map(methodcaller("get", heads_key), entries))))
+    except (AttributeError, TypeError):
+        return
+    reject_booleans(heads, f"{what}.{heads_key}", key)
+
+
+def reject_nested_booleans(lists: Any, what: str, key: str | None = None) -> None:
+    """``bad_logprob`` when a list of lists (TGI's ``top_tokens``: objects, their ``key``; completions'
+    ``top_logprobs``: ``{token: logprob}`` objects, ``key`` None for their values) holds a boolean."""
+    if not isinstance(lists, list):
+        return
+    try:
+        if key is None:
+            values = list(chain.from_iterable(map(dict.values, filter(None, lists))))
+        else:
+            values = list(chain.from_iterable(filter(None, lists)))
+    except (AttributeError, TypeError):
+        return
+    reject_booleans(values, what, key)
+
+
+def as_float64(values: pa.Array, what: str) -> pa.Array:
+    """Integer or floating logprobs as float64. An integer beyond 2^53 in magnitude, which no float64 holds
+    exactly, is ``bad_logprob`` (no logprob is such a number)."""
+    try:
+        return values.cast(pa.float64())
+    except (pa.ArrowInvalid, OverflowError):
+        raise Quarantined(
+            "bad_logprob", f"{what} holds an integer beyond 2^53, which no float64 holds exactly"
+        ) from None
+
+
 def logprob_array(values: Any, what: str) -> pa.Array:
     """Logprobs as float64 (nulls kept) from a JSON list of numbers and nulls. Booleans and strings are
     ``bad_logprob``; NaN, infinities and positive values pass through to validation."""
@@ -276,7 +346,7 @@ def logprob_array(values: Any, what: str) -> pa.Array:
     if pa.types.is_null(array.type):
         return pa.nulls(len(array), pa.float64())
     if pa.types.is_integer(array.type) or pa.types.is_floating(array.type):
-        return array.cast(pa.float64())
+        return as_float64(array, what)
     raise Quarantined("bad_logprob", f"{what} holds {array.type} values, expected numbers")
 
 

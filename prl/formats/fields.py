@@ -134,9 +134,20 @@ def metadata_of(obj: dict[str, Any]) -> dict[str, Any]:
 def session_of(obj: dict[str, Any]) -> tuple[str | None, int | None]:
     """Session id and 0-based turn from ``session_id`` / ``metadata.session_id`` (or ``user``) and ``turn``."""
     meta = metadata_of(obj)
-    session = obj.get("session_id") or meta.get("session_id") or meta.get("conversation_id")
+    session = first_id(obj.get("session_id"), meta.get("session_id"), meta.get("conversation_id"))
     turn = obj.get("turn") if obj.get("turn") is not None else meta.get("turn")
-    return (str(session) if session is not None else None), opt_int(turn)
+    return session, opt_int(turn)
+
+
+def first_id(*values: Any) -> str | None:
+    """The first of ``values`` that names something, as text: a non-empty string as it is, an integer exactly
+    (``0`` too; never through a float), any other number as written. ``false`` / ``true``, objects and lists
+    name nothing."""
+    for value in values:
+        if isinstance(value, bool) or value is None or value == "" or isinstance(value, dict | list):
+            continue
+        return str(value)
+    return None
 
 
 def messages_of(obj: dict[str, Any]) -> str | None:

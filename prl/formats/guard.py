@@ -7,7 +7,8 @@
 |---|---|
 | ``too_deep`` | nesting beyond what the JSON parser or the converters handle (``RecursionError``) |
 | ``out_of_range`` | an integer beyond 64 bits anywhere, or a scalar prl stores (choice index, turn, top-k) beyond int32, a sampling setting beyond float32 |
-| ``bad_string`` | a string prl stores (IDs, model, messages, text) holding a lone UTF-16 surrogate (``"\\ud83d"``: valid JSON, not valid Unicode) |
+| ``nonfinite_setting`` | a sampling setting (``temperature``, ``top_p``) that is ``Infinity``, ``-Infinity``, ``NaN`` or a number too large for a double (``1e400``) |
+| ``bad_string`` | a string of the record (IDs, model, messages, text, agent, the tokens of its logprobs) holding a lone UTF-16 surrogate: an escape such as ``"\\udfff"`` (valid JSON, not valid Unicode) or its raw bytes (``ED A0 80``, which the standard library's decoder lets through) |
 | ``no_token_ids`` | the record holds no token IDs at all: this reason wins over any other the reader gave |
 | ``parse_error`` | any other exception a reader raised (a reader bug), with its type and message |
 
@@ -146,13 +147,15 @@ def check_sample(sample: Sample) -> Sample | Quarantined:
             value = getattr(sample, name)
             if value is not None and not INT32_MIN <= value <= INT32_MAX:
                 raise Quarantined("out_of_range", f"{name} {value} does not fit in int32")
-        for name in ("temperature", "top_p"):
+        for name in SETTINGS:
             value = getattr(sample, name)
-            if value is not None and math.isfinite(value) and abs(value) > FLOAT32_MAX:
+            if value is not None and not math.isfinite(value):
+                raise Quarantined("nonfinite_setting", f"{name} {value} is not a finite number")
+            if value is not None and abs(value) > FLOAT32_MAX:
                 raise Quarantined("out_of_range", f"{name} {value} does not fit in float32")
         for name in _STRING_FIELDS:
             value = getattr(sample, name)
-            if value is not None and not (type(value) is str and value.isascii()) and not _is_unicode(value):
+            if value is not None and not (type(value) is str and value.isascii()) and not is_unicode(value):
                 raise Quarantined("bad_string", f"{name} holds a lone UTF-16 surrogate: not valid Unicode")
         if sample.policy_version_spans is not None:
             pa.array([sample.policy_version_spans], pa.list_(VERSION_SPAN))
@@ -173,7 +176,16 @@ def _plainly_fits(sample: Sample) -> bool:
         return False
     if s.turn is not None and (type(s.turn) is not int or not INT32_MIN <= s.turn <= INT32_MAX):
         return False
-    strings = (s.request_id, s.session_id, s.group_key, s.policy_version, s.model, s.finish_reason, s.logprobs_mode)
+    strings = (
+        s.request_id,
+        s.session_id,
+        s.agent_id,
+        s.group_key,
+        s.policy_version,
+        s.model,
+        s.finish_reason,
+        s.logprobs_mode,
+    )
     try:
         text = "".join([v for v in strings if v is not None])
     except TypeError:
@@ -185,7 +197,7 @@ def _ascii(value: Any) -> bool:
     return value is None or (type(value) is str and value.isascii())
 
 
-def _is_unicode(text: str) -> bool:
+def is_unicode(text: str) -> bool:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -193,9 +205,14 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
+SETTINGS = ("temperature", "top_p")
+"""The sampling settings stored as floats: a value that is not finite (``Infinity``, ``NaN``, ``1e400``) says
+nothing about how the sample was drawn, so its record is quarantined (``nonfinite_setting``), never stored."""
+
 _STRING_FIELDS = (
     "request_id",
     "session_id",
+    "agent_id",
     "group_key",
     "policy_version",
     "model",

@@ -23,10 +23,13 @@ import pyarrow.compute as pc
 from prl.formats.base import (
     TOKEN_ID_PREFIX,
     Quarantined,
+    as_float64,
     drop_extra_sampled,
     logprob_array,
     parse_token_id_strings,
     reject_booleans,
+    reject_head_booleans,
+    reject_nested_booleans,
     require_map_entries,
     sort_heads_descending,
 )
@@ -100,7 +103,7 @@ def float_field(rows: pa.StructArray, name: str, what: str) -> pa.Array:
     if values is None:
         return pa.nulls(len(rows), pa.float64())
     if pa.types.is_integer(values.type) or pa.types.is_floating(values.type):
-        return values.cast(pa.float64())
+        return as_float64(values, f"{what}.{name}")
     raise Quarantined("bad_logprob", f"{what}.{name} holds {values.type} values, expected numbers")
 
 
@@ -174,6 +177,7 @@ def content_logprobs(content: Any, what: str, sampled_ids: pa.Array | None = Non
     """OpenAI chat-style ``logprobs.content`` entries → columns. ``sampled_ids`` (from the choice's own
     ``token_ids``) take precedence over IDs spelled in the entries for aligning heads."""
     reject_booleans(content, what, "logprob")
+    reject_head_booleans(content, what)
     rows = struct_rows(content, what)
     if len(rows) == 0:
         return TokenColumns.empty()
@@ -229,6 +233,7 @@ def completions_logprobs(logprobs: Any, what: str, sampled_ids: pa.Array | None 
     if not isinstance(top, list):
         raise Quarantined("bad_logprob", f"{what}.top_logprobs is {type(top).__name__}, expected a list")
     require_map_entries(top, "bad_logprob", f"{what}.top_logprobs")
+    reject_nested_booleans(top, f"{what}.top_logprobs")
     try:
         heads = pa.array(top, type=_HEAD_MAP)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError) as exc:

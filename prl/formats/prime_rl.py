@@ -119,7 +119,9 @@ def _trace_samples(trace: dict[str, Any], what: str) -> list[Sample | Quarantine
 
 def _reward_value(reward: dict[str, Any]) -> Any:
     score, weight = reward.get("score"), reward.get("weight", 1.0)
-    if isinstance(score, (int, float)) and isinstance(weight, (int, float)) and not isinstance(score, bool):
+    if isinstance(score, (int, float)) and not isinstance(score, bool):
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            return weight  # a weight that is not a number (true is no 1.0): quarantined as the reward's value
         return score * weight
     return score  # not a number: the rewards table quarantines it with its reason
 

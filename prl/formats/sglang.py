@@ -35,12 +35,15 @@ from prl.formats.fields import (
     timestamp_ms,
 )
 
+_LIST = frozenset({list})
+_VERSION_TYPES = frozenset({str, int})
+
 
 def _columns(triples: list[Any], what: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """(logprobs, ids) columns of ``[logprob, id, text]`` triples."""
     if not triples:
         return (), ()
-    if not all(isinstance(t, list) and len(t) >= 2 for t in (triples[0], triples[-1])):
+    if not set(map(type, triples)) <= _LIST or not all(len(t) >= 2 for t in (triples[0], triples[-1])):
         raise Quarantined("bad_shape", f"{what} entries are not [logprob, token_id, text] triples")
     columns = list(zip(*triples))
     if len(columns) < 2 or len(columns[0]) != len(triples):
@@ -53,6 +56,8 @@ def _heads(heads_raw: Any, n_positions: int) -> tuple[pa.Array | None, pa.Array 
         return None, None
     if len(heads_raw) != n_positions or any(h is None for h in heads_raw):
         raise Quarantined("topk_length_mismatch", "output_top_logprobs does not cover every completion token")
+    if not set(map(type, heads_raw)) <= _LIST:
+        raise Quarantined("bad_shape", "output_top_logprobs entries are not lists of [logprob, token_id, text] triples")
     lengths = np.fromiter(map(len, heads_raw), dtype=np.int32, count=len(heads_raw))
     lps, ids = _columns(list(chain.from_iterable(heads_raw)), "output_top_logprobs")
     offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
@@ -77,6 +82,8 @@ def version_spans(value: Any, n_tokens: int) -> list[dict[str, Any]] | None:
         return spans
     if len(value) != n_tokens:
         raise Quarantined("bad_shape", f"weight_versions has {len(value)} entries for {n_tokens} tokens")
+    if not set(map(type, value)) <= _VERSION_TYPES:
+        raise Quarantined("bad_shape", "weight_versions entries are not versions (strings or integers)")
     versions = np.asarray([str(v) for v in value]) if len(value) < 2 else np.asarray(value).astype(str)
     change = np.flatnonzero(versions[1:] != versions[:-1]) + 1
     starts = np.concatenate([[0], change])

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prl.formats.base import Format, ParseOptions, Quarantined, Sample, reject_booleans
+from prl.formats.base import Format, ParseOptions, Quarantined, Sample, reject_booleans, reject_nested_booleans
 from prl.formats.fields import as_dict, as_list, derived_request_id, finish_reason, group_key_of, opt_str
 from prl.formats.logprobs import build_heads, field, float_field, int_field, list_offsets, struct_rows
 
@@ -45,7 +45,9 @@ DECODER_START_TEXTS = frozenset({"<pad>", "</s>"})
 
 def _decoder_start_only(prefill: pa.StructArray) -> bool:
     texts = field(prefill, "text")
-    return len(prefill) == 1 and texts is not None and texts[0].as_py() in DECODER_START_TEXTS
+    if len(prefill) != 1 or texts is None or not pa.types.is_string(texts.type):
+        return False  # a text that is not a string (a list, an object) is no token's text
+    return texts[0].as_py() in DECODER_START_TEXTS
 
 
 def _completion_text(rows: pa.StructArray) -> str | None:
@@ -85,6 +87,7 @@ class _Sequence:
         if not top:
             return None, None
         as_list(top, what, "bad_logprob")
+        reject_nested_booleans(top, what, "logprob")
         try:
             lists = pa.array(top)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:

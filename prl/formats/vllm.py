@@ -30,6 +30,8 @@ from prl.formats.base import (
     logprob_array,
     parse_token_id_strings,
     reject_booleans,
+    reject_head_booleans,
+    reject_nested_booleans,
     sort_heads_descending,
     token_id_array,
     typed_array,
@@ -223,6 +225,7 @@ class VllmChat(_OpenAIReader):
         if not isinstance(content, pa.Array):  # an SSE stream joined in bulk gives the entries converted
             content = as_list(content, "logprobs.content")
             reject_booleans(content, "logprobs.content", "logprob")
+            reject_head_booleans(content, "logprobs.content")
         entries = typed_array(content, CHAT_CONTENT_ENTRY, "bad_logprob", "logprobs.content")
         tokens = pc.struct_field(entries, "token")
         logprobs = pc.struct_field(entries, "logprob")
@@ -338,6 +341,7 @@ class VllmCompletions(_OpenAIReader):
         topk_ids = topk_logprobs = None
         heads_raw = lp.get("top_logprobs")
         if isinstance(heads_raw, list) and heads_raw and any(h for h in heads_raw[:1]):
+            reject_nested_booleans(heads_raw, "logprobs.top_logprobs")
             flat_maps = typed_array(heads_raw, HEAD_MAP, "bad_logprob", "logprobs.top_logprobs")
             map_keys = flat_maps.keys
             if (

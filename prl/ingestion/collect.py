@@ -18,10 +18,10 @@ import numpy as np
 
 from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
-from prl.formats.guard import as_quarantined, read_plain, read_record
+from prl.formats.guard import as_quarantined, is_unicode, read_plain, read_record
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.columnar import ColumnarRun
-from prl.ingestion.token_block import BLOCK_VALUES, PendingRecord, convert
+from prl.ingestion.token_block import BLOCK_VALUES, Converted, PendingRecord, convert
 from prl.schema import RAW_LIMIT
 
 RAW_KEEP = 4 * RAW_LIMIT + 4
@@ -42,6 +42,8 @@ def apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sam
         sample.finish_reason = options.finish_reason
     if sample.agent_id is None:
         sample.agent_id = agent_of(obj, options.agent_field)
+        if sample.agent_id is not None and not sample.agent_id.isascii() and not is_unicode(sample.agent_id):
+            raise Quarantined("bad_string", "agent_id holds a lone UTF-16 surrogate: not valid Unicode")
     if options.group_field and sample.group_key is None:
         raise Quarantined("missing_group_field", f"the record has no {options.group_field!r} field (--group-field)")
     return sample
@@ -94,7 +96,7 @@ class Collector:
             return
         pending, self.pending = self.pending, []
         self.pending_tokens = self.pending_values = 0
-        for done in convert(pending):
+        for done in _converted(pending):
             record = done.record
             if done.block is None:
                 obj = decode_json(record.raw)
@@ -177,6 +179,16 @@ class Collector:
             self.rows.append(Located(sample, self.uri, line, name))
             self.raws.append(raw[:RAW_KEEP])
             self.tokens += len(sample.prompt_token_ids) + len(sample.completion_token_ids)
+
+
+def _converted(pending: list[PendingRecord]) -> list[Converted]:
+    """The pending records' block (:func:`prl.ingestion.token_block.convert`); should the conversion itself fail
+    (values no check foresaw), every record goes to ``parse``, which gives its samples or reasons, so no value
+    in one record can stop its source."""
+    try:
+        return convert(pending)
+    except Exception:
+        return [Converted(record, None) for record in pending]
 
 
 __all__ = ["RAW_KEEP", "Collector", "apply_options"]

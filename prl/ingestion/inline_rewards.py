@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from prl.event_ids import reward_id
 from prl.formats.base import Quarantined, Sample
+from prl.formats.guard import is_unicode
 from prl.schema import REWARDS
 
 
@@ -29,6 +30,8 @@ def inline_reward_rows(
     created = sample.created_at_ms if sample.created_at_ms is not None else now_ms
     rows = []
     for name, value in sample.rewards.items():
+        if not isinstance(name, str) or not is_unicode(name):
+            raise Quarantined("bad_string", f"reward name {name!r} is not valid Unicode (a lone UTF-16 surrogate)")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise Quarantined("bad_value", f"reward {name!r} is {type(value).__name__}, not a number")
         if not math.isfinite(value):

@@ -28,6 +28,12 @@ from prl.formats.plain import Plain
 from prl.formats.vllm import CHAT_CONTENT_ENTRY
 from prl.numerics.ragged import any_per_row, offsets_of
 
+CONVERSION_ERRORS = (ValueError, TypeError, OverflowError)
+"""What a conversion of decoded JSON lists may raise: Arrow's errors (``ArrowInvalid`` is a ``ValueError``,
+``ArrowTypeError`` a ``TypeError``), an integer beyond 64 bits, and a string holding a lone UTF-16 surrogate
+(``UnicodeEncodeError``, a ``ValueError``). A row whose lists raise any of them goes to ``parse``, which
+names its reason."""
+
 BLOCK_VALUES = 1 << 17
 """Token values (prompt and completion IDs, logprob entries) pending before a conversion: the records'
 JSON text and lists are held until then."""
@@ -76,7 +82,7 @@ def _as_ids(values: list[Any]) -> pa.Array | None:
     beyond 64 bits do not come out int64 without nulls), else None."""
     try:
         array = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except CONVERSION_ERRORS:
         return None
     if len(array) == 0:
         return pa.array([], pa.int64())
@@ -87,7 +93,7 @@ def _as_entries(values: list[Any]) -> pa.Array | None:
     """``logprobs.content`` objects as ``CHAT_CONTENT_ENTRY`` (the conversion ``parse`` makes), else None."""
     try:
         return pa.array(values, CHAT_CONTENT_ENTRY)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError):
+    except CONVERSION_ERRORS:
         return None
 
 
@@ -157,7 +163,7 @@ def _as_logprobs(values: list[Any]) -> pa.Array | None:
             return pa.nulls(len(array), pa.float64())
         if pa.types.is_integer(array.type) or pa.types.is_floating(array.type):
             return array.cast(pa.float64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except CONVERSION_ERRORS:
         pass
     return None
 
@@ -165,7 +171,7 @@ def _as_logprobs(values: list[Any]) -> pa.Array | None:
 def _as_strings(values: list[Any]) -> pa.Array | None:
     try:
         return pa.array(values, pa.string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+    except CONVERSION_ERRORS:
         return None
 
 

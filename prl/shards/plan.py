@@ -257,7 +257,9 @@ def _with_staleness(
 ) -> tuple[pl.DataFrame, int | None, int | None]:
     """``traces`` with ``staleness = current − version``, the current version (the option, else the newest of
     ``traces`` and ``seen_max``, the newest of rows not scanned) and the newest version of all rows."""
-    traces = traces.with_columns(pl.col("policy_version").str.extract(VERSION_RE, 1).cast(pl.Int64).alias("_v"))
+    traces = traces.with_columns(
+        pl.col("policy_version").str.extract(VERSION_RE, 1).cast(pl.Int64, strict=False).alias("_v")
+    )
     traces = traces.with_columns(pl.col("_v").alias("policy_step"))
     scanned_max = traces["_v"].max()
     newest = [int(v) for v in (scanned_max, seen_max) if isinstance(v, int)]

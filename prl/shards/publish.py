@@ -23,6 +23,7 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import uuid
@@ -73,12 +74,33 @@ def publish_file(tmp: str, final: str) -> None:
 
 
 def write_json(path: str, obj: Any) -> None:
-    """Write ``obj`` as indented, key-sorted JSON to ``path`` (temp file, fsync, rename)."""
+    """Write ``obj`` as indented, key-sorted JSON to ``path`` (temp file, fsync, rename). A float that is not
+    finite, which JSON cannot spell, is written as the string ``"inf"``, ``"-inf"`` or ``"nan"``
+    (:func:`json_safe`): a value read from a store never stops a build from publishing."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=2, sort_keys=True, allow_nan=False)
+        json.dump(json_safe(obj), fh, indent=2, sort_keys=True, allow_nan=False)
         fh.write("\n")
     publish_file(tmp, path)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite, at any depth, replaced by its name: ``"inf"``, ``"-inf"``
+    or ``"nan"`` (the manifest's spelling, as its ``pad_logprob``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else nonfinite_name(value)
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def nonfinite_name(value: float) -> str:
+    """``"nan"``, ``"inf"`` or ``"-inf"``."""
+    if math.isnan(value):
+        return "nan"
+    return "inf" if value > 0 else "-inf"
 
 
 def _nonce() -> str:
@@ -281,8 +303,10 @@ __all__ = [
     "discard_staging",
     "ensure_marker",
     "fsync_dir",
+    "json_safe",
     "make_staging",
     "next_index",
+    "nonfinite_name",
     "publish_file",
     "publish_set",
     "refresh_index",

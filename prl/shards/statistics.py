@@ -13,6 +13,7 @@ from prl.numerics import heads
 from prl.numerics.kl import K3_MAX
 from prl.shards.options import ShardOptions
 from prl.shards.plan import Plan
+from prl.shards.publish import json_safe
 from prl.shards.scores import Scores
 
 
@@ -40,13 +41,14 @@ SAMPLING_SETTINGS = ("temperature", "top_p", "top_k", "logprobs_mode")
 def sampling_summary(ship: pl.DataFrame) -> dict[str, Any]:
     """The manifest's ``sampling``: for each sampling setting, the rows per known value (values ascending) and
     the rows where the trace did not record it; for the policy, the step range, the distinct versions and the
-    rows with per-token version spans."""
+    rows with per-token version spans. A setting that is not finite (ingest refuses those; a store written
+    otherwise may hold them) is named ``"inf"``, ``"-inf"`` or ``"nan"``."""
     out: dict[str, Any] = {}
     for name in SAMPLING_SETTINGS:
         counts = ship.group_by(name).len().drop_nulls(name).sort(name)
         out[name] = {
             "values": [
-                {"value": float(v) if isinstance(v, float) else v, "rows": int(n)}
+                {"value": json_safe(float(v)) if isinstance(v, float) else v, "rows": int(n)}
                 for v, n in zip(counts[name].to_list(), counts["len"].to_list(), strict=True)
             ],
             "unknown": int(ship[name].null_count()),

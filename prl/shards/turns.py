@@ -93,7 +93,7 @@ def newest_version(store: Store, files: Sequence[str]) -> int | None:
     for batch in dataset.to_batches(columns=["policy_version"], fragment_scan_options=store.scan_options):
         if not batch.num_rows:
             continue
-        steps = pl.Series(batch.column(0)).cast(pl.String).str.extract(VERSION_RE, 1).cast(pl.Int64)
+        steps = pl.Series(batch.column(0)).cast(pl.String).str.extract(VERSION_RE, 1).cast(pl.Int64, strict=False)
         top = steps.max()
         if isinstance(top, int) and (newest is None or top > newest):
             newest = top

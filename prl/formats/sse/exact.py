@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import orjson
 import pyarrow as pa
 
-from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
+from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, may_hold_big_integer
 from prl.formats.fields import as_dict, as_list
 from prl.formats.guard import text_only_reasons
 from prl.formats.sse.blocks import FIRST_KEY, FIRST_LINE_KEY, JOINED_KEY, TEXT_KEY, frame_blocks, with_lines
@@ -156,7 +156,8 @@ def _decoded_lines(obj: dict[str, Any]) -> list[Any]:
     if len(numbers) != len(lines) or not set(map(type, lines)) <= {bytes} or not set(map(type, numbers)) <= {int}:
         raise Quarantined("bad_shape", "a framed stream holds lines that are not bytes with their line numbers")
     try:  # JSON ignores the blanks after "data:" that _payload strips, unless they are not JSON blanks
-        return list(map(orjson.loads, map(_AFTER_DATA, lines)))
+        if not may_hold_big_integer(b"\n".join(lines)):  # else line by line: decode_json keeps such integers
+            return list(map(orjson.loads, map(_AFTER_DATA, lines)))
     except (ValueError, RecursionError):
         pass  # some line needs the standard library, other blanks stripped, or is malformed: line by line
     chunks = []

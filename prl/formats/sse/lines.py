@@ -12,8 +12,6 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import orjson
-
 from prl.formats.base import Quarantined, RawRecord, decode_json
 
 STREAM_KEY = "sse_chunks"
@@ -36,12 +34,9 @@ _ID_ESCAPES = b"\\u006"
 def decode_chunk(payload: bytes, line_no: int) -> tuple[Any, Quarantined | None]:
     """A chunk and None, or None and the ``malformed_json`` signal naming its line."""
     try:
-        return orjson.loads(payload), None
-    except (ValueError, RecursionError):  # orjson refused it: the standard library decides
-        try:
-            return decode_json(payload), None
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            return None, Quarantined("malformed_json", f"line {line_no}: not valid JSON: {exc}")
+        return decode_json(payload), None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        return None, Quarantined("malformed_json", f"line {line_no}: not valid JSON: {exc}")
 
 
 def payload_of(line: bytes) -> bytes:
@@ -73,7 +68,7 @@ class _Stream:
         if self.stream_id is None and isinstance(chunk_id, (str, int)):
             self.stream_id = chunk_id
             match = _ID_FIRST.match(line) if isinstance(chunk_id, str) else None
-            if match is not None and match.group(1) == chunk_id.encode():  # type: ignore[union-attr]
+            if match is not None and match.group(1) == chunk_id.encode("utf-8", "surrogatepass"):  # type: ignore[union-attr]
                 self.prefix = line[: match.end()]
 
     def record(self, done_line: bytes | None) -> RawRecord:

@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all lint demo bench crash sample-data clean trainers-venv test-trainers engines-venv
+.PHONY: setup test test-all lint demo bench crash fuzz sample-data clean trainers-venv test-trainers engines-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,13 @@ lint: setup
 test: lint
 	$(PY) -m pytest -n 2 --durations=15 -m "not campaign and not genuine" tests
 
-# the long campaigns on top: the fuzz million, the Ray cluster, the genuine vLLM server (its own virtualenv, set up
-# here), then the kill and fault campaign alone (its harnesses run side by side, one per core). The trainers' own
-# loss code runs in `make test-trainers` (a virtualenv of TRL and verl); without it those tests skip here.
+# the long campaigns on top: the fuzz campaign (FUZZ_LINES mutated lines), the Ray cluster, the genuine vLLM server
+# (its own virtualenv, set up here), then the kill and fault campaign alone (its harnesses run side by side, one per
+# core). The trainers' own loss code runs in `make test-trainers` (a virtualenv of TRL and verl); without it those
+# tests skip here. `make fuzz` runs the fuzz million alone.
+FUZZ_LINES ?= 400000
 test-all: setup engines-venv
-	$(PY) -m pytest -n 2 --durations=25 -rs -m "campaign or genuine" --ignore=tests/test_kill_campaign.py tests
+	PRL_FUZZ_LINES=$(FUZZ_LINES) $(PY) -m pytest -n 2 --durations=25 -rsP -m "campaign or genuine" --ignore=tests/test_kill_campaign.py tests
 	$(PY) -m pytest -p no:cacheprovider -m campaign -s --durations=4 tests/test_kill_campaign.py
 
 demo: setup
@@ -43,6 +45,9 @@ bench: setup
 # each with a rerun and the full accounting; its harnesses run side by side, one per core, and print their figures
 crash: setup
 	$(PY) -m pytest -p no:cacheprovider -m campaign -s --durations=4 tests/test_kill_campaign.py
+
+fuzz: setup
+	PRL_FUZZ_LINES=1000000 $(PY) -m pytest -p no:cacheprovider -m campaign -s tests/test_fuzz_campaign.py
 
 # TRL and verl in a virtualenv of their own (verl pins transformers < 5.11 and brings Ray): the tests marked genuine
 # in tests/test_loaders_trainers.py run the adapters' batches through their loss code there. On this machine the

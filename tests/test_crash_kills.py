@@ -95,6 +95,7 @@ def test_sigkills_on_an_s3_store_and_out_lose_and_duplicate_nothing(s3, tmp_path
 
 @pytest.mark.s3
 @pytest.mark.slow
+@pytest.mark.campaign  # the full campaign runs 100 faults (tests/test_kill_campaign.py); this sample in `make test-all`
 @pytest.mark.parametrize("command", COMMANDS)
 def test_network_faults_on_s3_lose_and_duplicate_nothing(s3, tmp_path, command):  # noqa: F811
     argv = harness_argv(command, tmp_path, "--faults", str(FAULTS), "--bucket", s3.bucket)

@@ -32,6 +32,8 @@ from tests.pipeline_helpers import (
 )
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 
+pytestmark = pytest.mark.campaign  # long: `make test-all`
+
 KILLS = 20
 S3_KILLS = 8
 SEED = int(os.environ.get("PRL_KILL_SEED", "20261130"))  # other seeds: a longer local soak

@@ -128,6 +128,7 @@ def test_hugging_face_datasets_reads_exactly_the_rows(out, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.campaign  # Ray Data starts a local instance: `make test-all`
 def test_ray_data_reads_exactly_the_rows(out):
     ray = pytest.importorskip("ray")
     ray_data = pytest.importorskip("ray.data")

@@ -18,7 +18,7 @@ from tests.faulty_proxy import Fault
 from tests.pipeline_helpers import GrowingInput, read_table
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, pytest.mark.campaign]  # long: `make test-all`
 
 DATA_FILE = r"/traces/part-[0-9a-f]+\.zstd\.parquet$"
 

@@ -25,7 +25,7 @@ from tests.faulty_proxy import Fault, FaultyProxy
 from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 from tests.shards_fixtures import random_store
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, pytest.mark.campaign]  # long: `make test-all`
 
 SET = r"v\d+-[0-9a-f]{12}"
 PART = rf"/out/{SET}/part-\d+\.parquet$"

@@ -23,7 +23,7 @@ from tests.s3_server import environ_for, moto_endpoint, s3  # noqa: F401
 from tests.score_helpers import Reference, build_tiny_model, score_server, write_traces
 
 pytest.importorskip("torch")
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, pytest.mark.campaign]  # long: `make test-all`
 
 REF_DATA = r"/store/ref_logprobs/part-[0-9a-f]+\.zstd\.parquet$"
 """A part upload (``PUT …?partNumber=``) of a ``ref_logprobs`` data file."""

@@ -31,7 +31,7 @@ from tests.records import vllm_chat
 from tests.s3_server import moto_endpoint, s3, use_endpoint  # noqa: F401
 from tests.shards_fixtures import commit_group, reward, table
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, pytest.mark.campaign]  # long: `make test-all`
 COMMIT = re.compile(r"/store/rewards/_delta_log/(\d{20})\.json")
 
 

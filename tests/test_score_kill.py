@@ -19,6 +19,8 @@ from prl.cli import app
 from tests.pipeline_helpers import prl_argv, prl_env
 from tests.score_helpers import Reference, build_tiny_model, traces_store
 
+pytestmark = pytest.mark.campaign  # long: `make test-all`
+
 pytest.importorskip("torch")
 
 

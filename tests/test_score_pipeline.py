@@ -69,8 +69,11 @@ def test_recipe_scores_then_builds_kl_shards(tmp_path):
         ({"ref_model": "r"}, "exactly one of endpoint and model"),
         ({"ref_model": "r", "endpoint": "http://x", "model": "."}, "exactly one of endpoint and model"),
         ({"endpoint": "http://x"}, "needs ref_model"),
-        ({"ref_model": "r", "endpoint": "http://x", "concurrency": 0}, "concurrency: expected an integer ≥ 1"),
-        ({"ref_model": "r", "endpoint": "http://x", "timeout": -1}, "timeout: expected a number > 0"),
+        (
+            {"ref_model": "r", "endpoint": "http://x", "concurrency": 0},
+            "concurrency: expected an integer in [1, 4096], got 0",
+        ),
+        ({"ref_model": "r", "endpoint": "http://x", "timeout": -1}, "timeout: expected a number in (0, 86400], got -1"),
         ({"ref_model": "r", "endpoint": "http://x", "batch": 3}, "unknown key(s) in [score_ref]: batch"),
         (
             {"ref_model": "r", "endpoint": "http://x", "backend": "tinker"},

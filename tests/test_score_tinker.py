@@ -171,6 +171,7 @@ def test_bad_answers_are_quarantined_never_written(tiny, filled, behaviour, reas
     assert _quarantine(store) == sorted((s, reason) for s in samples)
 
 
+@pytest.mark.campaign  # waits out the SDK's retries: `make test-all`
 def test_service_down_exits_5_and_a_rerun_finishes_without_duplicates(tiny, filled):
     _, ref = tiny
     store, samples = filled

@@ -33,6 +33,8 @@ from prl.store.tables import Store
 from tests.pipeline_helpers import GrowingInput, read_table
 from tests.s3_server import moto_endpoint, s3  # noqa: F401
 
+pytestmark = pytest.mark.campaign  # long: `make test-all`
+
 runner = CliRunner()
 NO_SPACE = os.strerror(errno.ENOSPC)
 

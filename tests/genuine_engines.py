@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -275,7 +276,7 @@ def _token_id(token: str) -> int:
 
 def _chat_heads(answer: dict[str, Any]) -> list[list[list[tuple[int, float]]]]:
     """Per choice, per position, the exact head of a chat answer: vLLM's lists start with the sampled token
-    (the first k of a dict holding it first), so where every head does and one is unsorted, every head ordered
+    (the first k of a dict holding it first), so where every head does, all of one size, and one is unsorted, every head ordered
     by logprob keeps its first k - 1 (k the answer's shortest head); otherwise heads are kept as sent."""
     heads = [
         [[(_token_id(h["token"]), h["logprob"]) for h in entry["top_logprobs"]] for entry in c["logprobs"]["content"]]
@@ -284,8 +285,8 @@ def _chat_heads(answer: dict[str, Any]) -> list[list[list[tuple[int, float]]]]:
     tokens = [[_token_id(e["token"]) for e in c["logprobs"]["content"]] for c in answer["choices"]]
     flat = [(t, h) for ts, hs in zip(tokens, heads) for t, h in zip(ts, hs)]
     sampled_first = all(h and h[0][0] == t for t, h in flat)
-    unsorted = any(a[1] < b[1] for _, h in flat for a, b in zip(h, h[1:]))
-    if not (flat and sampled_first and unsorted):
+    unsorted = any(a[1] < b[1] for _, h in flat for a, b in pairwise(h))
+    if not (flat and sampled_first and unsorted and len({len(h) for _, h in flat}) == 1):
         return heads
     k = min(len(h) for _, h in flat)
     return [[sorted(h, key=lambda e: -e[1])[: k - 1] for h in hs] for hs in heads]

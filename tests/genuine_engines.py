@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -273,33 +274,61 @@ def _token_id(token: str) -> int:
     return int(token[len("token_id:") :])
 
 
+def _chat_heads(answer: dict[str, Any]) -> list[list[list[tuple[int, float]]]]:
+    """Per choice, per position, the exact head of a chat answer: vLLM's lists start with the sampled token
+    (the first k of a dict holding it first), so where every head does, all of one size, and one is unsorted, every head ordered
+    by logprob keeps its first k - 1 (k the answer's shortest head); otherwise heads are kept as sent."""
+    heads = [
+        [[(_token_id(h["token"]), h["logprob"]) for h in entry["top_logprobs"]] for entry in c["logprobs"]["content"]]
+        for c in answer["choices"]
+    ]
+    tokens = [[_token_id(e["token"]) for e in c["logprobs"]["content"]] for c in answer["choices"]]
+    flat = [(t, h) for ts, hs in zip(tokens, heads) for t, h in zip(ts, hs)]
+    sampled_first = all(h and h[0][0] == t for t, h in flat)
+    unsorted = any(a[1] < b[1] for _, h in flat for a, b in pairwise(h))
+    if not (flat and sampled_first and unsorted and len({len(h) for _, h in flat}) == 1):
+        return heads
+    k = min(len(h) for _, h in flat)
+    return [[sorted(h, key=lambda e: -e[1])[: k - 1] for h in hs] for hs in heads]
+
+
+def _text_heads(answer: dict[str, Any]) -> list[list[list[tuple[int, float]]]]:
+    """Per choice, per position, the exact head of a completions answer: dicts hold the k best plus the sampled
+    token where it ranks below k; k is the answer's shortest dict, or s - 1 where every dict has s entries and
+    holds its sampled token last. Dicts of k + 1 entries lose the sampled token; each is ordered by logprob."""
+    choices = [(c["logprobs"]["tokens"], c["logprobs"]["top_logprobs"]) for c in answer["choices"]]
+    flat = [(t, h) for ts, hs in choices for t, h in zip(ts, hs)]
+    k = min(len(h) for _, h in flat)
+    if all(len(h) == k >= 2 and h[t] <= min(v for o, v in h.items() if o != t) for t, h in flat):
+        k -= 1
+    out = []
+    for ts, hs in choices:
+        per = []
+        for token, head in zip(ts, hs):
+            ranked = sorted(head.items(), key=lambda kv: -kv[1])
+            if len(ranked) == k + 1:
+                ranked = [kv for kv in ranked if kv[0] != token]
+            per.append([(_token_id(t), v) for t, v in ranked])
+        out.append(per)
+    return out
+
+
 def expected_choices(answer: dict[str, Any]) -> list[Expected]:
     """The choices of a (non-streamed) chat or text completion with ``return_token_ids`` and
-    ``return_tokens_as_token_ids``, read as prl documents it reads them: chat ``top_logprobs`` kept as sent;
-    completions' top-k dicts ordered by logprob, best first, where a dict longer than the choice's shortest one
-    loses the sampled token (vLLM adds it beside the k best when it ranks below them)."""
+    ``return_tokens_as_token_ids``, read as prl documents it reads them, heads exact and ordered by logprob,
+    best first (:func:`_chat_heads`, :func:`_text_heads`)."""
     out = []
-    for choice in answer["choices"]:
+    chat = "content" in answer["choices"][0]["logprobs"]
+    all_heads = _chat_heads(answer) if chat else _text_heads(answer)
+    for choice, heads in zip(answer["choices"], all_heads):
         prompt = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
         logprobs = choice["logprobs"]
-        heads_ids: list[list[int]] = []
-        heads_lps: list[list[float]] = []
-        if "content" in logprobs:  # chat
+        if chat:
             lps = [entry["logprob"] for entry in logprobs["content"]]
             assert [_token_id(e["token"]) for e in logprobs["content"]] == choice["token_ids"]
-            for entry in logprobs["content"]:
-                heads_ids.append([_token_id(h["token"]) for h in entry["top_logprobs"]])
-                heads_lps.append([h["logprob"] for h in entry["top_logprobs"]])
-        else:  # text completion
+        else:
             lps = list(logprobs["token_logprobs"])
             assert [_token_id(t) for t in logprobs["tokens"]] == choice["token_ids"]
-            k = min(len(head) for head in logprobs["top_logprobs"])
-            for token, head in zip(logprobs["tokens"], logprobs["top_logprobs"]):
-                ranked = sorted(head.items(), key=lambda kv: -kv[1])
-                if len(ranked) > k:
-                    ranked = [kv for kv in ranked if kv[0] != token]
-                heads_ids.append([_token_id(t) for t, _ in ranked])
-                heads_lps.append([v for _, v in ranked])
         out.append(
             Expected(
                 answer["id"],
@@ -307,8 +336,8 @@ def expected_choices(answer: dict[str, Any]) -> list[Expected]:
                 list(prompt),
                 list(choice["token_ids"]),
                 lps,
-                heads_ids,
-                heads_lps,
+                [[i for i, _ in head] for head in heads],
+                [[v for _, v in head] for head in heads],
                 choice.get("finish_reason"),
                 answer.get("model"),
             )

@@ -251,3 +251,13 @@ def test_a_source_of_records_the_road_does_not_take_is_framed_line_by_line_after
     items = list(framed_items(chat, blocks, ParseOptions(), "u", 0))
     assert [(item.line, item.obj["id"]) for item in items] == [(1 + i, f"m{i}") for i in range(40)]
     assert len(parsed) == 3  # the third block is read ahead while the second is taken; the fourth is not read
+
+
+def test_genuine_vllm_chat_with_heads_stores_the_same_exact_heads_on_both_roads(tmp_path, monkeypatch):
+    """Recorded vLLM chat answers (tests/fixtures/vllm_cpu/PROVENANCE.md) carry top-k heads, which the columnar road
+    hands to the per-record reader: both roads store the same rows, heads cut to the exact top k - 1."""
+    lines = (Path(__file__).parent / "fixtures/vllm_cpu/chat.jsonl").read_bytes().splitlines()
+    assert _taken(lines) == 0
+    stored = _both_roads(tmp_path, lines, monkeypatch)
+    assert len(stored["traces"]) == 5 and stored["quarantine"] == []
+    assert {len(h) for row in stored["traces"] for h in row["topk_ids"]} == {2}

@@ -84,3 +84,28 @@ def test_a_default_build_ships_every_genuine_sample(checked, tmp_path):
         options=ShardOptions(drop_checks=["roundtrip_boundary", "roundtrip_completion"]),
     )
     assert (strict.rows, strict.drops) == (5, {"check_reason": 2})
+
+
+def test_every_recorded_vllm_sample_ships_with_exact_heads(tmp_path):
+    """All 19 recorded vLLM samples (chat, completions, both streams, the logging proxy's capture), checked with the
+    model's tokenizer and template and built by default: none is dropped. Chat heads sent in vLLM's sampled-first
+    order used to fail ``heads_not_sorted``; read as the exact top k - 1 they pass."""
+    store = Store(str(tmp_path / "store"))
+    names = ["chat.jsonl", "text.jsonl", "streams.sse", "proxy_capture.jsonl"]
+    result = ingest([str(FIXTURES / "vllm_cpu" / n) for n in names], store)
+    assert (result.samples, result.quarantined) == (19, {})
+    ids = sorted(store.read("traces", columns=["sample_id"])["sample_id"].to_pylist())
+    rewards = [
+        {"sample_id": s, "name": "reward", "value": float(i % 2), "created_at": T0}
+        | {"source_uri": "mem://rewards", "source_line": i, "ingested_at": T0}
+        for i, s in enumerate(ids)
+    ]
+    store.commit("rewards", pa.Table.from_pylist(rewards, schema=REWARDS).to_batches())
+    checked = check_tokens(store, tokenizer_dir(), chat_template="deepseek_v4")
+    assert checked.verdicts == {"ok": 15, "note": 4, "warn": 0, "drift": 0, "invalid": 0}
+    reasons = store.read("checks", columns=["reasons"])["reasons"].to_pylist()
+    assert sorted(r for rs in reasons for r in rs) == sorted(
+        ["roundtrip_boundary"] + ["roundtrip_completion"] * 3 + ["special_mid_completion"] * 3
+    )
+    built = build_shards(store, str(tmp_path / "out"))
+    assert (built.rows, built.drops) == (19, {})

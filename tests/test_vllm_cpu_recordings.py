@@ -116,6 +116,31 @@ def test_vllm_heads_put_the_sampled_token_first() -> None:
                 assert lp < min(v for t, v in head.items() if t != token)
 
 
+def test_ingested_heads_are_the_exact_top_k(tmp_path: Path) -> None:
+    """The heads prl keeps of the recordings: chat lists (``[sampled, best, 2nd best]``, the sampled token never in
+    the top 3 here) become the exact top 2, the sent list without its first entry; completions dicts (the 3 best
+    plus the sampled token at every position) become the exact top 3, the sampled token removed."""
+    chat = ingested(tmp_path / "chat", "chat.jsonl")
+    first = chat[("chatcmpl-8278f8284b021182", 0)]
+    assert first["completion_token_ids"][0] == 63749
+    assert first["topk_ids"][0] == [116332, 81333]
+    assert first["topk_logprobs"][0] == [-10.79597282409668, -10.84284782409668]
+    assert {len(h) for r in chat.values() for h in r["topk_ids"]} == {K - 1}
+    answers = [json.loads(line) for line in (FIXTURES / "chat.jsonl").read_bytes().splitlines()]
+    for answer in answers:
+        for choice in answer["choices"]:
+            sent = [[int(h["token"][9:]) for h in e["top_logprobs"][1:]] for e in choice["logprobs"]["content"]]
+            assert chat[(answer["id"], choice["index"])]["topk_ids"] == sent
+    text = ingested(tmp_path / "text", "text.jsonl")
+    first = text[("cmpl-8a3f02dd2e43e3a2", 0)]
+    assert first["completion_token_ids"][0] == 96861
+    assert first["topk_ids"][0] == [56571, 53158, 29070]
+    assert first["topk_logprobs"][0] == [-10.80727767944336, -10.87368392944336, -10.88149642944336]
+    assert {len(h) for r in text.values() for h in r["topk_ids"]} == {K}
+    streams = ingested(tmp_path / "streams", "streams.sse")
+    assert {len(h) for r in streams.values() for h in r["topk_ids"]} == {K - 1, K}
+
+
 def test_a_genuine_prompt_logprobs_answer_reads_as_score_ref_reads_it() -> None:
     """``prompt_logprobs`` is what ``score-ref --endpoint`` asks vLLM for: the recorded answer (``prompt_logprobs``
     1: each entry holds the prompt token and the best one) gives, for any split of its prompt into a prompt and a

@@ -422,6 +422,113 @@ def drop_extra_sampled(
     )
 
 
+def _head_layout(ids: pa.ListArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Lengths (int64, null heads as 0), start offsets (into the flattened entries, one more than heads) and
+    each entry's position, of ``[positions][k]`` heads."""
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(ids), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    starts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    return lengths, starts, np.repeat(np.arange(len(lengths)), lengths)
+
+
+def _flat_floats(values: pa.ListArray) -> np.ndarray:
+    return np.asarray(pc.fill_null(pc.list_flatten(values), np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+
+def _flat_ints(values: pa.ListArray) -> np.ndarray:
+    return np.asarray(pc.list_flatten(values).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def sampled_first_heads(ids: pa.ListArray, logprobs: pa.ListArray, sampled_ids: pa.Array) -> tuple[bool, bool]:
+    """Whether heads have vLLM's chat shape: (every position has a head of one same size whose first entry is
+    its sampled token, some head is not ordered highest logprob first). Heads as sent, ``[positions][k]``. Heads
+    of k and k + 1 entries are the whole dict instead (:func:`drop_extra_sampled` makes them exact)."""
+    if len(ids) == 0 or len(ids) != len(sampled_ids):
+        return False, False
+    lengths, starts, parents = _head_layout(ids)
+    if not lengths[0] or not (lengths == lengths[0]).all():
+        return False, False
+    sampled = np.asarray(sampled_ids.to_numpy(zero_copy_only=False), dtype=np.int64)
+    first = bool((_flat_ints(ids)[starts[:-1]] == sampled).all())
+    lps = _flat_floats(logprobs)
+    unsorted = bool(((parents[1:] == parents[:-1]) & (lps[1:] > lps[:-1])).any())
+    return first, unsorted
+
+
+def keep_best(ids: pa.ListArray, logprobs: pa.ListArray, k: int) -> tuple[pa.ListArray, pa.ListArray]:
+    """Each head ordered highest logprob first and cut to its first ``k`` entries."""
+    lengths, starts, parents = _head_layout(ids)
+    offsets = pa.array(starts.astype(np.int32))
+    ids, logprobs = sort_heads_descending(
+        pa.ListArray.from_arrays(offsets, pc.list_flatten(ids)),
+        pa.ListArray.from_arrays(offsets, pc.list_flatten(logprobs)),
+    )
+    keep = pa.array((np.arange(len(parents)) - starts[:-1][parents]) < k)
+    kept = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(np.minimum(lengths, k), out=kept[1:])
+    new_offsets = pa.array(kept)
+    return (
+        pa.ListArray.from_arrays(new_offsets, pc.filter(pc.list_flatten(ids), keep)),
+        pa.ListArray.from_arrays(new_offsets, pc.filter(pc.list_flatten(logprobs), keep)),
+    )
+
+
+def exact_chat_heads(samples: list[Sample | Quarantined]) -> None:
+    """Make vLLM chat heads the exact top k - 1, in place, for a whole response (every choice the same k).
+
+    vLLM's chat serving (vllm-project/vllm ``vllm/entrypoints/openai/chat_completion/serving.py``, earlier
+    ``serving_chat.py``: ``_get_top_logprobs``) takes each position's ``top_logprobs`` as the first k items of the
+    sampler's per-position logprob dict, and that dict holds the sampled token first, then the best tokens in rank
+    order (``vllm/v1/engine/logprobs.py``, ``_make_logprob_dict``: ranks ``(sampled rank, 1, 2, ...)``). So a list reads ``[sampled, best, 2nd best, ...]``, unsorted where the sampled
+    token is not the best: if the sampled token ranks within the top k the list is the exact top k, else the top
+    k - 1 plus the sampled token. Ordered by logprob, its first k - 1 entries are the exact top k - 1 either way.
+
+    The rule applies to a response whose every head (of every choice with heads) has the same size k and starts
+    with the sampled token while some head is unsorted (no other server sends that shape): every head of the
+    response is ordered and cut to k - 1, so the heads of a sample, and of the samples of one response, share
+    one k. A response whose heads are all sorted is left as sent (it is the exact top k). Nothing else is
+    changed."""
+    with_heads = [s for s in samples if isinstance(s, Sample) and s.topk_ids is not None]
+    if not with_heads:
+        return
+    sizes = {int(pc.min(pc.list_value_length(s.topk_ids)).as_py() or 0) for s in with_heads}
+    if len(sizes) != 1:
+        return
+    unsorted = False
+    for sample in with_heads:
+        first, disorder = sampled_first_heads(sample.topk_ids, sample.topk_logprobs, sample.completion_token_ids)
+        if not first:
+            return
+        unsorted |= disorder
+    if not unsorted:
+        return
+    k = sizes.pop() - 1
+    for sample in with_heads:
+        if k <= 0:  # no exact head is known
+            sample.topk_ids = sample.topk_logprobs = None
+        else:
+            sample.topk_ids, sample.topk_logprobs = keep_best(sample.topk_ids, sample.topk_logprobs, k)
+
+
+def extra_sampled_everywhere(ids: pa.ListArray, logprobs: pa.ListArray, sampled_ids: pa.Array) -> bool:
+    """Whether top-k dicts (vLLM completions) hold k + 1 entries at every position: all heads have one size
+    s >= 2 and each holds its sampled token with a logprob no higher than any other entry's. Then the sampled
+    entries are the extras (dropping them leaves the exact top s - 1 whichever way it was: if the sampled token
+    did rank s-th, the rest is still the top s - 1)."""
+    if len(ids) == 0 or len(ids) != len(sampled_ids):
+        return False
+    lengths, starts, parents = _head_layout(ids)
+    if lengths[0] < 2 or not (lengths == lengths[0]).all():
+        return False
+    sampled = np.asarray(sampled_ids.to_numpy(zero_copy_only=False), dtype=np.int64)
+    is_sampled = _flat_ints(ids) == sampled[parents]
+    if not (np.bincount(parents[is_sampled], minlength=len(lengths)) == 1).all():
+        return False
+    lps = _flat_floats(logprobs)
+    others = np.minimum.reduceat(np.where(is_sampled, np.inf, lps), starts[:-1])
+    return bool((lps[is_sampled] <= others).all())
+
+
 def dumps(value: Any) -> str:
     """Compact JSON text for ``messages`` and similar pass-through fields."""
     return orjson.dumps(value).decode()

@@ -7,7 +7,9 @@
   sampled token and the top k (k + 1 entries when the sampled token ranked below k).
 
 Each returns a :class:`TokenColumns`. Heads come out ordered highest logprob first, with the extra sampled
-entry removed, so every position holds the sampler's top k.
+entry removed, so every position holds the sampler's exact top k: completions dicts that hold k + 1 entries
+at every position lose their sampled entry too (:func:`prl.formats.base.extra_sampled_everywhere`), and chat
+lists in vLLM's sampled-first order keep the exact top k - 1 (:func:`prl.formats.base.exact_chat_heads`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from prl.formats.base import (
     Quarantined,
     as_float64,
     drop_extra_sampled,
+    extra_sampled_everywhere,
+    keep_best,
     logprob_array,
     parse_token_id_strings,
     reject_booleans,
     reject_head_booleans,
     reject_nested_booleans,
     require_map_entries,
+    sampled_first_heads,
     sort_heads_descending,
 )
 
@@ -195,13 +200,21 @@ def content_logprobs(content: Any, what: str, sampled_ids: pa.Array | None = Non
     head_ids = token_ids_of(entries, f"{what}.top_logprobs")
     if head_ids is None:
         return columns  # heads spelled as text: unusable without retokenizing, so not kept
-    columns.topk_ids, columns.topk_logprobs = build_heads(
-        list_offsets(heads),
-        head_ids,
-        float_field(entries, "logprob", f"{what}.top_logprobs"),
-        sampled_ids if sampled_ids is not None else ids,
-        what,
-    )
+    offsets = list_offsets(heads)
+    head_logprobs = float_field(entries, "logprob", f"{what}.top_logprobs")
+    sampled = sampled_ids if sampled_ids is not None else ids
+    columns.topk_ids, columns.topk_logprobs = build_heads(offsets, head_ids, head_logprobs, sampled, what)
+    if sampled is not None and columns.topk_ids is not None and len(sampled) == len(offsets) - 1:
+        as_lists = pa.array(offsets, pa.int32())
+        first, unsorted = sampled_first_heads(
+            pa.ListArray.from_arrays(as_lists, head_ids), pa.ListArray.from_arrays(as_lists, head_logprobs), sampled
+        )
+        if first and unsorted:  # vLLM's sampled-first lists: the exact top k - 1 (see exact_chat_heads)
+            k = int(np.diff(offsets).min()) - 1
+            if k <= 0:
+                columns.topk_ids = columns.topk_logprobs = None
+            else:
+                columns.topk_ids, columns.topk_logprobs = keep_best(columns.topk_ids, columns.topk_logprobs, k)
     return columns
 
 
@@ -241,13 +254,17 @@ def completions_logprobs(logprobs: Any, what: str, sampled_ids: pa.Array | None 
     keys = heads.keys
     if len(keys) and not pc.all(pc.starts_with(keys, TOKEN_ID_PREFIX)).as_py():
         return columns  # heads keyed by token text: not kept
-    columns.topk_ids, columns.topk_logprobs = build_heads(
-        list_offsets(heads),
-        parse_token_id_strings(keys, f"{what}.top_logprobs"),
-        heads.items,
-        sampled_ids if sampled_ids is not None else ids,
-        what,
-    )
+    offsets = list_offsets(heads)
+    head_ids = parse_token_id_strings(keys, f"{what}.top_logprobs")
+    sampled = sampled_ids if sampled_ids is not None else ids
+    k = None
+    if sampled is not None and len(head_ids) and len(sampled) == len(offsets) - 1:
+        as_lists = pa.array(offsets, pa.int32())
+        if extra_sampled_everywhere(
+            pa.ListArray.from_arrays(as_lists, head_ids), pa.ListArray.from_arrays(as_lists, heads.items), sampled
+        ):
+            k = int(offsets[1] - offsets[0]) - 1  # k + 1 entries at every position
+    columns.topk_ids, columns.topk_logprobs = build_heads(offsets, head_ids, heads.items, sampled, what, k=k)
     return columns
 
 

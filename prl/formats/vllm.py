@@ -8,8 +8,12 @@ Where the IDs come from:
   (``return_tokens_as_token_ids``);
 - completions: choice ``prompt_token_ids`` / ``token_ids``, else ``"token_id:N"`` in ``logprobs.tokens``;
 - logprobs: ``logprobs.content[].logprob`` (chat), ``logprobs.token_logprobs`` (completions);
-- top-k head: ``top_logprobs`` lists (chat, in rank order, kept as sent) or dicts (completions: may hold k+1
-  entries with the sampled token; the extra entry is removed and each head ordered by logprob).
+- top-k head: ``top_logprobs`` lists (chat) or dicts (completions), each head ordered by logprob, highest first,
+  and exact: vLLM's chat lists start with the sampled token (the first k entries of a dict that holds it first),
+  so a response whose every head starts with the sampled token and some head is unsorted keeps the exact top
+  k - 1 of every head (:func:`prl.formats.base.exact_chat_heads`); completions dicts hold k + 1 entries where the
+  sampled token ranks below k, and the extra sampled entry is removed, at some positions or at all of them
+  (:func:`prl.formats.base.extra_sampled_everywhere`), with one k for the whole response.
 - policy version: ``metadata.weight_version`` or ``sglext.weight_version``.
 """
 
@@ -27,6 +31,8 @@ from prl.formats.base import (
     Quarantined,
     Sample,
     drop_extra_sampled,
+    exact_chat_heads,
+    extra_sampled_everywhere,
     logprob_array,
     parse_token_id_strings,
     reject_booleans,
@@ -250,6 +256,12 @@ class VllmChat(_OpenAIReader):
         )
         return _record_fields(sample, obj, choice, options)
 
+    def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
+        """Samples of one response, vLLM's sampled-first heads made the exact top k - 1 (one k per response)."""
+        items = super().parse(obj, options)
+        exact_chat_heads(items)
+        return items
+
     def plain(self, obj: Any, options: ParseOptions) -> list[Any] | None:
         """:meth:`parse`'s walk for a record whose every choice carries prompt IDs, a ``token_ids`` list and
         ``logprobs.content`` objects (see :mod:`prl.formats.plain`); None for any other shape."""
@@ -277,10 +289,38 @@ class VllmChat(_OpenAIReader):
         return out
 
 
+def _drop_extras(samples: list[Sample | Quarantined]) -> None:
+    """vLLM completions' top-k dicts hold the k best plus the sampled token where it ranks below k (k + 1
+    entries). k is the response's shortest dict, unless every dict of the response has one size s and holds its
+    sampled token last (no higher than any other entry): then every dict is the top s - 1 plus the sampled token
+    (where the sampled token did rank s-th, the rest is still the exact top s - 1). The sampled entry is removed
+    from every dict of k + 1 entries, in place; heads arrive ordered by logprob."""
+    with_heads = [s for s in samples if isinstance(s, Sample) and s.topk_ids is not None]
+    if not with_heads:
+        return
+    k = min(int(pc.min(pc.list_value_length(s.topk_ids)).as_py() or 0) for s in with_heads)
+    sizes = {int(pc.max(pc.list_value_length(s.topk_ids)).as_py() or 0) for s in with_heads}
+    if sizes == {k} and all(
+        extra_sampled_everywhere(s.topk_ids, s.topk_logprobs, s.completion_token_ids) for s in with_heads
+    ):
+        k -= 1
+    for sample in with_heads:
+        sample.topk_ids, sample.topk_logprobs = drop_extra_sampled(
+            sample.topk_ids, sample.topk_logprobs, sample.completion_token_ids, k
+        )
+
+
 class VllmCompletions(_OpenAIReader):
     name = "openai_completions"
     description = "OpenAI-style text_completion with token IDs (vLLM /v1/completions)"
     object_type = "text_completion"
+
+    def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
+        """Samples of one response, the top-k dicts' extra sampled entries dropped with one k for the response
+        (see :func:`_drop_extras`)."""
+        items = super().parse(obj, options)
+        _drop_extras(items)
+        return items
 
     def plain(self, obj: Any, options: ParseOptions) -> list[Any] | None:
         """:meth:`parse`'s walk for a record whose every choice carries prompt IDs, a ``token_ids`` list and
@@ -353,8 +393,7 @@ class VllmCompletions(_OpenAIReader):
                 offsets = flat_maps.offsets
                 ids = pa.ListArray.from_arrays(offsets, parse_token_id_strings(map_keys, "top_logprobs key"))
                 lps = pa.ListArray.from_arrays(offsets, flat_maps.items)
-                ids, lps = drop_extra_sampled(ids, lps, completion)
-                topk_ids, topk_logprobs = sort_heads_descending(ids, lps)
+                topk_ids, topk_logprobs = sort_heads_descending(ids, lps)  # extras dropped in parse
 
         sample = Sample(
             request_id=request_id,

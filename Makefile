@@ -31,7 +31,7 @@ test: lint
 # tests skip here. `make fuzz` runs the fuzz million alone.
 FUZZ_LINES ?= 400000
 test-all: setup engines-venv
-	PRL_FUZZ_LINES=$(FUZZ_LINES) $(PY) -m pytest -n 2 --durations=25 -rsP -m "campaign or genuine" --ignore=tests/test_kill_campaign.py tests
+	PRL_FUZZ_LINES=$(FUZZ_LINES) PRL_VLLM_PYTHON=$(ENGINE_VENVS)/vllm/bin/python $(PY) -m pytest -n 2 --durations=25 -rsP -m "campaign or genuine" --ignore=tests/test_kill_campaign.py tests
 	$(PY) -m pytest -p no:cacheprovider -m campaign -s --durations=4 tests/test_kill_campaign.py
 
 demo: setup

@@ -61,6 +61,7 @@ def test_only_the_last_used_stay_built(fresh, tmp_path):
     assert CheckTokenizer.load(b.path).tokenizer is not b.tokenizer  # built again
 
 
+@pytest.mark.campaign  # long: `make test-all`
 def test_tiktoken_identity_covers_pattern_and_special_tokens(fresh, tmp_path):
     def folder(name: str, config: dict) -> str:
         path = tmp_path / name

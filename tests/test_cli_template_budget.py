@@ -34,6 +34,7 @@ def _messages(content: str) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.campaign  # long: `make test-all`
 def test_runaway_templates_get_a_budget_verdict_and_the_rest_is_checked(tmp_path):
     hello = enc("hello")
     rows = [
@@ -79,6 +80,7 @@ def test_the_worker_renders_in_order_and_recovers_after_a_kill():
     assert worker.proc is None
 
 
+@pytest.mark.campaign  # long: `make test-all`
 def test_a_run_stops_rendering_after_its_budget_of_time_outs():
     """A template that loops on every conversation costs the run ``max_timeouts`` render budgets, not one per
     conversation: after them, every conversation not rendered yet is ``template_budget`` at once."""

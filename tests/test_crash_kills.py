@@ -84,6 +84,7 @@ def test_sigkills_lose_and_duplicate_nothing(tmp_path, command):
 
 @pytest.mark.s3
 @pytest.mark.slow
+@pytest.mark.campaign  # the S3 sample: `make test-all` (make test keeps the local kills)
 @pytest.mark.parametrize("command", COMMANDS)
 def test_sigkills_on_an_s3_store_and_out_lose_and_duplicate_nothing(s3, tmp_path, command):  # noqa: F811
     # kills that land after a write: 7-37 of 100 on S3 (build-shards the fewest), so in a small sample a floor

@@ -116,6 +116,7 @@ def test_bad_trailer_loses_no_record(kind, store, tmp_path):
     assert q["reason"] == "truncated_input" and "corrupt" in q["message"]
 
 
+@pytest.mark.campaign  # long: `make test-all`
 @pytest.mark.parametrize("kind", ["gz", "zst"])
 def test_every_decodable_record_lands(kind, store, tmp_path):
     data = _records(400, seed=4)

@@ -31,6 +31,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 VLLM_VERSION = "0.32.0"
 SERVED_NAME = "tiny-llama-v7"
 """``--served-model-name``: what the server names in every answer's ``model`` field."""
@@ -519,3 +521,19 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+def assert_exact(rows: dict[tuple[str, int], dict[str, Any]], expected: list[Expected]) -> None:
+    """Every choice the client received is one row whose IDs, float32 logprobs and top-k equal it exactly."""
+    assert sorted(rows) == sorted((e.request_id, e.index) for e in expected)
+    for e in expected:
+        row = rows[(e.request_id, e.index)]
+        assert row["prompt_token_ids"] == e.prompt_ids
+        assert row["completion_token_ids"] == e.ids
+        assert np.array_equal(np.array(row["completion_logprobs"], np.float32), np.array(e.logprobs, np.float32))
+        assert row["topk_ids"] == e.topk_ids
+        assert [np.array(h, np.float32).tolist() for h in row["topk_logprobs"]] == [
+            np.array(h, np.float32).tolist() for h in e.topk_logprobs
+        ]
+        assert row["finish_reason"] == e.finish_reason
+        assert row["model"] == SERVED_NAME

@@ -18,9 +18,9 @@ from prl.ingestion.traces import ingest
 from prl.store.tables import Store
 from tests.genuine_engines import (
     SERVED_NAME,
-    Expected,
     LoggingProxy,
     Server,
+    assert_exact,
     build_model,
     expected_choices,
     joined_stream,
@@ -88,22 +88,6 @@ def stored(store: Store) -> dict[tuple[str, int], dict[str, Any]]:
         ],
     ).to_dicts()
     return {(r["request_id"], r["choice_index"]): r for r in rows}
-
-
-def assert_exact(rows: dict[tuple[str, int], dict[str, Any]], expected: list[Expected]) -> None:
-    """Every choice the client received is one row whose IDs, float32 logprobs and top-k equal it exactly."""
-    assert sorted(rows) == sorted((e.request_id, e.index) for e in expected)
-    for e in expected:
-        row = rows[(e.request_id, e.index)]
-        assert row["prompt_token_ids"] == e.prompt_ids
-        assert row["completion_token_ids"] == e.ids
-        assert np.array_equal(np.array(row["completion_logprobs"], np.float32), np.array(e.logprobs, np.float32))
-        assert row["topk_ids"] == e.topk_ids
-        assert [np.array(h, np.float32).tolist() for h in row["topk_logprobs"]] == [
-            np.array(h, np.float32).tolist() for h in e.topk_logprobs
-        ]
-        assert row["finish_reason"] == e.finish_reason
-        assert row["model"] == SERVED_NAME
 
 
 def ingest_answers(tmp_path: Path, name: str, answers: list[bytes]) -> Store:

@@ -15,7 +15,7 @@ from prl.ingestion.traces import ingest
 from prl.score import vllm as vllm_score
 from prl.score.base import ScoreRequest
 from prl.store.tables import Store
-from tests.genuine_engines import SERVED_NAME, Expected, expected_choices, joined_stream, sse_events
+from tests.genuine_engines import Expected, assert_exact, expected_choices, joined_stream, sse_events
 from tests.pipeline_helpers import read_table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_cpu"
@@ -54,21 +54,6 @@ def ingested(tmp_path: Path, name: str) -> dict[tuple[str, int], dict[str, Any]]
     assert result.quarantined == {}
     rows = read_table(store, "traces", COLUMNS).to_dicts()
     return {(r["request_id"], r["choice_index"]): r for r in rows}
-
-
-def assert_exact(rows: dict[tuple[str, int], dict[str, Any]], expected: list[Expected]) -> None:
-    assert sorted(rows) == sorted((e.request_id, e.index) for e in expected)
-    for e in expected:
-        row = rows[(e.request_id, e.index)]
-        assert row["prompt_token_ids"] == e.prompt_ids
-        assert row["completion_token_ids"] == e.ids
-        assert np.array_equal(np.array(row["completion_logprobs"], np.float32), np.array(e.logprobs, np.float32))
-        assert row["topk_ids"] == e.topk_ids
-        assert [np.array(h, np.float32).tolist() for h in row["topk_logprobs"]] == [
-            np.array(h, np.float32).tolist() for h in e.topk_logprobs
-        ]
-        assert row["finish_reason"] == e.finish_reason
-        assert row["model"] == SERVED_NAME
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
-"""The range of every numeric option that is not a fraction: one place read by the command line (its options'
-``min``/``max``, so a value outside is a usage error before anything runs), by recipes and by the library calls.
+"""The default and the range of every numeric option, declared once: read by the command line (its defaults and
+its options' ``min``/``max``, so a value outside is a usage error before anything runs), by recipes and by the
+library calls.
 
 Each upper bound is far above any sensible setting and far below what the libraries underneath accept: delta-rs
 panics on a retention whose hours do not fit a ``TimeDelta`` (about 2.6 · 10¹² hours) and refuses a target size
@@ -11,6 +12,21 @@ from __future__ import annotations
 import math
 
 from prl.errors import UsageError
+
+MAX_QUARANTINE_RATE = 0.05
+"""``--max-quarantine-rate`` (ingest, side tables, score-ref): exit 1 above this fraction quarantined."""
+BATCH_TOKENS = 16384
+"""``score-ref --batch-tokens``: tokens per committed batch (a local model: padded tokens per forward pass)."""
+CONCURRENCY = 8
+"""``score-ref --concurrency``: endpoint requests in flight."""
+RETRIES = 5
+"""``score-ref --retries``: retries per request on 429 / 5xx / timeouts."""
+TIMEOUT_S = 120.0
+"""``score-ref --timeout``: seconds per endpoint request."""
+RETENTION_HOURS = 168
+"""``prl maintain --retention-hours``: Delta's own default (a reader may stay pinned at a version for a week)."""
+TARGET_MB = 128
+"""``prl maintain --target-mb``: the size of compacted data files."""
 
 MIN_RETENTION_HOURS = 1
 MAX_RETENTION_HOURS = 100 * 365 * 24

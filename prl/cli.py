@@ -116,7 +116,7 @@ def ingest(
     ] = None,
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
-    ] = 0.05,
+    ] = bounds.MAX_QUARANTINE_RATE,
     engine: Annotated[
         EngineName,
         typer.Option(
@@ -263,20 +263,20 @@ def score_ref_cmd(
             min=1,
             max=bounds.MAX_BATCH_TOKENS,
         ),
-    ] = 16384,
+    ] = bounds.BATCH_TOKENS,
     concurrency: Annotated[
         int, typer.Option("--concurrency", help="Endpoint requests in flight.", min=1, max=bounds.MAX_CONCURRENCY)
-    ] = 8,
+    ] = bounds.CONCURRENCY,
     retries: Annotated[
         int, typer.Option("--retries", help="Retries per request on 429/5xx/timeouts.", min=0, max=bounds.MAX_RETRIES)
-    ] = 5,
+    ] = bounds.RETRIES,
     timeout: Annotated[
         float,
         typer.Option("--timeout", help="Seconds per endpoint request.", callback=_seconds("--timeout")),
-    ] = 120.0,
+    ] = bounds.TIMEOUT_S,
     max_quarantine_rate: Annotated[
         float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
-    ] = 0.05,
+    ] = bounds.MAX_QUARANTINE_RATE,
     engine: EngineOpt = EngineName.local,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
@@ -459,7 +459,7 @@ def maintain_cmd(
             min=bounds.MIN_RETENTION_HOURS,
             max=bounds.MAX_RETENTION_HOURS,
         ),
-    ] = 168,
+    ] = bounds.RETENTION_HOURS,
     target_mb: Annotated[
         int,
         typer.Option(
@@ -468,7 +468,7 @@ def maintain_cmd(
             min=bounds.MIN_TARGET_MB,
             max=bounds.MAX_TARGET_MB,
         ),
-    ] = 128,
+    ] = bounds.TARGET_MB,
     table: Annotated[
         list[str] | None,
         typer.Option("--table", help="Maintain only this table (repeatable); default: every table and the index."),

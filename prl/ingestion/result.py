@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prl import bounds
 from prl.errors import ExitCode
 from prl.text import counted
 
-DEFAULT_MAX_QUARANTINE_RATE = 0.05
+DEFAULT_MAX_QUARANTINE_RATE = bounds.MAX_QUARANTINE_RATE
 
 
 @dataclass

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from prl import bounds
 from prl.errors import ExitCode
 from prl.event_ids import Occurrences, legacy_ids, ref_id, reward_content
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
@@ -94,7 +95,11 @@ class SideIngestResult:
         if any(p["status"] == "failed" for p in self.problems):
             return ExitCode.USAGE
         seen = self.rows + sum(self.quarantined.values())
-        return ExitCode.DATA_PROBLEMS if seen and sum(self.quarantined.values()) / seen > 0.05 else ExitCode.OK
+        return (
+            ExitCode.DATA_PROBLEMS
+            if seen and sum(self.quarantined.values()) / seen > bounds.MAX_QUARANTINE_RATE
+            else ExitCode.OK
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "command": f"ingest --kind {self.table}", "exit_code": int(self.exit_code)}

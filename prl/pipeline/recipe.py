@@ -66,6 +66,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
+from prl import bounds
 from prl.bounds import (
     MAX_BATCH_TOKENS,
     MAX_CONCURRENCY,
@@ -108,7 +109,7 @@ class IngestSection:
     group_field: str | None = None
     finish_reason: str | None = None
     agent_field: str | None = None
-    max_quarantine_rate: float = 0.05
+    max_quarantine_rate: float = bounds.MAX_QUARANTINE_RATE
 
 
 @dataclass(frozen=True)
@@ -140,19 +141,19 @@ class ScoreRefSection:
     model: str | None = None
     backend: str = "auto"
     served_model: str | None = None
-    batch_tokens: int = 16384
-    concurrency: int = 8
-    retries: int = 5
-    timeout: float = 120.0
-    max_quarantine_rate: float = 0.05
+    batch_tokens: int = bounds.BATCH_TOKENS
+    concurrency: int = bounds.CONCURRENCY
+    retries: int = bounds.RETRIES
+    timeout: float = bounds.TIMEOUT_S
+    max_quarantine_rate: float = bounds.MAX_QUARANTINE_RATE
 
 
 @dataclass(frozen=True)
 class MaintainSection:
     """``[maintain]``: arguments of :func:`prl.store.maintain.maintain`."""
 
-    retention_hours: int = 168
-    target_mb: int = 128
+    retention_hours: int = bounds.RETENTION_HOURS
+    target_mb: int = bounds.TARGET_MB
 
 
 @dataclass(frozen=True)

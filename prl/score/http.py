@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx2
 import orjson
 
+from prl import bounds
 from prl.errors import RetryableIOError, UsageError
 from prl.formats.base import Quarantined
 from prl.score.base import Outcome, ScoreRequest
@@ -85,7 +86,12 @@ class EndpointClient:
     """POSTs JSON to one endpoint with bounded concurrency and retries. Thread-safe; :meth:`close` it."""
 
     def __init__(
-        self, url: str, *, concurrency: int = 8, timeout: float = 120.0, retry: RetryPolicy | None = None
+        self,
+        url: str,
+        *,
+        concurrency: int = bounds.CONCURRENCY,
+        timeout: float = bounds.TIMEOUT_S,
+        retry: RetryPolicy | None = None,
     ) -> None:
         if urlsplit(url).scheme not in ("http", "https"):
             raise UsageError(f"--endpoint must be an http:// or https:// URL, got {public_url(url)!r}")

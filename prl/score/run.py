@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prl import bounds
 from prl.bounds import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RETRIES, check_int, check_seconds
 from prl.engines import Engine, get_engine
 from prl.errors import ExitCode, UsageError
@@ -45,7 +46,7 @@ from prl.store.resolve import open_store
 from prl.store.tables import Store
 
 LOCK = "score-ref"
-DEFAULT_BATCH_TOKENS = 16384
+DEFAULT_BATCH_TOKENS = bounds.BATCH_TOKENS
 
 
 @dataclass
@@ -71,7 +72,7 @@ class ScoreResult:
     version: int | None = None
     """The ``ref_logprobs`` table version after the run."""
     dry_run: bool = False
-    max_quarantine_rate: float = 0.05
+    max_quarantine_rate: float = bounds.MAX_QUARANTINE_RATE
 
     @property
     def exit_code(self) -> ExitCode:
@@ -101,10 +102,10 @@ def score_ref(
     backend: str = "auto",
     served_model: str | None = None,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
-    concurrency: int = 8,
-    retries: int = 5,
-    timeout: float = 120.0,
-    max_quarantine_rate: float = 0.05,
+    concurrency: int = bounds.CONCURRENCY,
+    retries: int = bounds.RETRIES,
+    timeout: float = bounds.TIMEOUT_S,
+    max_quarantine_rate: float = bounds.MAX_QUARANTINE_RATE,
     dry_run: bool = False,
     engine: Engine | str | None = None,
 ) -> ScoreResult:

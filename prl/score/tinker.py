@@ -47,6 +47,7 @@ from urllib.parse import urlsplit
 import httpx2
 import numpy as np
 
+from prl import bounds
 from prl.errors import RetryableIOError, UsageError
 from prl.formats.base import Quarantined
 from prl.score.base import Outcome, ScoreRequest, answer_empty, completion_logprobs
@@ -98,8 +99,8 @@ class TinkerBackend:
         url: str,
         *,
         served_model: str | None,
-        concurrency: int = 8,
-        timeout: float = 120.0,
+        concurrency: int = bounds.CONCURRENCY,
+        timeout: float = bounds.TIMEOUT_S,
         retry: RetryPolicy | None = None,
     ) -> None:
         if urlsplit(url).scheme not in ("http", "https"):

@@ -28,6 +28,7 @@ from typing import Any
 
 from deltalake import ColumnProperties, CommitProperties, DeltaTable, WriterProperties
 
+from prl import bounds
 from prl.bounds import MAX_RETENTION_HOURS, MAX_TARGET_MB, MIN_RETENTION_HOURS, MIN_TARGET_MB, check_int
 from prl.errors import ExitCode, RetryableIOError, UsageError
 from prl.schema import TABLES, float_leaves
@@ -37,9 +38,9 @@ from prl.store.resolve import open_store
 from prl.store.tables import TABLE_PROPERTIES, Store, describe_error
 from prl.text import counted
 
-DEFAULT_RETENTION_HOURS = 168
+DEFAULT_RETENTION_HOURS = bounds.RETENTION_HOURS
 """Delta's own default: a reader may stay pinned at a version for a week."""
-DEFAULT_TARGET_MB = 128
+DEFAULT_TARGET_MB = bounds.TARGET_MB
 DATA_ROW_GROUP_ROWS = 4096
 """Rows per row group of a compacted data file: about one ingest batch of chat samples. Readers decode a row group
 at a time, so this bounds their memory whatever the file's size (delta-rs's default, one row group per file of up

@@ -21,7 +21,7 @@ lint: setup
 	$(PY) scripts/import_graph.py --check >/dev/null || $(PY) scripts/import_graph.py --check
 	$(PY) -m mypy
 
-# the README's test command: lint, types, unit and integration tests (a small sample of each campaign); under 6 minutes
+# the README's test command: lint, types, unit and integration tests (a small sample of each campaign)
 test: lint
 	$(PY) -m pytest -n 2 --durations=15 -m "not campaign and not genuine" tests
 

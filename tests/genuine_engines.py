@@ -537,3 +537,28 @@ def assert_exact(rows: dict[tuple[str, int], dict[str, Any]], expected: list[Exp
         ]
         assert row["finish_reason"] == e.finish_reason
         assert row["model"] == SERVED_NAME
+
+
+TRACE_COLUMNS = [
+    "request_id",
+    "choice_index",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "completion_logprobs",
+    "topk_ids",
+    "topk_logprobs",
+    "finish_reason",
+    "model",
+    "policy_version",
+    "source_format",
+    "sample_id",
+]
+"""The traces columns the exactness checks read."""
+
+
+def stored_rows(store: Any) -> dict[tuple[str, int], dict[str, Any]]:
+    """The store's traces rows by (request_id, choice_index), :data:`TRACE_COLUMNS` only."""
+    from tests.pipeline_helpers import read_table
+
+    rows = read_table(store, "traces", TRACE_COLUMNS).to_dicts()
+    return {(r["request_id"], r["choice_index"]): r for r in rows}

@@ -26,6 +26,7 @@ from tests.genuine_engines import (
     joined_stream,
     post,
     start_vllm,
+    stored_rows,
     vllm_requests,
     vllm_skip_reason,
 )
@@ -69,27 +70,6 @@ def calls(*names: str) -> list[Any]:
     return [by_name[n] for n in names]
 
 
-def stored(store: Store) -> dict[tuple[str, int], dict[str, Any]]:
-    rows = read_table(
-        store,
-        "traces",
-        [
-            "request_id",
-            "choice_index",
-            "prompt_token_ids",
-            "completion_token_ids",
-            "completion_logprobs",
-            "topk_ids",
-            "topk_logprobs",
-            "finish_reason",
-            "model",
-            "policy_version",
-            "sample_id",
-        ],
-    ).to_dicts()
-    return {(r["request_id"], r["choice_index"]): r for r in rows}
-
-
 def ingest_answers(tmp_path: Path, name: str, answers: list[bytes]) -> Store:
     path = tmp_path / "in" / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +85,7 @@ def test_chat_completions_ingest_exactly(vllm: Server, tmp_path: Path) -> None:
     store = ingest_answers(tmp_path, "chat.jsonl", answers)
     expected = [e for a in answers for e in expected_choices(json.loads(a))]
     assert len(expected) == 5
-    assert_exact(stored(store), expected)
+    assert_exact(stored_rows(store), expected)
 
 
 def test_text_completions_with_prompt_logprobs_ingest_exactly(vllm: Server, tmp_path: Path) -> None:
@@ -117,7 +97,7 @@ def test_text_completions_with_prompt_logprobs_ingest_exactly(vllm: Server, tmp_
     store = ingest_answers(tmp_path, "text.jsonl", answers)
     expected = [e for a in answers for e in expected_choices(json.loads(a))]
     assert len(expected) == 5
-    assert_exact(stored(store), expected)
+    assert_exact(stored_rows(store), expected)
 
 
 def test_streams_with_n_and_usage_ingest_exactly(vllm: Server, tmp_path: Path) -> None:
@@ -127,7 +107,7 @@ def test_streams_with_n_and_usage_ingest_exactly(vllm: Server, tmp_path: Path) -
     store = ingest_answers(tmp_path, "streams.sse", streams)
     expected = [e for s in streams for e in expected_choices(joined_stream(s))]
     assert len(expected) == 4
-    assert_exact(stored(store), expected)
+    assert_exact(stored_rows(store), expected)
 
 
 def test_what_a_logging_proxy_writes_ingests_exactly(vllm: Server, tmp_path: Path) -> None:
@@ -143,7 +123,7 @@ def test_what_a_logging_proxy_writes_ingests_exactly(vllm: Server, tmp_path: Pat
         e for c, a in zip(chosen, answers) for e in expected_choices(joined_stream(a) if c.stream else json.loads(a))
     ]
     assert len(expected) == 8
-    rows = stored(store)
+    rows = stored_rows(store)
     assert_exact(rows, expected)
     assert {r["policy_version"] for r in rows.values()} == {"step-7"}  # the proxy's header names the version
 
@@ -172,7 +152,7 @@ def test_score_ref_against_the_same_server_gives_the_sampled_logprobs(vllm: Serv
     answers = [post(vllm.url + c.path, c.body) for c in calls("chat_n3", "text_n3")]
     store = ingest_answers(tmp_path, "mixed.jsonl", answers)
     refs = score(store, vllm, "policy")
-    rows = stored(store)
+    rows = stored_rows(store)
     assert len(refs) == len(rows) == 6
     worst = 0.0
     for row in rows.values():
@@ -194,7 +174,7 @@ def test_score_ref_with_a_second_model_equals_a_transformers_forward_pass(
     store = ingest_answers(tmp_path, "mixed.jsonl", answers)
     refs = score(store, vllm_ref, "ref-seed-1")
     model = AutoModelForCausalLM.from_pretrained(vllm_ref.model_dir, dtype=torch.float32).eval()
-    rows = stored(store)
+    rows = stored_rows(store)
     assert len(refs) == len(rows) == 5
     for row in rows.values():
         ids = [*row["prompt_token_ids"], *row["completion_token_ids"]]
@@ -216,7 +196,7 @@ def test_check_tokens_reads_the_served_model_folder(vllm: Server, tmp_path: Path
     done = run_prl("check-tokens", "--store", store.location, "--tokenizer", str(vllm.model_dir), "--json")
     assert done.returncode in (0, 1), done.stderr
     checks = read_table(store, "checks", ["sample_id", "reasons"]).to_dicts()
-    rows = {r["sample_id"]: r for r in stored(store).values()}
+    rows = {r["sample_id"]: r for r in stored_rows(store).values()}
     assert len(checks) == len(rows) == 8
     for check in checks:
         reasons = set(check["reasons"])
@@ -234,6 +214,6 @@ def test_check_tokens_reads_the_served_model_folder(vllm: Server, tmp_path: Path
 def test_the_served_model_name_is_recorded_with_every_sample_and_names_no_version(vllm: Server, tmp_path: Path) -> None:
     answers = [post(vllm.url + c.path, c.body) for c in calls("chat_n3")]
     store = ingest_answers(tmp_path, "chat.jsonl", answers)
-    rows = stored(store)
+    rows = stored_rows(store)
     assert {r["model"] for r in rows.values()} == {SERVED_NAME}
     assert {r["policy_version"] for r in rows.values()} == {None}

@@ -34,11 +34,8 @@ EXPECTED = {
 """(verdict, reasons, first divergence) per sample."""
 
 
-@pytest.fixture(scope="module")
-def checked(tmp_path_factory):
-    store = Store(str(tmp_path_factory.mktemp("genuine") / "store"))
-    result = ingest([str(f) for f in FILES], store)
-    assert (result.samples, result.quarantined) == (7, {})
+def reward_every_sample(store: Store) -> None:
+    """A reward of 0 or 1 for every traces row, in sample-id order, so that a build has a score for each."""
     ids = sorted(store.read("traces", columns=["sample_id"])["sample_id"].to_pylist())
     rewards = [
         {"sample_id": s, "name": "reward", "value": float(i % 2), "created_at": T0}
@@ -46,6 +43,14 @@ def checked(tmp_path_factory):
         for i, s in enumerate(ids)
     ]
     store.commit("rewards", pa.Table.from_pylist(rewards, schema=REWARDS).to_batches())
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    store = Store(str(tmp_path_factory.mktemp("genuine") / "store"))
+    result = ingest([str(f) for f in FILES], store)
+    assert (result.samples, result.quarantined) == (7, {})
+    reward_every_sample(store)
     return store, check_tokens(store, tokenizer_dir())
 
 
@@ -94,13 +99,7 @@ def test_every_recorded_vllm_sample_ships_with_exact_heads(tmp_path):
     names = ["chat.jsonl", "text.jsonl", "streams.sse", "proxy_capture.jsonl"]
     result = ingest([str(FIXTURES / "vllm_cpu" / n) for n in names], store)
     assert (result.samples, result.quarantined) == (19, {})
-    ids = sorted(store.read("traces", columns=["sample_id"])["sample_id"].to_pylist())
-    rewards = [
-        {"sample_id": s, "name": "reward", "value": float(i % 2), "created_at": T0}
-        | {"source_uri": "mem://rewards", "source_line": i, "ingested_at": T0}
-        for i, s in enumerate(ids)
-    ]
-    store.commit("rewards", pa.Table.from_pylist(rewards, schema=REWARDS).to_batches())
+    reward_every_sample(store)
     checked = check_tokens(store, tokenizer_dir(), chat_template="deepseek_v4")
     assert checked.verdicts == {"ok": 15, "note": 4, "warn": 0, "drift": 0, "invalid": 0}
     reasons = store.read("checks", columns=["reasons"])["reasons"].to_pylist()

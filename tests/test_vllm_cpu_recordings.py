@@ -15,24 +15,11 @@ from prl.ingestion.traces import ingest
 from prl.score import vllm as vllm_score
 from prl.score.base import ScoreRequest
 from prl.store.tables import Store
-from tests.genuine_engines import Expected, assert_exact, expected_choices, joined_stream, sse_events
+from tests.genuine_engines import TRACE_COLUMNS, Expected, assert_exact, expected_choices, joined_stream, sse_events
 from tests.pipeline_helpers import read_table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_cpu"
 K = 3  # every recorded request asked for 3 top logprobs
-COLUMNS = [
-    "request_id",
-    "choice_index",
-    "prompt_token_ids",
-    "completion_token_ids",
-    "completion_logprobs",
-    "topk_ids",
-    "topk_logprobs",
-    "finish_reason",
-    "model",
-    "policy_version",
-    "source_format",
-]
 
 
 def streams_of(data: bytes) -> list[bytes]:
@@ -52,7 +39,7 @@ def ingested(tmp_path: Path, name: str) -> dict[tuple[str, int], dict[str, Any]]
     store = Store(str(tmp_path / "store"))
     result = ingest([str(FIXTURES / name)], store, max_quarantine_rate=0.0)
     assert result.quarantined == {}
-    rows = read_table(store, "traces", COLUMNS).to_dicts()
+    rows = read_table(store, "traces", TRACE_COLUMNS).to_dicts()
     return {(r["request_id"], r["choice_index"]): r for r in rows}
 
 

@@ -255,3 +255,23 @@ def assert_shards_sound(out: Path, expect_all: set[str] | None) -> None:
     assert len(shipped) == len(set(shipped)), "a sample shipped in two sets"
     if expect_all is not None:
         assert set(shipped) == expect_all
+
+
+def invoke_json(args: list[str]) -> tuple[int, dict]:
+    """``prl ARGS --json`` in this process: its exit code and its one JSON summary (exactly one line on stdout,
+    whose ``exit_code`` is the process's)."""
+    from typer.testing import CliRunner
+
+    from prl.cli import app
+
+    res = CliRunner().invoke(app, [*args, "--json"])
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1, res.output
+    summary = json.loads(lines[0])
+    assert summary["exit_code"] == res.exit_code
+    return res.exit_code, summary
+
+
+def tree(root: Path) -> list[str]:
+    """Every path under ``root``, relative and sorted: what a command left there."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))

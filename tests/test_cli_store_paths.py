@@ -13,23 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from prl.cli import app
-from tests.pipeline_helpers import GrowingInput, write_recipe
+from tests.pipeline_helpers import GrowingInput, invoke_json, tree, write_recipe
 from tests.s3_server import moto_endpoint, s3  # noqa: F401
 
 runner = CliRunner()
-
-
-def invoke(args: list[str]) -> tuple[int, dict]:
-    res = runner.invoke(app, [*args, "--json"])
-    lines = res.stdout.strip().splitlines()
-    assert len(lines) == 1, res.output
-    summary = json.loads(lines[0])
-    assert summary["exit_code"] == res.exit_code
-    return res.exit_code, summary
-
-
-def tree(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
 @pytest.fixture(scope="module")
@@ -63,17 +50,17 @@ def test_reading_commands_refuse_what_is_not_a_store_and_create_nothing(built, t
             ["score-ref", "--store", str(path), "--ref-model", "ref", "--endpoint", "http://127.0.0.1:9/v1"],
         ]
         for args in commands:
-            code, summary = invoke(args)
+            code, summary = invoke_json(args)
             assert code == 2, (name, args[0], summary)
             assert f"{path} is not a prl store: {why}" in summary["error"], (name, args[0])
     for path in (tmp_path / "stroe", tmp_path / "empty"):
-        assert invoke(["inspect", str(path)])[0] == 2
+        assert invoke_json(["inspect", str(path)])[0] == 2
     assert (tree(built["root"]), tree(tmp_path)) == before  # no _locks, no OUT folder, nothing
 
 
 def test_a_run_without_an_ingest_step_needs_an_existing_store(tmp_path, tokenizer_dir):
     recipe = write_recipe(tmp_path / "r.toml", {"store": {"uri": "stroe"}, "check": {"tokenizer": tokenizer_dir}})
-    code, summary = invoke(["run", str(recipe)])
+    code, summary = invoke_json(["run", str(recipe)])
     assert code == 2 and "stroe is not a prl store: no such folder" in summary["error"]
     assert tree(tmp_path) == ["r.toml"]
 
@@ -84,24 +71,24 @@ def test_ingest_starts_a_store_only_where_that_buries_nothing(built, tmp_path):
     (tmp_path / "killed" / "_locks").mkdir(parents=True)  # a first ingest killed before its first commit
     (tmp_path / "killed" / "traces").mkdir()
     for fresh in ("new", "empty", "killed"):
-        code, summary = invoke(["ingest", traces, "--store", str(tmp_path / fresh), "--max-quarantine-rate", "1"])
+        code, summary = invoke_json(["ingest", traces, "--store", str(tmp_path / fresh), "--max-quarantine-rate", "1"])
         assert (code, summary["samples"]) == (0, len(built["data"].good)), fresh
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "notes.txt").write_text("mine")
-    code, summary = invoke(["ingest", traces, "--store", str(tmp_path / "home")])
+    code, summary = invoke_json(["ingest", traces, "--store", str(tmp_path / "home")])
     assert code == 2 and "is not a prl store: the folder is not empty (notes.txt)" in summary["error"]
     assert tree(tmp_path / "home") == ["notes.txt"]
     before = tree(built["set_dir"])
-    code, summary = invoke(["ingest", "--kind", "rewards", traces, "--store", str(built["set_dir"])])
+    code, summary = invoke_json(["ingest", "--kind", "rewards", traces, "--store", str(built["set_dir"])])
     assert code == 2 and "it holds a shard set" in summary["error"]
     assert tree(built["set_dir"]) == before
 
 
 def test_s3_prefix_without_tables_is_no_store_and_gets_no_lock(s3, tokenizer_dir):  # noqa: F811
     s3.put("elsewhere/file.txt", b"x")
-    code, summary = invoke(["check-tokens", "--store", s3.url("store"), "--tokenizer", tokenizer_dir])
+    code, summary = invoke_json(["check-tokens", "--store", s3.url("store"), "--tokenizer", tokenizer_dir])
     assert code == 2 and f"{s3.url('store')} is not a prl store: no prl table under that prefix" in summary["error"]
-    assert invoke(["inspect", s3.url("store")])[0] == 2
+    assert invoke_json(["inspect", s3.url("store")])[0] == 2
     assert s3.keys() == ["elsewhere/file.txt"]
 
 
@@ -128,13 +115,15 @@ def test_read_only_store_names_the_read_only_filesystem(read_only_store, built, 
         ["ingest", traces, "--store", str(read_only_store)],
         ["check-tokens", "--store", str(read_only_store), "--tokenizer", tokenizer_dir],
     ):
-        code, summary = invoke(args)
+        code, summary = invoke_json(args)
         assert code == 5, summary
         assert f"store {read_only_store} is on a read-only filesystem" in summary["error"]
         assert "guard" not in summary["error"] and "_locks" not in summary["error"]
-    code, summary = invoke(["check-tokens", "--store", str(read_only_store), "--tokenizer", tokenizer_dir, "--dry-run"])
+    code, summary = invoke_json(
+        ["check-tokens", "--store", str(read_only_store), "--tokenizer", tokenizer_dir, "--dry-run"]
+    )
     assert (code, summary["checked"]) == (0, len(built["data"].good))  # a dry run reads a read-only store
-    assert invoke(["inspect", str(read_only_store)])[0] == 0
+    assert invoke_json(["inspect", str(read_only_store)])[0] == 0
 
 
 def _closed_port() -> int:

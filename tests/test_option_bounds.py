@@ -4,37 +4,20 @@ from delta-rs or an ``OverflowError`` from a conversion underneath."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from prl import bounds
-from prl.cli import app
 from prl.errors import UsageError
 from prl.pipeline.recipe import load
 from prl.score.run import score_ref
 from prl.store.maintain import maintain
-from tests.pipeline_helpers import GrowingInput, write_recipe
+from tests.pipeline_helpers import GrowingInput, invoke_json, tree, write_recipe
 
-runner = CliRunner()
 HUGE = ("9223372036854775807", "99999999999999999999", "-9223372036854775809")
-
-
-def invoke(args: list[str]) -> tuple[int, dict]:
-    res = runner.invoke(app, [*args, "--json"])
-    lines = res.stdout.strip().splitlines()
-    assert len(lines) == 1, res.output
-    summary = json.loads(lines[0])
-    assert summary["exit_code"] == res.exit_code
-    return res.exit_code, summary
-
-
-def tree(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +25,7 @@ def store(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("bounds")
     data = GrowingInput(root / "in", files=1, seed=5)
     data.grow(3)
-    code, _ = invoke(
+    code, _ = invoke_json(
         ["ingest", str(root / "in" / "traces"), "--store", str(root / "store"), "--max-quarantine-rate", "1"]
     )
     assert code == 0
@@ -62,11 +45,11 @@ def test_out_of_range_numbers_are_usage_errors_before_anything_runs(store):
     }
     for option, (command, values) in cases.items():
         for value in values:
-            code, summary = invoke([*command, option, value])
+            code, summary = invoke_json([*command, option, value])
             assert (code, summary["command"]) == (2, command[0]), (option, value, summary)
             assert f"Invalid value for '{option}'" in summary["error"], (option, value, summary)
     assert tree(store) == before  # no lock, no commit, no vacuum
-    code, summary = invoke(["maintain", "--store", str(store), "--retention-hours", "876000", "--target-mb", "1"])
+    code, summary = invoke_json(["maintain", "--store", str(store), "--retention-hours", "876000", "--target-mb", "1"])
     assert (code, summary["retention_hours"]) == (0, 876000)
 
 

@@ -88,6 +88,13 @@ class RawRecord:
     it spans, from its first line to the end. A reader of a file still being written leaves it for a later run."""
 
 
+def joined_record(parts: list[RawRecord], key: str, done_key: str, done: bool) -> RawRecord:
+    """The lines of one stream (NDJSON chunks, SSE events) as one record: its first line's number, its lines as
+    raw, their objects under ``key`` and whether the stream ended under ``done_key``."""
+    raw = b"\n".join(r.raw for r in parts)
+    return RawRecord(parts[0].line, raw, {key: [r.obj for r in parts], done_key: done})
+
+
 @dataclass(slots=True)
 class ParseOptions:
     """Options that apply to every record: the policy version and finish reason for records that carry none,

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json_line
+from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json_line, joined_record
 
 STREAM_KEY = "_ollama_stream"
 """The key of a framed stream: its chunks, in order."""
@@ -83,15 +83,15 @@ class Ollama(Format):
                 continue
             if chunks and chunk is not None and chunk["model"] == chunks[0].obj["model"]:
                 chunks.append(record)
-                yield _stream(chunks, done=True)
+                yield joined_record(chunks, STREAM_KEY, DONE_KEY, done=True)
                 chunks = []
                 continue
             if chunks:
-                yield _stream(chunks, done=False)
+                yield joined_record(chunks, STREAM_KEY, DONE_KEY, done=False)
                 chunks = []
             yield record
         if chunks:
-            open_stream = _stream(chunks, done=False)
+            open_stream = joined_record(chunks, STREAM_KEY, DONE_KEY, done=False)
             open_stream.unfinished = size
             yield open_stream
 
@@ -104,9 +104,3 @@ class Ollama(Format):
         elif obj["done"] is False:
             raise Quarantined("truncated_stream", "an Ollama stream chunk without the rest of its stream")
         raise Quarantined("no_token_ids", RETOKENIZED)
-
-
-def _stream(chunks: list[RawRecord], done: bool) -> RawRecord:
-    """A stream's lines as one record (line: its first line; raw: its lines)."""
-    raw = b"\n".join(r.raw for r in chunks)
-    return RawRecord(chunks[0].line, raw, {STREAM_KEY: [r.obj for r in chunks], DONE_KEY: done})

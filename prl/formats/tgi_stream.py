@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json_line
+from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json_line, joined_record
 from prl.formats.tgi import Tgi
 
 EVENTS_KEY = "_tgi_events"
@@ -67,7 +67,7 @@ class TgiStream(Format):
             event = record.obj if record.error is None and is_event(record.obj) else None
             if event is None:
                 if events:
-                    yield _stream(events, done=False)
+                    yield joined_record(events, EVENTS_KEY, DONE_KEY, done=False)
                     events = []
                 yield record
                 continue
@@ -75,10 +75,10 @@ class TgiStream(Format):
                 size = len(raw) + 1
             events.append(record)
             if event["generated_text"] is not None:
-                yield _stream(events, done=True)
+                yield joined_record(events, EVENTS_KEY, DONE_KEY, done=True)
                 events = []
         if events:
-            open_stream = _stream(events, done=False)
+            open_stream = joined_record(events, EVENTS_KEY, DONE_KEY, done=False)
             open_stream.unfinished = size
             yield open_stream
 
@@ -106,9 +106,3 @@ def joined(events: list[dict[str, Any]]) -> dict[str, Any]:
     if any(event.get("top_tokens") is not None for event in events):
         details["top_tokens"] = [event.get("top_tokens") or [] for event in events]
     return {"generated_text": last.get("generated_text"), "details": details}
-
-
-def _stream(events: list[RawRecord], done: bool) -> RawRecord:
-    """A stream's events as one record (line: its first event's line; raw: its events)."""
-    raw = b"\n".join(r.raw for r in events)
-    return RawRecord(events[0].line, raw, {EVENTS_KEY: [r.obj for r in events], DONE_KEY: done})

@@ -172,9 +172,13 @@ def write_ipc(table: pa.Table, path: str) -> tuple[int, str]:
 
 def read_ipc(source: str | pa.Buffer, columns: list[str] | None = None) -> pa.Table:
     """An Arrow IPC file written by :func:`write_ipc` (a path or the file's bytes), ``columns`` only if given."""
-    reader = pa.ipc.open_file(pa.OSFile(source) if isinstance(source, str) else pa.BufferReader(source))
-    table = reader.read_all()
-    return table.select(columns) if columns is not None else table
+    reader = pa.ipc.open_file(pa.memory_map(source) if isinstance(source, str) else pa.BufferReader(source))
+    if columns is None:
+        return reader.read_all()
+    schema = pa.schema([reader.schema.field(c) for c in columns])
+    return pa.Table.from_batches(
+        [reader.get_batch(i).select(columns) for i in range(reader.num_record_batches)], schema
+    )
 
 
 def write_sample_ids(sample_ids: pa.Array, path: str) -> tuple[int, str]:

@@ -17,10 +17,10 @@ from prl.shards.frontier import read_frontier
 from prl.shards.layout import meta_root
 from prl.shards.manifest import SAMPLES_FILE
 from prl.shards.options import ShardOptions
-from prl.shards.turns import newest_version, snapshot_turn_files, take
+from prl.shards.turns import newest_version, take
 from prl.shards.verify import verify_shards
 from prl.shards.writer import read_ipc
-from prl.store.changes import snapshot_files
+from prl.store.changes import snapshot_files, snapshot_turn_files
 from prl.store.tables import Store
 from tests.shards_fixtures import commit_traces, grouped_rows
 

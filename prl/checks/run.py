@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
 
 import numpy as np
 import polars as pl
@@ -47,7 +46,7 @@ from prl.checks.vocab import check_vocab, max_id
 from prl.engines import Engine, get_engine, split
 from prl.errors import UsageError
 from prl.progress import Task, task
-from prl.store.changes import files_dataset, snapshot_files
+from prl.store.changes import files_dataset, snapshot_files, snapshot_turn_files
 from prl.store.locks import holding
 from prl.store.resolve import open_store
 from prl.store.tables import Store
@@ -365,15 +364,10 @@ def _run(
 
 def _rows_to_check(store: Store, traces_version: int, paths: list[str] | None, done: pa.Array | None) -> int:
     """About how many rows a run scans: the rows of the traces files it reads (``paths``, None: the snapshot),
-    from the log's add actions (no file is opened), less those already checked (``done``)."""
-    actions = store.read_at("traces", traces_version, lambda t: pa.table(t.get_add_actions(flatten=True)))
-    if actions is None:
-        return 0
-    counts = actions.column("num_records").to_pylist()
-    if paths is not None:
-        wanted = set(paths)
-        counts = [n for p, n in zip(actions.column("path").to_pylist(), counts, strict=True) if unquote(p) in wanted]
-    return max(0, sum(n or 0 for n in counts) - (0 if done is None else len(done)))
+    from the log's statistics (no file is opened), less those already checked (``done``)."""
+    files, rows = snapshot_turn_files(store, traces_version)
+    total = sum(rows.get(p, 0) for p in (files if paths is None else paths))
+    return max(0, total - (0 if done is None else len(done)))
 
 
 @dataclass(frozen=True)

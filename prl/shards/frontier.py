@@ -47,9 +47,9 @@ from prl.io.locations import is_remote
 from prl.shards.layout import meta_root
 from prl.shards.options import ShardOptions
 from prl.shards.publish import publish_file, write_json
-from prl.shards.turns import newest_version, snapshot_turn_files, take
+from prl.shards.turns import newest_version, take
 from prl.shards.writer import read_ipc, write_ipc
-from prl.store.changes import added_files, files_dataset
+from prl.store.changes import added_files, files_dataset, snapshot_turn_files
 from prl.store.tables import Store
 
 FRONTIER = "frontier.json"

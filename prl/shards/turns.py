@@ -21,38 +21,13 @@ column alone, batch by batch) once, when they are first left pending.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from urllib.parse import unquote
 
 import polars as pl
-import pyarrow as pa
 import pyarrow.dataset as ds
 
 from prl.shards.options import VERSION_RE
 from prl.store.changes import files_dataset
 from prl.store.tables import Store
-
-
-def snapshot_turn_files(store: Store, version: int) -> tuple[list[str], dict[str, int]]:
-    """``(files, rows)``: the data files of ``traces`` at ``version`` oldest first (by the log's modification
-    time, then path; paths relative to the table folder, as :func:`prl.store.changes.snapshot_files` gives them),
-    and the rows of each from the log's statistics (files without a count left out)."""
-    actions = store.read_at(
-        "traces",
-        version,
-        lambda opened: pa.table(opened.get_add_actions()).select(["path", "num_records", "modification_time"]),
-    )
-    if actions is None:
-        return [], {}
-    entries = sorted(
-        zip(
-            actions["modification_time"].cast(pa.int64()).to_pylist(),
-            [unquote(p) for p in actions["path"].to_pylist()],
-            actions["num_records"].to_pylist(),
-            strict=True,
-        ),
-        key=lambda e: (e[0] if e[0] is not None else 0, e[1]),
-    )
-    return [path for _, path, _ in entries], {path: int(n) for _, path, n in entries if n is not None}
 
 
 def _counted(store: Store, files: Sequence[str], known: Mapping[str, int]) -> list[int]:
@@ -100,4 +75,4 @@ def newest_version(store: Store, files: Sequence[str]) -> int | None:
     return newest
 
 
-__all__ = ["newest_version", "snapshot_turn_files", "take"]
+__all__ = ["newest_version", "take"]

@@ -52,3 +52,26 @@ def files_dataset(store: Store, table: str, paths: list[str]) -> ds.Dataset:
     parquet = ds.ParquetFileFormat(default_fragment_scan_options=store.scan_options)
     fragments = [parquet.make_fragment(f"{root}/{p}", filesystem=store.fs, file_size=sizes.get(p)) for p in paths]
     return ds.FileSystemDataset(fragments, TABLES[table], parquet, store.fs)
+
+
+def snapshot_turn_files(store: Store, version: int) -> tuple[list[str], dict[str, int]]:
+    """``(files, rows)``: the data files of ``traces`` at ``version`` oldest first (by the log's modification
+    time, then path; paths relative to the table folder, as :func:`prl.store.changes.snapshot_files` gives them),
+    and the rows of each from the log's statistics (files without a count left out)."""
+    actions = store.read_at(
+        "traces",
+        version,
+        lambda opened: pa.table(opened.get_add_actions()).select(["path", "num_records", "modification_time"]),
+    )
+    if actions is None:
+        return [], {}
+    entries = sorted(
+        zip(
+            actions["modification_time"].cast(pa.int64()).to_pylist(),
+            [unquote(p) for p in actions["path"].to_pylist()],
+            actions["num_records"].to_pylist(),
+            strict=True,
+        ),
+        key=lambda e: (e[0] if e[0] is not None else 0, e[1]),
+    )
+    return [path for _, path, _ in entries], {path: int(n) for _, path, n in entries if n is not None}

@@ -133,7 +133,7 @@ def test_ray_data_reads_exactly_the_rows(out):
     ray = pytest.importorskip("ray")
     ray_data = pytest.importorskip("ray.data")
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         for listed in sets_of(out):
             rows = ray_data.read_parquet(listed.dir).select_columns(["sample_id"]).take_all()

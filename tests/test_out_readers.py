@@ -243,7 +243,7 @@ def test_a_rebuild_that_is_not_killed_makes_six_moves(tmp_path):
 def _ray_reader() -> tuple[Reader, Callable[[], None]]:
     ray = pytest.importorskip("ray")
     ray_data = pytest.importorskip("ray.data")
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
 
     def read(path: str) -> list[str]:
         source: str | list[str] = _recursive(path) if "*" in path else path

@@ -35,6 +35,7 @@ import polars as pl
 
 from prl.checks.run import check_tokens
 from prl.formats import registry
+from prl.ingestion.reading import HEAD_LINES
 from prl.ingestion.side_tables import ingest_side_table
 from prl.ingestion.traces import ingest
 from prl.shards.build import build_shards
@@ -187,7 +188,7 @@ class Figures:
     blank: int = 0
     records: int = 0
     framed: int = 0
-    """Records the files hold as their formats frame them (one per non-blank line, one per SSE stream)."""
+    """Records the files hold as their formats frame them (one per non-blank line, one per stream)."""
     samples: int = 0
     already_present: int = 0
     quarantined: Counter[str] = field(default_factory=Counter)
@@ -249,13 +250,13 @@ def _sse_line(mutator: Mutator, line: bytes) -> bytes:
     return b"data: " + line
 
 
-def _record_lines(path: Path, name: str) -> tuple[list[int], int]:
-    """The line numbers where the file's records start (as its format frames them) and its blank lines."""
+def _record_lines(path: Path) -> tuple[list[int], int]:
+    """The line numbers where the file's records start, framed as ingest frames the file (its format detected
+    from the same head: an SSE stream, or an Ollama stream of NDJSON chunks, is one record), and its blank lines."""
     lines = list(enumerate(path.read_bytes().split(b"\n")[:-1], start=1))
     blank = sum(1 for _, raw in lines if not raw.strip())
-    if name.endswith(".sse"):
-        return [r.line for r in registry.by_name("sse").frame(iter(lines))], blank
-    return [n for n, raw in lines if raw.strip()], blank
+    fmt = registry.per_record(registry.detect_file(str(path), lines[:HEAD_LINES]))
+    return [r.line for r in fmt.frame(iter(lines))], blank
 
 
 def run_campaign(root: Path, total_lines: int, seed: int = 0, round_lines: int = 50_000) -> Figures:
@@ -266,7 +267,7 @@ def run_campaign(root: Path, total_lines: int, seed: int = 0, round_lines: int =
     store = root / "store"
     started = time.monotonic()
     generated = ingested = 0.0
-    files: list[tuple[Path, str]] = []
+    files: list[Path] = []
     present: dict[str, int] = {}
     done = 0
     index = 0
@@ -283,7 +284,7 @@ def run_campaign(root: Path, total_lines: int, seed: int = 0, round_lines: int =
         figures.already_present += result.already_present
         figures.failed_files += [f.uri for f in result.files if f.status == "failed"]
         present.update({f.uri: f.already_present for f in result.files})
-        files += [(folder / name, name) for name in written]
+        files += [folder / name for name in written]
         done += sum(written.values())
         index += 1
     figures.seconds["generate"], figures.seconds["ingest"] = generated, ingested
@@ -296,8 +297,8 @@ def run_campaign(root: Path, total_lines: int, seed: int = 0, round_lines: int =
     lines_of = {uri: set(lines) for uri, lines in kept.iter_rows()}
     for uri, lines in held.iter_rows():
         lines_of.setdefault(uri, set()).update(lines)
-    for path, name in files:
-        records, blank = _record_lines(path, name)
+    for path in files:
+        records, blank = _record_lines(path)
         figures.framed += len(records)
         figures.lines += sum(1 for _ in path.read_bytes().split(b"\n")[:-1])
         figures.blank += blank

@@ -4,20 +4,20 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all lint demo bench crash fuzz sample-data clean trainers-venv test-trainers engines-venv
+.PHONY: setup test test-all lint demo bench crash fuzz sample-data clean trainers-venv test-trainers engines-venv loop
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet 'torch==2.13.0'  # pinned first: this machine's CPU wheel; `prl[ref]` then needs no download
-	$(PY) -m pip install --quiet -e '.[test,ref,ray]'
+	$(PY) -m pip install --quiet -e '.[test,ref,ray,loop]'
 	touch $(STAMP)
 
 setup: $(STAMP)
 
 lint: setup
-	$(PY) -m ruff check prl tests bench scripts
-	$(PY) -m ruff format --check prl tests bench scripts
+	$(PY) -m ruff check prl tests bench scripts loop
+	$(PY) -m ruff format --check prl tests bench scripts loop
 	$(PY) scripts/import_graph.py --check >/dev/null || $(PY) scripts/import_graph.py --check
 	$(PY) -m mypy
 
@@ -36,6 +36,12 @@ test-all: setup engines-venv
 
 demo: setup
 	bash scripts/demo.sh
+
+# the loop in a box (docs/loop.md): a real vLLM server, traffic, prl run, a trainer step and a refit per iteration;
+# loop_out/loop.png and one JSON line at the end. FAULT=advantages|logprobs|mask plants a data-plane fault.
+ITERATIONS ?= 12
+loop: setup engines-venv
+	PRL_VLLM_PYTHON=$(ENGINE_VENVS)/vllm/bin/python ITERATIONS=$(ITERATIONS) FAULT=$(FAULT) $(PY) -m loop --out loop_out
 
 bench: setup
 	$(PY) bench/run_all.py
@@ -89,4 +95,4 @@ $(ENGINE_VENVS)/vllm/.installed:
 engines-venv: $(ENGINE_VENVS)/vllm/.installed
 
 clean:
-	rm -rf demo_out bench_out .pytest_cache .ruff_cache
+	rm -rf demo_out loop_out bench_out .pytest_cache .ruff_cache

@@ -1,0 +1,3 @@
+from loop.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,196 @@
+"""The serving side of the loop: a genuine vLLM server, the logging proxy in front of it, and the refit.
+
+- :func:`start_policy_server` runs ``vllm.entrypoints.openai.api_server`` from the engines' virtualenv
+  (``tests.genuine_engines``) with ``VLLM_SERVER_DEV_MODE=1``, which adds the weight routes an RL deployment
+  uses: ``/pause``, ``/collective_rpc``, ``/update_weight_version``, ``/resume``, ``/weight_info``.
+- :class:`CaptureProxy` is the logging proxy a production deployment puts in front of its servers: it forwards
+  each request, names the weights it routed to in an ``x-policy-version`` header, and appends one proxy capture
+  per call (``{timestamp, request, response}``, the shape prl's ``proxy_capture`` format reads) to a live file
+  that :meth:`CaptureProxy.rotate` closes and moves into the folder prl ingests, as a log shipper would.
+- :meth:`CaptureProxy.refit` loads new weights without a restart: it holds new requests and waits for those in
+  flight (so every capture's header names the weights that answered it), then ``/pause?mode=wait``,
+  ``/collective_rpc`` ``reload_weights`` with the new folder (vLLM's in-place reload from a checkpoint folder),
+  ``/update_weight_version`` and ``/resume``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tests.genuine_engines import MAX_MODEL_LEN, Server, free_port, vllm_python, wait_ready
+
+SERVED_NAME = "policy"
+VERSION_HEADER = "x-policy-version"
+
+
+def start_policy_server(model_dir: Path, log: Path, timeout: float = 900.0) -> Server:
+    """vLLM serving ``model_dir`` as ``policy`` (float32, so the trainer's logprobs and the sampler's differ only
+    by kernels), with the dev-mode weight routes."""
+    port = free_port()
+    command = [
+        str(vllm_python()),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        SERVED_NAME,
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)  # the engine's own virtualenv, not the project's tree
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
+    server = Server(f"http://127.0.0.1:{port}", process, log, model_dir, SERVED_NAME)
+    wait_ready(server, timeout)
+    return server
+
+
+def call(url: str, body: dict[str, Any] | None = None, timeout: float = 300.0) -> dict[str, Any]:
+    """POST ``body`` (GET when None) and the JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
+        return dict(json.loads(answer.read()))
+
+
+class CaptureProxy:
+    """The logging proxy (see the module docstring). ``live`` is the file being written; :meth:`rotate` moves it
+    into ``shipped`` under a new name."""
+
+    def __init__(self, upstream: str, live: Path, shipped: Path, version: str) -> None:
+        self.upstream, self.live, self.shipped, self.version = upstream, live, shipped, version
+        self.answered: Counter[str] = Counter()
+        """Calls answered per policy version."""
+        self._state = threading.Condition()
+        self._in_flight = 0
+        self._held = False
+        self._write = threading.Lock()
+        self._rotations = 0
+        self._server: ThreadingHTTPServer | None = None
+        self.url = ""
+
+    def __enter__(self) -> CaptureProxy:
+        self.live.parent.mkdir(parents=True, exist_ok=True)
+        self.shipped.mkdir(parents=True, exist_ok=True)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                version = proxy._enter()
+                try:
+                    status, content_type, data, record = proxy._forward(self.path, raw, version)
+                    with proxy._write, proxy.live.open("a") as out:
+                        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                finally:
+                    proxy._leave(version)
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _enter(self) -> str:
+        with self._state:
+            self._state.wait_for(lambda: not self._held)
+            self._in_flight += 1
+            return self.version
+
+    def _leave(self, version: str) -> None:
+        with self._state:
+            self._in_flight -= 1
+            self.answered[version] += 1
+            self._state.notify_all()
+
+    def _forward(self, path: str, raw: bytes, version: str) -> tuple[int, str, bytes, dict[str, Any]]:
+        started = time.time()
+        headers = {"Content-Type": "application/json", VERSION_HEADER: version}
+        request = urllib.request.Request(self.upstream + path, data=raw, headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=300) as answer:
+                status, content_type, data = answer.status, answer.headers.get("Content-Type", ""), answer.read()
+        except urllib.error.HTTPError as error:
+            status, content_type, data = error.code, error.headers.get("Content-Type", ""), error.read()
+        streamed = content_type.startswith("text/event-stream")
+        record = {
+            "timestamp": round(started, 6),
+            "request": {"method": "POST", "url": path, "headers": headers, "body": json.loads(raw)},
+            "response": {
+                "status_code": status,
+                "headers": {"content-type": content_type},
+                "body": data.decode() if streamed else json.loads(data),
+            },
+        }
+        return status, content_type, data, record
+
+    def rotate(self) -> Path | None:
+        """Close the live file and move it into ``shipped`` (a rename: prl never sees a half-written file); the
+        path it got, or None when nothing was written since the last rotation."""
+        with self._write:
+            if not self.live.exists() or self.live.stat().st_size == 0:
+                return None
+            self._rotations += 1
+            target = self.shipped / f"capture-{int(time.time())}-{self._rotations:04d}.jsonl"
+            os.replace(self.live, target)
+            return target
+
+    def refit(self, weights: Path, version: str) -> float:
+        """Load ``weights`` into the server in place and name them ``version``; the seconds it held traffic."""
+        with self._state:
+            self._held = True
+            self._state.wait_for(lambda: self._in_flight == 0)
+        started = time.monotonic()
+        loaded = False
+        try:
+            call(self.upstream + "/pause?mode=wait", {})
+            call(
+                self.upstream + "/collective_rpc",
+                {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}},
+            )
+            call(self.upstream + "/update_weight_version", {"new_version": version})
+            call(self.upstream + "/resume", {})
+            served = call(self.upstream + "/weight_info")["weight_version"]
+            if served != version:
+                raise RuntimeError(f"the server reports weights {served!r} after loading {version!r}")
+            loaded = True
+        finally:
+            with self._state:
+                if loaded:
+                    self.version = version
+                self._held = False
+                self._state.notify_all()
+        return time.monotonic() - started
+
+
+__all__ = ["SERVED_NAME", "VERSION_HEADER", "CaptureProxy", "call", "start_policy_server"]

@@ -79,7 +79,7 @@ model = "{base}"
 [shards]
 rewards = {{ reward = 1.0 }}
 advantage = "mean"
-drop_constant_groups = true
+drop_constant_groups = false
 kl = "advantages"
 kl_estimator = "k3"
 kl_coef = {kl_coef}
@@ -187,7 +187,8 @@ def plot(rows: list[Iteration], path: Path, fault: str | None) -> None:
         label="KL to policy-v0",
     )
     kl_axis.set_ylabel("sampled k3 KL")
-    figure.legend(loc="upper left")
+    lines = reward_axis.get_lines() + kl_axis.get_lines()
+    reward_axis.legend(lines, [str(line.get_label()) for line in lines], loc="lower right")
     reward_axis.set_title(f"prl loop: lucky sevens{f' (fault: {fault})' if fault else ''}")
     figure.tight_layout()
     figure.savefig(path, dpi=100)

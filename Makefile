@@ -25,14 +25,15 @@ lint: setup
 test: lint
 	$(PY) -m pytest -n 2 --durations=15 -m "not campaign and not genuine" tests
 
-# the long campaigns on top: the Ray cluster, the genuine vLLM server (its own virtualenv, set up here), the long
-# fault tests, then the kill and fault campaign alone (its harnesses run side by side, one per core). The trainers'
-# own loss code runs in `make test-trainers` (a virtualenv of TRL and verl); without it those tests skip here. The
-# fuzz campaign runs here at 200,000 lines in one process; `make fuzz` runs it at FUZZ_LINES in two.
+# the long campaigns on top: the Ray cluster, the genuine vLLM server (its own virtualenv, set up here) with a short
+# loop in a box, the long fault tests; then, each alone, the fuzz campaign (FUZZ_LINES mutated lines in two
+# processes) and the kill and fault campaign (its harnesses side by side, one per core). The trainers' own loss code
+# runs in `make test-trainers` (a virtualenv of TRL and verl); without it those tests skip here.
 FUZZ_LINES ?= 1000000
 test-all: setup engines-venv
-	PRL_VLLM_PYTHON=$(ENGINE_VENVS)/vllm/bin/python PRL_FUZZ_LINES=200000 PRL_FUZZ_WORKERS=1 $(PY) -m pytest -n 2 --durations=25 -rsP -m "campaign or genuine" --ignore=tests/test_kill_campaign.py tests
-	$(PY) -m pytest -p no:cacheprovider -m campaign -s --durations=4 tests/test_kill_campaign.py
+	PRL_VLLM_PYTHON=$(ENGINE_VENVS)/vllm/bin/python $(PY) -m pytest -n 2 --durations=25 -rsP -m "campaign or genuine" --ignore=tests/test_kill_campaign.py --deselect tests/test_fuzz_campaign.py::test_fuzz_campaign tests
+	$(MAKE) --no-print-directory fuzz
+	$(MAKE) --no-print-directory crash
 
 demo: setup
 	bash scripts/demo.sh
@@ -53,7 +54,7 @@ crash: setup
 	$(PY) -m pytest -p no:cacheprovider -m campaign -s --durations=4 tests/test_kill_campaign.py
 
 fuzz: setup
-	PRL_FUZZ_LINES=$(FUZZ_LINES) $(PY) -m pytest -p no:cacheprovider -m campaign -s tests/test_fuzz_campaign.py
+	PRL_FUZZ_LINES=$(FUZZ_LINES) $(PY) -m pytest -p no:cacheprovider -m campaign -s --durations=2 tests/test_fuzz_campaign.py
 
 # TRL and verl in a virtualenv of their own (verl pins transformers < 5.11 and brings Ray): the tests marked genuine
 # in tests/test_loaders_trainers.py run the adapters' batches through their loss code there. On this machine the

@@ -70,12 +70,20 @@ def prompt_ids(model_dir: Path, prompts: Sequence[str] = PROMPTS) -> list[list[i
     return out
 
 
+def quiet_transformers() -> None:
+    """No progress bar per model saved or loaded (one of each per iteration)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def build_base(folder: Path, seed: int = 0, steps: int = 30) -> Path:
     """policy-v0: a random tiny Llama (``tests.genuine_engines.build_model``) warm-started to reply with digit
     tokens, saved with its tokenizer and chat template."""
     import torch
     from transformers import LlamaForCausalLM
 
+    quiet_transformers()
     from tests.genuine_engines import build_model
 
     build_model(folder, seed)

@@ -3,10 +3,11 @@
 - :func:`start_policy_server` runs ``vllm.entrypoints.openai.api_server`` from the engines' virtualenv
   (``tests.genuine_engines``) with ``VLLM_SERVER_DEV_MODE=1``, which adds the weight routes an RL deployment
   uses: ``/pause``, ``/collective_rpc``, ``/update_weight_version``, ``/resume``, ``/weight_info``.
-- :class:`CaptureProxy` is the logging proxy a production deployment puts in front of its servers: it forwards
-  each request, names the weights it routed to in an ``x-policy-version`` header, and appends one proxy capture
-  per call (``{timestamp, request, response}``, the shape prl's ``proxy_capture`` format reads) to a live file
-  that :meth:`CaptureProxy.rotate` closes and moves into the folder prl ingests, as a log shipper would.
+- :class:`CaptureProxy` (the tests' :class:`~tests.genuine_engines.LoggingProxy`, gated) is the logging proxy a
+  production deployment puts in front of its servers: it forwards each request, names the weights it routed to
+  in an ``x-policy-version`` header, and appends one proxy capture per call (``{timestamp, request, response}``,
+  the shape prl's ``proxy_capture`` format reads) to a live file that :meth:`CaptureProxy.rotate` closes and
+  moves into the folder prl ingests, as a log shipper would.
 - :meth:`CaptureProxy.refit` loads new weights without a restart: it holds new requests and waits for those in
   flight (so every capture's header names the weights that answered it), then ``/pause?mode=wait``,
   ``/collective_rpc`` ``reload_weights`` with the new folder (vLLM's in-place reload from a checkpoint folder),
@@ -23,11 +24,10 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.genuine_engines import MAX_MODEL_LEN, Server, free_port, vllm_python, wait_ready
+from tests.genuine_engines import MAX_MODEL_LEN, LoggingProxy, Server, free_port, vllm_python, wait_ready
 
 SERVED_NAME = "policy"
 VERSION_HEADER = "x-policy-version"
@@ -71,98 +71,48 @@ def call(url: str, body: dict[str, Any] | None = None, timeout: float = 300.0) -
         return dict(json.loads(answer.read()))
 
 
-class CaptureProxy:
+class CaptureProxy(LoggingProxy):
     """The logging proxy (see the module docstring). ``live`` is the file being written; :meth:`rotate` moves it
     into ``shipped`` under a new name."""
 
     def __init__(self, upstream: str, live: Path, shipped: Path, version: str) -> None:
-        self.upstream, self.live, self.shipped, self.version = upstream, live, shipped, version
+        super().__init__(upstream, live)
+        self.shipped, self.version = shipped, version
         self.answered: Counter[str] = Counter()
         """Calls answered per policy version."""
         self._state = threading.Condition()
         self._in_flight = 0
         self._held = False
-        self._write = threading.Lock()
         self._rotations = 0
-        self._server: ThreadingHTTPServer | None = None
-        self.url = ""
+        live.parent.mkdir(parents=True, exist_ok=True)
+        shipped.mkdir(parents=True, exist_ok=True)
 
     def __enter__(self) -> CaptureProxy:
-        self.live.parent.mkdir(parents=True, exist_ok=True)
-        self.shipped.mkdir(parents=True, exist_ok=True)
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                version = proxy._enter()
-                try:
-                    status, content_type, data, record = proxy._forward(self.path, raw, version)
-                    with proxy._write, proxy.live.open("a") as out:
-                        out.write(json.dumps(record, ensure_ascii=False) + "\n")
-                finally:
-                    proxy._leave(version)
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        super().__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.shutdown()
-        self._server.server_close()
-
-    def _enter(self) -> str:
+    def call_headers(self) -> dict[str, str]:
+        """The version header of the weights now served; waits while a refit holds calls."""
         with self._state:
             self._state.wait_for(lambda: not self._held)
             self._in_flight += 1
-            return self.version
+            return {VERSION_HEADER: self.version}
 
-    def _leave(self, version: str) -> None:
+    def call_done(self, headers: dict[str, str]) -> None:
         with self._state:
             self._in_flight -= 1
-            self.answered[version] += 1
+            self.answered[headers[VERSION_HEADER]] += 1
             self._state.notify_all()
-
-    def _forward(self, path: str, raw: bytes, version: str) -> tuple[int, str, bytes, dict[str, Any]]:
-        started = time.time()
-        headers = {"Content-Type": "application/json", VERSION_HEADER: version}
-        request = urllib.request.Request(self.upstream + path, data=raw, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=300) as answer:
-                status, content_type, data = answer.status, answer.headers.get("Content-Type", ""), answer.read()
-        except urllib.error.HTTPError as error:
-            status, content_type, data = error.code, error.headers.get("Content-Type", ""), error.read()
-        streamed = content_type.startswith("text/event-stream")
-        record = {
-            "timestamp": round(started, 6),
-            "request": {"method": "POST", "url": path, "headers": headers, "body": json.loads(raw)},
-            "response": {
-                "status_code": status,
-                "headers": {"content-type": content_type},
-                "body": data.decode() if streamed else json.loads(data),
-            },
-        }
-        return status, content_type, data, record
 
     def rotate(self) -> Path | None:
         """Close the live file and move it into ``shipped`` (a rename: prl never sees a half-written file); the
         path it got, or None when nothing was written since the last rotation."""
-        with self._write:
-            if not self.live.exists() or self.live.stat().st_size == 0:
+        with self.write_lock:
+            if not self.log.exists() or self.log.stat().st_size == 0:
                 return None
             self._rotations += 1
             target = self.shipped / f"capture-{int(time.time())}-{self._rotations:04d}.jsonl"
-            os.replace(self.live, target)
+            os.replace(self.log, target)
             return target
 
     def refit(self, weights: Path, version: str) -> float:

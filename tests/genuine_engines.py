@@ -394,50 +394,68 @@ def joined_stream(data: bytes) -> dict[str, Any]:
 # --- a logging proxy -------------------------------------------------------------------------------------
 
 
+def forward(
+    upstream: str, path: str, raw: bytes, add_headers: dict[str, str]
+) -> tuple[int, str, bytes, dict[str, Any]]:
+    """POST ``raw`` to ``upstream + path`` with ``add_headers``: the answer's status, content type and bytes, and
+    the proxy capture a logging proxy writes for the call (see :class:`LoggingProxy`)."""
+    started = time.time()
+    headers = {"Content-Type": "application/json", **add_headers}
+    request = urllib.request.Request(upstream + path, data=raw, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            status, content_type, data = answer.status, answer.headers.get("Content-Type", ""), answer.read()
+    except urllib.error.HTTPError as error:
+        status, content_type, data = error.code, error.headers.get("Content-Type", ""), error.read()
+    streamed = content_type.startswith("text/event-stream")
+    record = {
+        "timestamp": round(started, 6),
+        "request": {"method": "POST", "url": path, "headers": headers, "body": json.loads(raw)},
+        "response": {
+            "status_code": status,
+            "headers": {"content-type": content_type},
+            "body": data.decode() if streamed else json.loads(data),
+        },
+    }
+    return status, content_type, data, record
+
+
 @dataclass
 class LoggingProxy:
     """A proxy on 127.0.0.1 that forwards each POST to ``upstream`` and appends one proxy capture per call to
     ``log``: ``{"timestamp", "request": {"method", "url", "headers", "body"}, "response": {"status_code",
     "headers", "body"}}``, a JSON body as its object, a streamed body as its SSE text, as logging proxies write.
-    ``add_headers`` are sent upstream and logged with the request (a proxy naming the policy it routes to)."""
+    ``add_headers`` are sent upstream and logged with the request (a proxy naming the policy it routes to); a
+    subclass may choose them per call (:meth:`call_headers`) and learn when a call's capture is written
+    (:meth:`call_done`). Captures are appended under :attr:`write_lock`."""
 
     upstream: str
     log: Path
     add_headers: dict[str, str] = field(default_factory=dict)
     url: str = ""
     _server: ThreadingHTTPServer | None = None
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def call_headers(self) -> dict[str, str]:
+        """The headers the next call gets."""
+        return self.add_headers
+
+    def call_done(self, headers: dict[str, str]) -> None:
+        """Called once a call's capture is written (or its forwarding failed)."""
 
     def __enter__(self) -> LoggingProxy:
         proxy = self
-        lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                started = time.time()
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                headers = {"Content-Type": "application/json", **proxy.add_headers}
-                request = urllib.request.Request(proxy.upstream + self.path, data=raw, headers=headers, method="POST")
+                headers = proxy.call_headers()
                 try:
-                    with urllib.request.urlopen(request, timeout=300) as answer:
-                        status, content_type, data = (
-                            answer.status,
-                            answer.headers.get("Content-Type", ""),
-                            answer.read(),
-                        )
-                except urllib.error.HTTPError as error:
-                    status, content_type, data = error.code, error.headers.get("Content-Type", ""), error.read()
-                streamed = content_type.startswith("text/event-stream")
-                record = {
-                    "timestamp": round(started, 6),
-                    "request": {"method": "POST", "url": self.path, "headers": headers, "body": json.loads(raw)},
-                    "response": {
-                        "status_code": status,
-                        "headers": {"content-type": content_type},
-                        "body": data.decode() if streamed else json.loads(data),
-                    },
-                }
-                with lock, proxy.log.open("a") as out:
-                    out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                    status, content_type, data, record = forward(proxy.upstream, self.path, raw, headers)
+                    with proxy.write_lock, proxy.log.open("a") as out:
+                        out.write(json.dumps(record, ensure_ascii=False) + "\n")
+                finally:
+                    proxy.call_done(headers)
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))

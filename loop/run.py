@@ -242,7 +242,7 @@ def run_loop(
                 summary = prl_run(recipe_path)
                 sets, shards = built_sets(summary)
                 t2 = time.monotonic()
-                trained = trainer.step(sets[0], fault) if sets else None
+                updates = sum(trainer.step(set_dir, fault).updates for set_dir in sets)
                 t3 = time.monotonic()
                 weights = trainer.publish(root / "weights" / f"policy-v{k + 1}")
                 held = proxy.refit(weights, f"policy-v{k + 1}")
@@ -270,7 +270,7 @@ def run_loop(
                 print(
                     f"iteration {k}: {version} reward {row.reward_fresh:.3f} ({row.fresh_samples} fresh), "
                     f"kl {row.kl if row.kl is None else round(row.kl, 4)}, shipped {row.shipped}, dropped "
-                    f"{row.dropped}, updates {trained.updates if trained else 0}, seconds {row.seconds}",
+                    f"{row.dropped}, updates {updates}, seconds {row.seconds}",
                     file=sys.stderr,
                     flush=True,
                 )

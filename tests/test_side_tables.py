@@ -114,6 +114,20 @@ def test_ref_logprobs(store, write_trace):
     assert (row["sample_id"], row["ref_model"], row["ref_logprobs"]) == ("a#0", "base", [-0.5, -1.25])
 
 
+@pytest.mark.parametrize("with_good_rows", [False, True])
+def test_a_ref_logprob_beyond_float32_is_out_of_range_not_minus_infinity(store, write_trace, with_good_rows):
+    """Stored as float32, -1e300 would become -inf without a word; on the columnar road (a file of one shape) and
+    on the per-row road alike it is quarantined."""
+    good = [{"sample_id": f"g{i}#0", "ref_model": "base", "ref_logprobs": [-0.5, -1e38]} for i in range(3)]
+    bad = {"sample_id": "b#0", "ref_model": "base", "ref_logprobs": [-0.5, -1e300]}
+    path = write_trace("ref.jsonl", [*good, bad] if with_good_rows else [bad])
+    result = ingest_side_table([str(path)], store, kind="ref")
+    assert (result.rows, result.quarantined) == (3 if with_good_rows else 0, {"out_of_range": 1})
+    if with_good_rows:
+        stored = pl.read_delta(store.table_uri("ref_logprobs"))["ref_logprobs"].to_list()
+        assert stored == [[-0.5, pytest.approx(-1e38, rel=1e-7)]] * 3
+
+
 @given(
     st.one_of(
         st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=4), st.lists(st.integers(), max_size=2)

@@ -108,7 +108,7 @@ def _check_fixed_k(
     report(((ids_PK < 0) | (ids_PK >= vocab_size)).any(axis=1), "heads_id_range")
     sorted_ids = np.sort(ids_PK, axis=1)
     report((sorted_ids[:, 1:] == sorted_ids[:, :-1]).any(axis=1), "heads_id_duplicate")
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # a head of -inf only: its mass is -inf
         nonfinite = lp_nulls | np.isnan(lp_PK) | (lp_PK == np.inf)
         report(nonfinite.any(axis=1), "heads_nonfinite")
         finite_lp = np.where(nonfinite, -np.inf, lp_PK)

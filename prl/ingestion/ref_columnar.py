@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.event_ids import ref_ids
+from prl.formats.guard import FLOAT32_MAX
 from prl.ingestion.rewards_columnar import json_block, sample_keys
 from prl.schema import REF_LOGPROBS
 
@@ -24,7 +25,7 @@ SLOW_KEYS = {"model", "logprobs"}
 
 def _logprobs(column: pa.ChunkedArray) -> pa.ListArray | None:
     """The logprob lists as float64 (as the per-row reader validates them): no null list or entry, every value
-    finite and at most 0; else None."""
+    finite, at most 0 and within float32's range (the stored type); else None."""
     if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)) or column.null_count:
         return None
     value_type = column.type.value_type
@@ -35,7 +36,7 @@ def _logprobs(column: pa.ChunkedArray) -> pa.ListArray | None:
     if values.null_count:
         return None
     numbers = values.cast(pa.float64()).to_numpy(zero_copy_only=False)
-    if not np.isfinite(numbers).all() or (numbers > 0).any():
+    if not np.isfinite(numbers).all() or (numbers > 0).any() or (numbers < -FLOAT32_MAX).any():
         return None
     offsets = np.zeros(len(array) + 1, dtype=np.int32)
     np.cumsum(pc.list_value_length(array).to_numpy(zero_copy_only=False), out=offsets[1:])

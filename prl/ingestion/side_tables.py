@@ -46,6 +46,7 @@ from prl.errors import ExitCode
 from prl.event_ids import Occurrences, legacy_ids, ref_id, reward_content
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
+from prl.formats.guard import FLOAT32_MAX
 from prl.ingestion.assemble import list_column
 from prl.ingestion.ref_columnar import ref_table
 from prl.ingestion.resume import app_id as resume_app_id
@@ -185,6 +186,9 @@ def ref_row(row: dict[str, Any]) -> dict[str, Any]:
         )
     if (numbers > 0).any():
         raise Quarantined("positive_logprob", f"positive ref logprob at position {int(np.flatnonzero(numbers > 0)[0])}")
+    if (numbers < -FLOAT32_MAX).any():  # stored as float32: it would become -inf
+        at = int(np.flatnonzero(numbers < -FLOAT32_MAX)[0])
+        raise Quarantined("out_of_range", f"ref logprob {numbers[at]:g} at position {at} is beyond float32")
     return {"sample_id": sample_id, "ref_model": model, "ref_logprobs": array}
 
 

@@ -334,7 +334,9 @@ class Cycles:
             if _child(lambda: prl.store.maintain.maintain(self.p.store), self.report, self.cpu, "maintain") != 0:
                 return self._fail("maintain failed")
         self._grow()
-        delay = self.rng.uniform(0.0, 1.1 * self.window) if delay is None else delay
+        if delay is None:  # half the kills aim at a run's end, where build-shards and check-tokens write
+            late = self.rng.random() < 0.5
+            delay = self.rng.uniform(0.8, 1.05) * self.window if late else self.rng.uniform(0.0, 1.1) * self.window
         killed_work = _killed_run(self.command, self.p, delay, self.note, self.known)
         status = _child(killed_work, self.report, self.cpu, "killed")
         killed = self.last = json.loads(self.note.read_text())

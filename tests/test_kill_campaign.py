@@ -95,5 +95,5 @@ def test_the_kill_and_fault_campaign_loses_duplicates_and_ships_twice_nothing(tm
             assert result["faults"] >= -(-FAULTS // len(COMMANDS)), result
         else:
             assert result["killed"] >= KILLS, result
-            floor = KILLS // 10 if result["kind"] == "local" else KILLS // 20
-            assert result["after_write"] >= floor, result  # kills land inside the commands' work too
+            # kills land inside the commands' work too (the last run: 13 to 75 of 100, build-shards the fewest)
+            assert result["after_write"] >= KILLS // 20, result

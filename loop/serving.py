@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import threading
 import time
 import urllib.error
@@ -27,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.genuine_engines import MAX_MODEL_LEN, LoggingProxy, Server, free_port, vllm_python, wait_ready
+from tests.genuine_engines import LoggingProxy, Server, start_vllm
 
 SERVED_NAME = "policy"
 VERSION_HEADER = "x-policy-version"
@@ -36,31 +35,9 @@ VERSION_HEADER = "x-policy-version"
 def start_policy_server(model_dir: Path, log: Path, timeout: float = 900.0) -> Server:
     """vLLM serving ``model_dir`` as ``policy`` (float32, so the trainer's logprobs and the sampler's differ only
     by kernels), with the dev-mode weight routes."""
-    port = free_port()
-    command = [
-        str(vllm_python()),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        SERVED_NAME,
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        str(MAX_MODEL_LEN),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("PYTHONPATH", None)  # the engine's own virtualenv, not the project's tree
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
-    server = Server(f"http://127.0.0.1:{port}", process, log, model_dir, SERVED_NAME)
-    wait_ready(server, timeout)
-    return server
+    return start_vllm(
+        model_dir, log, timeout, name=SERVED_NAME, dtype="float32", env_extra={"VLLM_SERVER_DEV_MODE": "1"}
+    )
 
 
 def call(url: str, body: dict[str, Any] | None = None, timeout: float = 300.0) -> dict[str, Any]:

@@ -145,7 +145,9 @@ class Server:
                 self.process.wait(30)
 
 
-def vllm_command(model_dir: Path, port: int, extra: tuple[str, ...] = ()) -> list[str]:
+def vllm_command(
+    model_dir: Path, port: int, extra: tuple[str, ...] = (), name: str = SERVED_NAME, dtype: str = "bfloat16"
+) -> list[str]:
     return [
         str(vllm_python()),
         "-m",
@@ -153,9 +155,9 @@ def vllm_command(model_dir: Path, port: int, extra: tuple[str, ...] = ()) -> lis
         "--model",
         str(model_dir),
         "--served-model-name",
-        SERVED_NAME,
+        name,
         "--dtype",
-        "bfloat16",
+        dtype,
         "--max-model-len",
         str(MAX_MODEL_LEN),
         "--host",
@@ -166,16 +168,25 @@ def vllm_command(model_dir: Path, port: int, extra: tuple[str, ...] = ()) -> lis
     ]
 
 
-def start_vllm(model_dir: Path, log: Path, timeout: float = 900.0, extra: tuple[str, ...] = ()) -> Server:
-    """Start ``vllm.entrypoints.openai.api_server`` on a free port and wait until it lists its model."""
+def start_vllm(
+    model_dir: Path,
+    log: Path,
+    timeout: float = 900.0,
+    extra: tuple[str, ...] = (),
+    name: str = SERVED_NAME,
+    dtype: str = "bfloat16",
+    env_extra: dict[str, str] | None = None,
+) -> Server:
+    """Start ``vllm.entrypoints.openai.api_server`` on a free port (serving ``model_dir`` as ``name``, with
+    ``env_extra`` in its environment) and wait until it lists its model."""
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "INFO", "PYTHONUNBUFFERED": "1"}
+    env.update(env_extra or {})
     env.pop("PYTHONPATH", None)  # the engine's own virtualenv, not the project's tree
+    command = vllm_command(model_dir, port, extra, name, dtype)
     with log.open("wb") as out:
-        process = subprocess.Popen(
-            vllm_command(model_dir, port, extra), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent
-        )
-    server = Server(f"http://127.0.0.1:{port}", process, log, model_dir, SERVED_NAME)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log.parent)
+    server = Server(f"http://127.0.0.1:{port}", process, log, model_dir, name)
     wait_ready(server, timeout)
     return server
 

@@ -295,12 +295,26 @@ def run_loop(
     }
 
 
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loop", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="loop_out", help="the loop's folder (emptied first)")
-    parser.add_argument("--iterations", type=int, default=int(os.environ.get("ITERATIONS", "12")))
-    parser.add_argument("--requests", type=int, default=12, help="fresh calls per iteration (8 replies each)")
-    parser.add_argument("--rate", type=float, default=1.0, help="calls per second from the two clients together")
+    parser.add_argument("--iterations", type=_positive(int), default=int(os.environ.get("ITERATIONS", "12")))
+    parser.add_argument(
+        "--requests", type=_positive(int), default=12, help="fresh calls per iteration (8 replies each)"
+    )
+    parser.add_argument(
+        "--rate", type=_positive(float), default=1.0, help="calls per second from the two clients together"
+    )
     parser.add_argument("--fault", choices=FAULTS, default=os.environ.get("FAULT") or None)
     parser.add_argument("--max-staleness", type=int, default=0)
     parser.add_argument("--kl-coef", type=float, default=0.05)

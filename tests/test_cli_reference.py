@@ -40,7 +40,7 @@ def test_recipe_tables_are_generated_from_the_models():
         "maintain",
     ]
     assert "| `sample_rate` | number in (0, 1] | `1.0` |" in text
-    assert "| `backend` | `auto`, `vllm`, `sglang` or `tinker` | `\"auto\"` |" in text
+    assert '| `backend` | `auto`, `vllm`, `sglang` or `tinker` | `"auto"` |' in text
     assert "| `batch_tokens` | integer in [1, 1,073,741,824] | `16384` |" in text
     assert "| `allow_warn` | bool | `true` | `false`: warn verdicts count as problems for `max_drift_rate` |" in text
     assert "| `uri` | path or `s3://` URI | required |" in text

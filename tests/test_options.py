@@ -174,12 +174,7 @@ BASE = {
     ],
 )
 def test_recipe_rejects_a_bad_value_naming_file_table_and_key(tmp_path, table, line, message):
-    tables = dict(BASE)
-    tables[table] = tables[table] + line + "\n"
-    if table != "store":
-        tables = {"store": tables["store"], table: tables[table]}
-    else:
-        tables = {"store": tables["store"]}
+    tables = {"store": BASE["store"], table: BASE[table] + line + "\n"}
     path = _write(tmp_path, "".join(f"[{name}]\n{body}" for name, body in tables.items()))
     with pytest.raises(UsageError) as info:
         recipe.load(path)
@@ -200,7 +195,7 @@ def test_every_scalar_key_of_every_table_refuses_a_wrong_type(tmp_path):
             body = "\n".join(
                 line for line in BASE.get(table, 'sources = "a"\n').splitlines() if not line.startswith(f.name)
             )
-            text = f'[store]\nuri = "s"\n' if table != "store" else ""
+            text = '[store]\nuri = "s"\n' if table != "store" else ""
             text += f"[{table}]\n{body}\n{f.name} = {WRONG_TYPE[spec.kind]}\n"
             path = _write(tmp_path, text)
             with pytest.raises(UsageError) as info:

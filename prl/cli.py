@@ -11,6 +11,7 @@ import logging
 import signal
 import sys
 from enum import StrEnum
+from types import ModuleType
 from typing import Annotated, Any
 
 import typer
@@ -19,10 +20,16 @@ from prl import bounds
 from prl.errors import UsageError
 from prl.options import CheckTokensOptions, IngestOptions, MaintainOptions, ScoreRefOptions, StoreOptions, meta
 from prl.redact import redact_logging
-from prl.report import console as report
 from prl.report.session import SESSION, PrlGroup, run_command
 from prl.results import CommandResult
 from prl.runtime import pandas_on_demand, set_process_defaults
+
+
+def _report() -> ModuleType:
+    """:mod:`prl.report.console` (rich), loaded when a command renders its result; ``prl --help`` needs none."""
+    from prl.report import console
+
+    return console
 
 
 class Kind(StrEnum):
@@ -141,7 +148,7 @@ def ingest(
 
         run_command(
             lambda: ingest_side_table(sources, store, kind=kind.value, dry_run=dry_run),
-            report.render_side_ingest,
+            _report().render_side_ingest,
             as_json,
         )
         return
@@ -161,7 +168,7 @@ def ingest(
             engine=engine.value,
         )
 
-    run_command(call, report.render_ingest, as_json)
+    run_command(call, _report().render_ingest, as_json)
 
 
 @app.command("check-tokens")
@@ -201,7 +208,7 @@ def check_tokens_cmd(
             engine=engine.value,
             max_template_timeouts=max_template_timeouts,
         ),
-        lambda r: render(r, report.stdout),
+        lambda r: render(r, _report().stdout),
         as_json,
     )
 
@@ -247,7 +254,7 @@ def score_ref_cmd(
             dry_run=dry_run,
             engine=engine.value,
         ),
-        lambda r: render_score(r, report.stdout),
+        lambda r: render_score(r, _report().stdout),
         as_json,
     )
 
@@ -300,7 +307,7 @@ def build_shards_cmd(
             dry_run=dry_run,
             engine=engine.value,
         ),
-        report.render_shards,
+        _report().render_shards,
         as_json,
     )
 
@@ -321,7 +328,7 @@ def export_cmd(
             raise UsageError(f"--format must be tinker, not {format!r}")
         return export_tinker(shards, out, with_mask=mask)
 
-    run_command(call, report.render_headline, as_json)
+    run_command(call, _report().render_headline, as_json)
 
 
 @app.command("run")
@@ -341,7 +348,7 @@ def run_cmd(
     from prl.pipeline.runner import run
 
     run_command(
-        lambda: run(recipe, dry_run=dry_run, steps=only), lambda r: report.render_run(r, report.sized()), as_json
+        lambda: run(recipe, dry_run=dry_run, steps=only), lambda r: _report().render_run(r, _report().sized()), as_json
     )
 
 
@@ -361,7 +368,7 @@ def inspect_cmd(
     """Summarise a store (tables, traces, quarantine, checks, rewards) or shard sets (manifests, histograms)."""
     from prl.report.inspect import inspect
 
-    run_command(lambda: inspect(path), lambda r: report.render_inspect(r, report.sized(width)), as_json)
+    run_command(lambda: inspect(path), lambda r: _report().render_inspect(r, _report().sized(width)), as_json)
 
 
 @app.command("verify")
@@ -375,7 +382,7 @@ def verify_cmd(
     the manifests); exit 1 naming any mismatch."""
     from prl.shards.verify import verify_shards
 
-    run_command(lambda: verify_shards(shards), report.render_verify, as_json)
+    run_command(lambda: verify_shards(shards), _report().render_verify, as_json)
 
 
 shards_app = typer.Typer(help="Shard sets in an OUT folder.", no_args_is_help=True, rich_markup_mode=None)
@@ -415,7 +422,7 @@ def maintain_cmd(
     def call() -> Any:
         return maintain(store, retention_hours=retention_hours, target_mb=target_mb, tables=table, dry_run=dry_run)
 
-    run_command(call, lambda r: render(r, report.stdout), as_json)
+    run_command(call, lambda r: render(r, _report().stdout), as_json)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -17,11 +17,15 @@ Numeric defaults and ranges are the constants of :mod:`prl.bounds`.
 from __future__ import annotations
 
 from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prl import bounds
-from prl.engines import ENGINES
-from prl.validation import Validator
+
+if TYPE_CHECKING:  # the checks run when a recipe loads; the command line's help needs only the declarations
+    from prl.validation import Validator
+
+ENGINES = ("local", "ray")
+"""Where a step's batches run (:mod:`prl.engines`): the names ``--engine`` and a recipe's ``engine`` key take."""
 
 KINDS = ("string", "bool", "int", "number", "seconds", "location", "paths", "resource")
 """What an option's value is. ``seconds``: a finite number in ``(0, maximum]``. The path kinds are resolved
@@ -29,26 +33,52 @@ relative to the recipe's folder by the recipe loader: ``location`` (a path or a 
 files, folders, globs, URIs), ``resource`` (a path or ``package:NAME[/PATH]`` that must exist)."""
 
 
-@dataclass(frozen=True)
 class Opt:
-    """What one option is, beside its name and default."""
+    """What one option is, beside its name and default (a plain class: ``prl --help`` builds one per option)."""
 
-    help: str
-    """The command line's help text (also the recipe reference's meaning unless :attr:`doc` says more)."""
-    kind: str = "string"
-    flag: str | None = None
-    """The command-line flag (``--format``); None: a recipe key only."""
-    minimum: float | None = None
-    maximum: float | None = None
-    above_minimum: bool = False
-    """The range is ``(minimum, maximum]``."""
-    choices: tuple[str, ...] | None = None
-    negated_flag: bool = False
-    """The flag sets the field to the opposite of its default (``--fail-on-warn``: ``allow_warn = false``)."""
-    doc: str | None = None
-    """The recipe reference's meaning, when it says more than :attr:`help`."""
-    doc_default: str | None = None
-    """The recipe reference's default, when the field's (None) means something."""
+    __slots__ = (
+        "above_minimum",
+        "choices",
+        "doc",
+        "doc_default",
+        "flag",
+        "help",
+        "kind",
+        "maximum",
+        "minimum",
+        "negated_flag",
+    )
+
+    def __init__(
+        self,
+        help: str,
+        kind: str = "string",
+        flag: str | None = None,
+        minimum: float | None = None,
+        maximum: float | None = None,
+        above_minimum: bool = False,
+        choices: tuple[str, ...] | None = None,
+        negated_flag: bool = False,
+        doc: str | None = None,
+        doc_default: str | None = None,
+    ) -> None:
+        self.help = help
+        """The command line's help text (also the recipe reference's meaning unless :attr:`doc` says more)."""
+        self.kind = kind
+        """One of :data:`KINDS`."""
+        self.flag = flag
+        """The command-line flag (``--format``); None: a recipe key only."""
+        self.minimum = minimum
+        self.maximum = maximum
+        self.above_minimum = above_minimum
+        """The range is ``(minimum, maximum]``."""
+        self.choices = choices
+        self.negated_flag = negated_flag
+        """The flag sets the field to the opposite of its default (``--fail-on-warn``: ``allow_warn = false``)."""
+        self.doc = doc
+        """The recipe reference's meaning, when it says more than :attr:`help`."""
+        self.doc_default = doc_default
+        """The recipe reference's default, when the field's (None) means something."""
 
     def check(self, v: Validator, key: str, value: Any) -> Any:
         """``value`` checked against this option's kind and range (``UsageError`` naming the table and key).

@@ -20,6 +20,7 @@ lint: setup
 	$(PY) -m ruff check prl tests bench scripts loop
 	$(PY) -m ruff format --check prl tests bench scripts loop
 	$(PY) scripts/import_graph.py --check >/dev/null || $(PY) scripts/import_graph.py --check
+	$(PY) scripts/gen_docs.py --check
 	$(PY) -m mypy
 
 # the README's test command: lint, types, unit and integration tests (a small sample of each campaign)

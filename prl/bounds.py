@@ -1,6 +1,6 @@
-"""The default and the range of every numeric option, declared once: read by the command line (its defaults and
-its options' ``min``/``max``, so a value outside is a usage error before anything runs), by recipes and by the
-library calls.
+"""The default and the range of every numeric option, declared once: read by the options models of
+:mod:`prl.options`, hence by the command line (its defaults and its options' ``min``/``max``, so a value outside is
+a usage error before anything runs) and by recipes, and by the library calls.
 
 Each upper bound is far above any sensible setting and far below what the libraries underneath accept: delta-rs
 panics on a retention whose hours do not fit a ``TimeDelta`` (about 2.6 · 10¹² hours) and refuses a target size

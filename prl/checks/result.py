@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prl.errors import ExitCode
+from prl.options import CheckTokensOptions
 from prl.verdicts import CHECK_FAMILIES, REASONS, SEVERITY
 
 GROUP_COLUMNS = ("source_format", "model", "policy_version")
@@ -59,8 +60,8 @@ class CheckResult:
     """Tokens that went through decode + encode; the rest were shared segments answered from the cache."""
     elapsed_s: float = 0.0
     max_drift_rate: float | None = None
-    allow_warn: bool = True
-    sample_rate: float = 1.0
+    allow_warn: bool = CheckTokensOptions.allow_warn
+    sample_rate: float = CheckTokensOptions.sample_rate
 
     # --- derived -------------------------------------------------------------------------------------------
     def _problems(self, counts: dict[str, int]) -> int:

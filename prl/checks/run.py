@@ -45,6 +45,7 @@ from prl.checks.verdict import RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.engines import Engine, get_engine, split
 from prl.errors import UsageError
+from prl.options import CheckTokensOptions
 from prl.progress import Task, task
 from prl.store.changes import files_dataset, snapshot_files, snapshot_turn_files
 from prl.store.locks import holding
@@ -180,8 +181,8 @@ def check_tokens(
     *,
     chat_template: str | None = None,
     max_drift_rate: float | None = None,
-    sample_rate: float = 1.0,
-    allow_warn: bool = True,
+    sample_rate: float = CheckTokensOptions.sample_rate,
+    allow_warn: bool = CheckTokensOptions.allow_warn,
     dry_run: bool = False,
     lock: bool = True,
     options: CheckOptions | None = None,

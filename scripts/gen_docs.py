@@ -1,17 +1,27 @@
-"""Write docs/cli.md from the commands' own definitions (the text ``--help`` shows):
-``tests/test_cli_reference.py`` fails when the two drift; run ``python scripts/cli_reference.py`` after changing an
-option."""
+"""Write the option reference from the options' own definitions: docs/cli.md from the commands (the text ``--help``
+shows, whose flags, help and defaults come from the options models of :mod:`prl.options`), and the key tables of
+docs/recipes.md (between ``<!-- options: TABLE -->`` and ``<!-- /options -->``) from the same models.
+
+Run ``python scripts/gen_docs.py`` after changing an option; ``--check`` (run by ``make lint``, and by
+``tests/test_cli_reference.py``) writes nothing and exits 1 naming each stale file."""
 
 from __future__ import annotations
 
+import argparse
 import enum
+import json
 import os
+import re
 import sys
+from dataclasses import MISSING, fields
 from typing import Any
 
 import typer
 
-TARGET = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "cli.md")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.path.join(ROOT, "docs", "cli.md")
+RECIPES = os.path.join(ROOT, "docs", "recipes.md")
+BLOCK = re.compile(r"(<!-- options: (\w+) -->\n)(.*?)(<!-- /options -->)", re.S)
 
 
 def _cell(text: str) -> str:
@@ -59,8 +69,8 @@ def render() -> str:
     lines = [
         "# Command-line reference",
         "",
-        "Generated from the commands' definitions (what `--help` shows) by `python scripts/cli_reference.py`; a",
-        "test fails when this page and the commands drift apart. Exit codes: see the README.",
+        "Generated from the commands' definitions (what `--help` shows) by `python scripts/gen_docs.py`; `make lint`",
+        "fails when this page and the commands drift apart. Exit codes: see the README.",
         "",
         "Long work shows its progress on stderr (stdout keeps the `--json` object alone): on a terminal a bar (ingest:",
         "bytes and files; check-tokens and score-ref: samples; build-shards: shards and turns), elsewhere (cron, a pipe)",
@@ -87,7 +97,66 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _default_text(value: object, doc_default: str | None) -> str:
+    if doc_default is not None:
+        return doc_default
+    if value is MISSING:
+        return "required"
+    if value is None:
+        return "none"
+    return f"`{json.dumps(value)}`"
+
+
+def recipe_table(table: str) -> str:
+    """The key table of recipe table ``table`` (``[rewards]`` and ``[ref]`` share one), from its options model."""
+    from prl.options import TABLES, meta
+
+    model = TABLES[table]
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for f in fields(model):
+        spec = meta(model, f.name)
+        default = _default_text(f.default, spec.doc_default)
+        lines.append(f"| `{f.name}` | {spec.type_text()} | {default} | {_cell(spec.doc or spec.help)} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_recipes(text: str) -> str:
+    """docs/recipes.md ``text`` with every generated block written again."""
+    return BLOCK.sub(lambda m: m.group(1) + recipe_table(m.group(2)) + m.group(4), text)
+
+
+def outputs() -> dict[str, str]:
+    """Each generated file and what it should hold."""
+    with open(RECIPES, encoding="utf-8") as fh:
+        recipes = fh.read()
+    return {TARGET: render(), RECIPES: render_recipes(recipes)}
+
+
+def stale() -> list[str]:
+    """The generated files whose text differs from what the definitions say."""
+    out = []
+    for path, text in outputs().items():
+        with open(path, encoding="utf-8") as fh:
+            if fh.read() != text:
+                out.append(path)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        old = stale()
+        for path in old:
+            sys.stderr.write(f"{os.path.relpath(path, ROOT)} is stale: run python scripts/gen_docs.py\n")
+        return 1 if old else 0
+    for path, text in outputs().items():
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        sys.stdout.write(f"wrote {os.path.relpath(path, ROOT)}\n")
+    return 0
+
+
 if __name__ == "__main__":
-    with open(TARGET, "w", encoding="utf-8") as fh:
-        fh.write(render())
-    sys.stdout.write(f"wrote {TARGET}\n")
+    sys.exit(main())

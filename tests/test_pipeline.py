@@ -207,7 +207,7 @@ def test_missing_check_implementation_is_a_usage_error_that_stops_the_run(tmp_pa
         ("check", "failed"),
         ("shards", "not_run"),
     ]
-    assert result.exit_code == 2 and "no token checks" in result.step("check").error
+    assert result.exit_code == 2 and "lacks prl.checks.check_tokens for [check]" in result.step("check").error
 
 
 def test_a_held_run_lock_stops_a_second_run_at_once_naming_the_holder(tmp_path, data):

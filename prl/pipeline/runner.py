@@ -17,10 +17,11 @@ or 2 when some input file had an unknown format).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prl.errors import ExitCode, PrlError, RetryableIOError, UsageError
@@ -116,105 +117,50 @@ class RunResult:
 
 
 # --- the steps -----------------------------------------------------------------------------------------------
-def _ingest(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-    from prl.ingestion.traces import ingest
+def step(table: str, function: str, *, engine: bool = True, **fixed: Any) -> Callable[[Recipe, Store, bool], Any]:
+    """How ``prl run`` calls the stage of recipe table ``table``: ``function`` (``"module:name"``, imported when the
+    step runs, so a recipe loads nothing a step it lacks needs) with the store, the table's fields as keywords
+    (the options model's names are the library call's), ``dry_run``, the ``[store]`` engine where the stage takes
+    one, and ``fixed``. A new stage is one options model and one line of :data:`STEP_FUNCTIONS`."""
+    module, name = function.split(":")
 
-    section = recipe.ingest
-    assert section is not None
-    return ingest(
-        list(section.sources),
-        store,
-        format=section.format,
-        policy_version=section.policy_version,
-        group_field=section.group_field,
-        finish_reason=section.finish_reason,
-        agent_field=section.agent_field,
-        dry_run=dry_run,
-        max_quarantine_rate=section.max_quarantine_rate,
-        engine=recipe.store.engine,
-    )
+    def call(recipe: Recipe, store: Store, dry_run: bool) -> Any:
+        try:
+            fn = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            raise UsageError(
+                f"this installation lacks {module}.{name} for [{table}]; drop [{table}] from the recipe or run the "
+                "other steps with --only"
+            ) from exc
+        section = getattr(recipe, table)
+        kwargs = {f.name: _arg(getattr(section, f.name)) for f in fields(section)}
+        if engine:
+            kwargs["engine"] = recipe.store.engine
+        return fn(store=store, dry_run=dry_run, **kwargs, **fixed)
 
-
-def _side(kind: str) -> Callable[[Recipe, Store, bool], Any]:
-    def step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-        from prl.ingestion.side_tables import ingest_side_table
-
-        section = getattr(recipe, kind)
-        return ingest_side_table(list(section.sources), store, kind=kind, dry_run=dry_run)
-
-    return step
+    return call
 
 
-def check_tokens_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-    """The ``[check]`` step: :func:`prl.checks.check_tokens`, which holds the store's ``check-tokens`` lock."""
-    try:
-        from prl.checks import check_tokens
-    except ImportError as exc:
-        raise UsageError(
-            "this installation has no token checks (prl.checks.check_tokens); drop [check] from the recipe "
-            "or run the other steps with --only"
-        ) from exc
-    section = recipe.check
-    assert section is not None
-    return check_tokens(
-        store,
-        section.tokenizer,
-        chat_template=section.chat_template,
-        max_drift_rate=section.max_drift_rate,
-        sample_rate=section.sample_rate,
-        allow_warn=section.allow_warn,
-        dry_run=dry_run,
-        engine=recipe.store.engine,
-        max_template_timeouts=section.max_template_timeouts,
-    )
-
-
-def score_ref_step(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-    """The ``[score_ref]`` step: :func:`prl.score.run.score_ref`, which holds the store's ``score-ref`` lock."""
-    from prl.score.run import score_ref
-
-    section = recipe.score_ref
-    assert section is not None
-    return score_ref(
-        store,
-        section.ref_model,
-        endpoint=section.endpoint,
-        model=section.model,
-        backend=section.backend,
-        served_model=section.served_model,
-        batch_tokens=section.batch_tokens,
-        concurrency=section.concurrency,
-        retries=section.retries,
-        timeout=section.timeout,
-        max_quarantine_rate=section.max_quarantine_rate,
-        dry_run=dry_run,
-        engine=recipe.store.engine,
-    )
+def _arg(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:
+    """``[shards]``: its table is the whole :class:`~prl.shards.options.ShardOptions`, and it writes to the OUT."""
     from prl.shards.build import build_shards
 
     assert recipe.shards is not None and recipe.store.out is not None
     return build_shards(store, recipe.store.out, options=recipe.shards, dry_run=dry_run, engine=recipe.store.engine)
 
 
-def _maintain(recipe: Recipe, store: Store, dry_run: bool) -> CommandResult:
-    from prl.store.maintain import maintain
-
-    assert recipe.maintain is not None
-    section = recipe.maintain
-    return maintain(store, retention_hours=section.retention_hours, target_mb=section.target_mb, dry_run=dry_run)
-
-
 STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], CommandResult]] = {
-    "ingest": _ingest,
-    "rewards": _side("rewards"),
-    "ref": _side("ref"),
-    "check": check_tokens_step,
-    "score_ref": score_ref_step,
+    "ingest": step("ingest", "prl.ingestion.traces:ingest"),
+    "rewards": step("rewards", "prl.ingestion.side_tables:ingest_side_table", engine=False, kind="rewards"),
+    "ref": step("ref", "prl.ingestion.side_tables:ingest_side_table", engine=False, kind="ref"),
+    "check": step("check", "prl.checks:check_tokens"),
+    "score_ref": step("score_ref", "prl.score.run:score_ref"),
     "shards": _shards,
-    "maintain": _maintain,
+    "maintain": step("maintain", "prl.store.maintain:maintain", engine=False),
 }
 """Step name → ``fn(recipe, store, dry_run) -> CommandResult``."""
 
@@ -272,4 +218,4 @@ def _run_steps(recipe: Recipe, store: Store, chosen: tuple[str, ...], dry_run: b
         stopped = step.status != "done"
 
 
-__all__ = ["RunResult", "StepResult", "check_tokens_step", "run", "score_ref_step"]
+__all__ = ["STEP_FUNCTIONS", "RunResult", "StepResult", "run", "step"]

@@ -11,8 +11,8 @@ for the row groups holding a key that matched, so a batch costs a binary search 
 
 Never a false "present": the index is derived from committed traces rows only. Its commits carry a Delta
 ``txn`` (``prl.index.traces:<traces table id>`` → the traces version it covers); rows of a traces commit are
-added after that commit, and a run that finds the index behind (a run killed between the two commits, an older
-store) first adds the rows of the traces commits it is missing, found in the Delta log
+added after that commit, and a run that finds the index behind (a run killed between the two commits, an index
+removed) first adds the rows of the traces commits it is missing, found in the Delta log
 (:func:`prl.store.changes.added_files`), or rebuilds it from the whole snapshot when the log no longer has them
 or the traces table was re-created (its table id changed). Writers of ``traces`` hold the store's ``ingest``
 lock, so index commits follow traces commits one by one.

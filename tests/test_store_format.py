@@ -16,7 +16,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from prl.errors import UsageError
 from prl.ingestion.side_tables import ingest_side_table
-from prl.schema import REWARDS
+from prl.schema import REF_LOGPROBS, REWARDS
 from prl.store.format import MARKER, STORE_FORMAT, store_format
 from prl.store.index import EVENT_INDEXES
 from prl.store.maintain import TableUpgrade, upgrade
@@ -161,6 +161,40 @@ def test_legacy_reward_rows_get_the_ids_an_ingest_gives_and_a_grown_file_adds_on
     grown = ingest_side_table([str(path)], store, kind="rewards")
     assert (grown.rows, grown.already_present) == (1, 3)
     assert sorted(pl.read_delta(store.table_uri("rewards"))["sample_id"].to_list()) == ["a#0", "a#0", "b#0", "c#0"]
+
+
+def test_legacy_reference_rows_get_the_ids_an_ingest_gives(store, tmp_path):
+    path = tmp_path / "ref.jsonl"
+    rows = [("a#0", [-0.5, -0.25]), ("b#0", [-1.0])]
+    path.write_text(
+        "".join(json.dumps({"sample_id": s, "ref_model": "base", "ref_logprobs": v}) + "\n" for s, v in rows)
+    )
+    reference = Store(str(tmp_path / "reference"))
+    assert ingest_side_table([str(path)], reference, kind="ref").rows == 2
+    old_rows = {
+        "sample_id": ["a#0", "b#0"],
+        "ref_model": ["base", "base"],
+        "ref_logprobs": [[-0.5, -0.25], [-1.0]],
+        "source_uri": [str(path)] * 2,
+        "source_line": [1, 2],
+        "ingested_at": [LATER] * 2,
+    }
+    old_schema = pa.schema([f for f in REF_LOGPROBS if f.name != "event_id"])
+    write_deltalake(store.table_uri("ref_logprobs"), pa.table(old_rows, schema=old_schema))
+
+    (done,) = upgrade(store).tables
+    assert (done.table, done.columns_added, done.event_ids_filled, done.index_rebuilt) == (
+        "ref_logprobs",
+        ["event_id"],
+        2,
+        True,
+    )
+    ids = pl.read_delta(store.table_uri("ref_logprobs")).sort("source_line")["event_id"].to_list()
+    assert ids == pl.read_delta(reference.table_uri("ref_logprobs")).sort("source_line")["event_id"].to_list()
+    copy = tmp_path / "copy.jsonl"
+    shutil.copy(path, copy)
+    again = ingest_side_table([str(copy)], store, kind="ref")
+    assert (again.rows, again.already_present) == (0, 2)
 
 
 def test_an_upgrade_killed_before_its_marker_is_finished_by_the_next_one(store, tmp_path, monkeypatch):

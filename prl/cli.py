@@ -412,14 +412,20 @@ def maintain_cmd(
         list[str] | None,
         typer.Option("--table", help="Maintain only this table (repeatable); default: every table and the index."),
     ] = None,
+    upgrade: Annotated[
+        bool, typer.Option("--upgrade", help="Bring a store of an older format to this prl's (nothing else).")
+    ] = False,
     dry_run: DryRunOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Compact small files, checkpoint the logs, vacuum files no retained version needs (safe beside cron runs)."""
     from prl.report.maintain import render
     from prl.store.maintain import maintain
+    from prl.store.maintain import upgrade as upgrade_store
 
     def call() -> Any:
+        if upgrade:
+            return upgrade_store(store, dry_run=dry_run)
         return maintain(store, retention_hours=retention_hours, target_mb=target_mb, tables=table, dry_run=dry_run)
 
     run_command(call, lambda r: render(r, _report().stdout), as_json)

@@ -159,20 +159,8 @@ def ref_ids(sample_ids: list[str], models: list[str], ref_logprobs: pa.Array) ->
     return pa.array([_digest(content) for content in contents.to_pylist()], pa.string())
 
 
-def legacy_id(uri: str, line: int) -> str:
-    """The id under which rows written before ``event_id`` existed are indexed: their position."""
-    return f"line:{uri}#{line}"
-
-
-def legacy_ids(uri: str, lines: pa.Array) -> pa.Array:
-    """:func:`legacy_id` of each line number (int64[N]) of one source: string[N]."""
-    return pc.binary_join_element_wise(legacy_id(uri, 0)[:-1], lines.cast(pa.string()), "")
-
-
 __all__ = [
     "Occurrences",
-    "legacy_id",
-    "legacy_ids",
     "ref_content",
     "ref_id",
     "ref_ids",

@@ -90,8 +90,8 @@ REWARDS = pa.schema(
 )
 """Reward events. The latest ``created_at`` (then the latest ingest) per (sample_id, name) wins. ``event_id``
 is the event's identity, a digest of its content (:mod:`prl.event_ids`): an event read again, from
-the same file, a grown one, a rotated one or a renamed copy, is recognised by it; null in rows written before
-the column existed (those are recognised by ``source_uri`` + ``source_line``, as they were then)."""
+the same file, a grown one, a rotated one or a renamed copy, is recognised by it (nullable only because the column
+was added to older tables: ``prl maintain --upgrade`` gives their rows theirs)."""
 
 REF_LOGPROBS = pa.schema(
     [

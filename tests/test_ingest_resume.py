@@ -1,8 +1,8 @@
 """A plain log that grows between runs is read on from where the last run stopped, and the tables are the ones a
 single read of the final file gives: the same sample IDs (records without a request ID are salted by their line
 number and the file's first record), the same rows, the same quarantine rows. A rotated, truncated or rewritten
-file, a compressed one, another ``--format`` or a ledger entry of an older prl mean a read from the start, and
-lose nothing."""
+file, a compressed one, another ``--format`` or a ledger entry without a resume point mean a read from the
+start, and lose nothing."""
 
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ def test_another_format_option_reads_from_the_start(store, tmp_path):
 
 
 def test_a_ledger_entry_without_a_resume_point_reads_from_the_start(store, tmp_path):
-    """An entry an older prl wrote (no ``resume``, no ``read_from``), even with a txn naming its commit."""
+    """An entry without a resume point (no ``resume``, no ``read_from``), even with a txn naming its commit."""
     path = tmp_path / "server.log"
     path.write_bytes(big("o0", 1))
     written = Store(str(tmp_path / "written"))

@@ -308,7 +308,8 @@ def test_missing_source_bucket_is_retryable_and_clear(s3, tmp_path):  # noqa: F8
 def test_missing_store_bucket_is_retryable_and_clear(s3, tmp_path):  # noqa: F811
     put_inputs(s3)
     proc = run_cli([s3.url("in/"), "--store", "s3://no-such-bucket-prl/store"], environ_for(s3.endpoint))
-    assert_retryable_without_secrets(proc, "s3://no-such-bucket-prl/store/_locks/ingest.lock", "NoSuchBucket")
+    # the store's format marker is the first thing read there
+    assert_retryable_without_secrets(proc, "s3://no-such-bucket-prl/store/_store.json", "NoSuchBucket")
     with pytest.raises(RetryableIOError, match="cannot open table 'traces' in s3://no-such-bucket-prl/store"):
         Store("s3://no-such-bucket-prl/store").open("traces")
 
@@ -323,7 +324,7 @@ def test_bad_endpoint_is_retryable_and_prints_no_secret(s3, tmp_path):  # noqa: 
     as_source = run_cli([s3.url("in/"), "--store", str(tmp_path / "store")], env)
     assert_retryable_without_secrets(as_source, f"cannot list {s3.url('in/')}")
     as_store = run_cli([str(local), "--store", s3.url("store")], env)
-    assert_retryable_without_secrets(as_store, "ingest lock", dead.removeprefix("http://"))
+    assert_retryable_without_secrets(as_store, "cannot read _store.json of store", dead.removeprefix("http://"))
 
 
 def test_aws_max_attempts_bounds_delta_retries_too(monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
 """Side tables recognise events by content (``event_id``), not by file name and line: rotated, renamed, grown
-and rewritten files add exactly their new events; stores written before ``event_id`` existed stay readable."""
+and rewritten files add exactly their new events (rows of older stores get theirs from ``prl maintain --upgrade``:
+tests/test_store_format.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import time
 import polars as pl
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
 
 from prl.event_ids import Occurrences, ref_id, reward_content, reward_contents, reward_id, reward_ids
 from prl.ingestion.side_tables import ingest_side_table
@@ -125,32 +125,6 @@ def test_a_rotated_reference_file_adds_its_new_rows(store, tmp_path):
         ("b#0", [-1.0]),
         ("c#0", [-2.0]),
     ]
-
-
-def test_a_store_written_before_event_ids_is_read_and_upgraded(store, tmp_path):
-    """Rows without ``event_id`` (an older prl) are recognised by position, as they were; the table gains the
-    column; new rows carry ids."""
-    path = tmp_path / "r.jsonl"
-    write(path, [line("a#0", 1.0), line("b#0", 0.5)])
-    old_schema = pa.schema([f for f in REWARDS if f.name != "event_id"])
-    stamp = pa.scalar(1_790_000_000_000, pa.timestamp("ms", tz="UTC"))
-    old_rows = {
-        "sample_id": ["a#0", "b#0"],
-        "name": ["reward", "reward"],
-        "value": [1.0, 0.5],
-        "created_at": [stamp, stamp],
-        "source_uri": [str(path)] * 2,
-        "source_line": [1, 2],
-        "ingested_at": [stamp, stamp],
-    }
-    write_deltalake(store.table_uri("rewards"), pa.table(old_rows, schema=old_schema))
-    with open(path, "a") as fh:
-        fh.write(line("c#0", 0.0) + "\n")
-    result = ingest_side_table([str(path)], store, kind="rewards")
-    assert (result.rows, result.already_present) == (1, 2)
-    df = pl.read_delta(store.table_uri("rewards")).sort("sample_id")
-    assert df.select("sample_id", "value").rows() == [("a#0", 1.0), ("b#0", 0.5), ("c#0", 0.0)]
-    assert [i is None for i in df["event_id"].to_list()] == [True, True, False]
 
 
 def test_rewards_committed_before_a_kill_are_found_from_the_log(store, tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""The Delta table properties prl creates its tables with (a checkpoint every 10 commits), and ``prl maintain``
-setting them on a table an older prl created."""
+"""The Delta table properties prl creates its tables with (a checkpoint every 10 commits), and
+``prl maintain --upgrade`` setting them on a table an older prl created."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from deltalake import DeltaTable, write_deltalake
 from prl.ingestion.traces import ingest
 from prl.schema import REWARDS
 from prl.store.index import INDEX_TABLE
-from prl.store.maintain import maintain
+from prl.store.maintain import maintain, upgrade
 from prl.store.tables import TABLE_PROPERTIES, Store
 from tests.records import vllm_chat
 from tests.shards_fixtures import reward, table
@@ -52,47 +52,46 @@ def test_the_sample_index_is_created_with_the_interval_too(store, write_trace):
         assert opened is not None and opened.metadata().configuration == TABLE_PROPERTIES, name
 
 
-def test_an_older_table_reads_and_maintain_gives_it_the_interval(store):
+def test_an_older_table_gets_the_interval_from_the_upgrade(store):
     write_deltalake(store.table_uri("rewards"), table(REWARDS, [reward("old:0", 0.5)]))  # as prl before
     old = store.open("rewards")
     assert old is not None and old.metadata().configuration == {}
-    store.commit("rewards", _rewards("new:0"))
-    assert sorted(store.read("rewards")["sample_id"].to_pylist()) == ["new:0", "old:0"]
-    assert store.version("rewards") == 1
 
-    (done,) = maintain(store, retention_hours=1, tables=["rewards"]).tables
-    # compaction commits version 2, the properties 3, and the checkpoint is written at 3
-    assert (done.properties_set, done.checkpointed, done.version_before, done.version_after) == (True, True, 1, 3)
-    assert _checkpoints(store, "rewards") == [3]
+    (done,) = upgrade(store).tables
+    assert (done.table, done.properties_set, done.columns_added, done.event_ids_filled) == ("rewards", True, [], 1)
     upgraded = store.open("rewards")
     assert upgraded is not None and upgraded.metadata().configuration == TABLE_PROPERTIES
-    assert sorted(store.read("rewards")["sample_id"].to_pylist()) == ["new:0", "old:0"]
-    (again,) = maintain(store, retention_hours=1, tables=["rewards"]).tables
-    assert again.properties_set is False  # set once
+    assert upgraded.version() == 2  # the properties at 1, the row given its event id at 2
+    assert upgrade(store).tables == []  # set once
+    (maintained,) = maintain(store, retention_hours=1, tables=["rewards"]).tables
+    assert (maintained.checkpointed, maintained.version_before, maintained.version_after) == (True, 2, 2)
+    assert _checkpoints(store, "rewards") == [2]
 
-    for i in range(10):  # versions 4..13: delta-rs checkpoints after version 9 from now on
+    for i in range(10):  # versions 3..12: delta-rs checkpoints after version 9 from now on
         store.commit("rewards", _rewards(f"more{i}:0"))
-    assert store.version("rewards") == 13
-    assert _checkpoints(store, "rewards") == [3, 9]
+    assert store.version("rewards") == 12
+    assert _checkpoints(store, "rewards") == [2, 9]
     assert _last_checkpoint(store, "rewards") == 9
-    assert store.read("rewards").num_rows == 12
+    assert store.read("rewards").num_rows == 11
 
 
-def test_maintain_keeps_an_interval_set_otherwise(store):
+def test_the_upgrade_keeps_an_interval_set_otherwise(store):
     write_deltalake(
         store.table_uri("rewards"),
         table(REWARDS, [reward("a:0", 1.0)]),
         configuration={"delta.checkpointInterval": "100", "delta.appendOnly": "false"},
     )
-    (done,) = maintain(store, retention_hours=1, tables=["rewards"]).tables
+    (done,) = upgrade(store).tables
     assert done.properties_set is False
     opened = DeltaTable(store.table_uri("rewards"))
     assert opened.metadata().configuration == {"delta.checkpointInterval": "100", "delta.appendOnly": "false"}
 
 
-def test_a_dry_run_maintain_sets_no_property(store):
+def test_a_dry_run_upgrade_sets_no_property(store):
     write_deltalake(store.table_uri("rewards"), table(REWARDS, [reward("old:0", 0.5)]))  # as prl before
-    (done,) = maintain(store, retention_hours=1, tables=["rewards"], dry_run=True).tables
-    assert (done.properties_set, done.checkpointed) == (False, False)
+    result = upgrade(store, dry_run=True)
+    assert (result.format_before, result.format_after) == (1, 1)
+    (done,) = result.tables
+    assert (done.properties_set, done.event_ids_filled, done.index_rebuilt) == (True, 1, False)
     opened = DeltaTable(store.table_uri("rewards"))
     assert (opened.version(), opened.metadata().configuration) == (0, {})

@@ -35,15 +35,10 @@ INDEX_SCHEMA = pl.Schema(
 
 
 def _keys(store: Store, version: int) -> pl.DataFrame:
-    """The key columns of rows with a session (``agent_id`` null in tables written before it existed)."""
-    dataset = store.dataset("traces", version)
-    names = set(dataset.schema.names) if dataset is not None else set()
-    columns = [c for c in KEY_COLUMNS if c in names or dataset is None]
-    keys = store.read("traces", columns=columns, filter=pc.field("session_id").is_valid(), version=version)
+    """The key columns of rows with a session."""
+    keys = store.read("traces", columns=list(KEY_COLUMNS), filter=pc.field("session_id").is_valid(), version=version)
     df = pl.from_arrow(keys)
     assert isinstance(df, pl.DataFrame)
-    if "agent_id" not in df.columns:
-        df = df.with_columns(pl.lit(None, pl.String).alias("agent_id"))
     return df
 
 

@@ -63,7 +63,7 @@ class ResumePoint:
 
     @classmethod
     def from_entry(cls, entry: Any) -> ResumePoint | None:
-        """The point a ledger entry carries; None when it carries none (an older prl) or a damaged one."""
+        """The point a ledger entry carries; None when it carries none (no point was taken: a compressed source, say) or a damaged one."""
         obj = entry.get("resume") if isinstance(entry, dict) else None
         if not isinstance(obj, dict):
             return None

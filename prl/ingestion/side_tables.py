@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 
 from prl import bounds
 from prl.errors import ExitCode
-from prl.event_ids import Occurrences, legacy_ids, ref_id, reward_content
+from prl.event_ids import Occurrences, ref_id, reward_content
 from prl.formats.base import Quarantined, decode_json_line, logprob_array
 from prl.formats.fields import timestamp_ms
 from prl.formats.guard import FLOAT32_MAX
@@ -297,23 +297,18 @@ class _FileRun:
         return ref_id(item["sample_id"], item["ref_model"], values)
 
     def fresh(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """The rows of ``batch`` not yet in the table (by ``event_id``; rows stored before ids existed by
-        position) nor earlier in this file; the others are counted as already present."""
+        """The rows of ``batch`` not yet in the table (by ``event_id``) nor earlier in this file; the others are
+        counted as already present."""
         ids = batch.column("event_id").to_pylist()
         sample_ids = batch.column("sample_id").to_pylist()
-        if self.index.holds_nothing():  # a new table: nothing to look up, legacy ids included
-            legacy: list[str | None] = [None] * len(ids)
-            known: dict[str, str] = {}
-        else:
-            legacy = legacy_ids(self.src.uri, batch.column("source_line")).to_pylist()
-            known = self.index.lookup(ids + legacy)
+        known = {} if self.index.holds_nothing() else self.index.lookup(ids)  # a new table: nothing to look up
         added = self.added
         if not known and added.keys().isdisjoint(ids) and len(set(ids)) == len(ids):  # all new: no row loop
             added.update(zip(ids, sample_ids, strict=True))
             return batch
         keep = []
-        for i, (event, old) in enumerate(zip(ids, legacy, strict=True)):
-            if event in added or event in known or (old is not None and old in known):
+        for i, event in enumerate(ids):
+            if event in added or event in known:
                 continue
             keep.append(i)
             added[event] = sample_ids[i]

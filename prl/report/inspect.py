@@ -191,7 +191,7 @@ def inspect(path: str) -> StoreInspection | ShardsInspection:
     if _is_shards(path):
         return inspect_shards(path)
     if _is_store(path):
-        return inspect_store(Store(path))
+        return inspect_store(open_store(path, writing=False))
     raise UsageError(f"{path} is neither a store (Delta tables) nor a shard set (manifest.json)")
 
 

@@ -11,8 +11,8 @@ for the row groups holding a key that matched, so a batch costs a binary search 
 
 Never a false "present": the index is derived from committed traces rows only. Its commits carry a Delta
 ``txn`` (``prl.index.traces:<traces table id>`` → the traces version it covers); rows of a traces commit are
-added after that commit, and a run that finds the index behind (a run killed between the two commits, an older
-store) first adds the rows of the traces commits it is missing, found in the Delta log
+added after that commit, and a run that finds the index behind (a run killed between the two commits, an index
+removed) first adds the rows of the traces commits it is missing, found in the Delta log
 (:func:`prl.store.changes.added_files`), or rebuilds it from the whole snapshot when the log no longer has them
 or the traces table was re-created (its table id changed). Writers of ``traces`` hold the store's ``ingest``
 lock, so index commits follow traces commits one by one.
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, Transaction, WriterProperties, write_deltalake
@@ -73,16 +72,9 @@ def key_batch(sample_ids: pa.Array, digests: pa.Array, schema: pa.Schema = KEYS)
     )
 
 
-def _traces_rows(batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
+def _pair(batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
+    """The (id, value) arrays of a batch of an :class:`IndexSpec`'s ``columns``."""
     return batch.column(0), batch.column(1)
-
-
-def _event_rows(batch: pa.RecordBatch) -> tuple[pa.Array, pa.Array]:
-    """Ids of side-table rows: ``event_id``, or for rows written before it existed (null) their position,
-    ``line:<source_uri>#<source_line>``, as those were recognised then."""
-    event_id, sample_id, uri, line = (batch.column(i) for i in range(4))
-    legacy = pc.binary_join_element_wise("line:", uri, "#", pc.cast(line, pa.string()), "")
-    return pc.if_else(pc.is_null(event_id), legacy, event_id), sample_id
 
 
 @dataclass(frozen=True)
@@ -104,14 +96,14 @@ def _event_schema() -> pa.Schema:
     return pa.schema([pa.field(name, typ, nullable=False) for name, typ in fields])
 
 
-TRACES_INDEX = IndexSpec("traces", INDEX_TABLE, KEYS, ("sample_id", "record_digest"), _traces_rows, "traces")
+TRACES_INDEX = IndexSpec("traces", INDEX_TABLE, KEYS, ("sample_id", "record_digest"), _pair, "traces")
 EVENT_INDEXES = {
     table: IndexSpec(
         table,
         f"_index/{table}_events",
         _event_schema(),
-        ("event_id", "sample_id", "source_uri", "source_line"),
-        _event_rows,
+        ("event_id", "sample_id"),
+        _pair,
         table,
     )
     for table in ("rewards", "ref_logprobs")
@@ -144,8 +136,9 @@ class SampleIndex:
         self._files: dict[str, _KeyFile | None] = {}
 
     # --- keeping up with traces --------------------------------------------------------------------------
-    def refresh(self) -> None:
-        """Bring the index up to the current traces version (a no-op when it already is).
+    def refresh(self, *, rebuild: bool = False) -> None:
+        """Bring the index up to the current traces version (a no-op when it already is); ``rebuild``: write it
+        again from the whole snapshot, whatever it covers (after the indexed table's rows were rewritten).
 
         Both tables are looked at as a fresh open would show them (:meth:`Store.latest`: in a run, the kept
         tables brought up to date, one listing each)."""
@@ -159,11 +152,11 @@ class SampleIndex:
         covered = None if index is None else index.transaction_version(self.app_id)
         if self.covered is not None and self.covered > (covered if covered is not None else -1):
             covered = self.covered  # rows this dry run holds in memory
-        if covered is not None and covered >= version:
+        if covered is not None and covered >= version and not rebuild:
             self.covered = covered
             self._open()
             return
-        paths = None if covered is None else added_files(self.store, spec.table, covered, version)
+        paths = None if covered is None or rebuild else added_files(self.store, spec.table, covered, version)
         rebuild = paths is None
         if paths is None:
             paths = snapshot_files(self.store, spec.table, version)

@@ -23,22 +23,25 @@ from deltalake import DeltaTable
 
 from prl.errors import RetryableIOError, UsageError
 from prl.schema import TABLES
+from prl.store.format import MARKER, check_format
 from prl.store.tables import Store, describe_error, is_remote
 
 LOCKS_FOLDER = "_locks"
-STORE_ENTRIES = frozenset({*TABLES, LOCKS_FOLDER, "_index"})
+STORE_ENTRIES = frozenset({*TABLES, LOCKS_FOLDER, "_index", MARKER})
 """Top-level names prl itself creates in a store."""
 SHARD_MARKERS = ("manifest.json", "_index.json")
 TABLE_ORDER = ("traces", "checks", "rewards", "ref_logprobs", "quarantine")
 """The order tables are looked for in a remote store: the likeliest first."""
 
 
-def open_store(store: Store | str, *, create: bool = False, writing: bool = True) -> Store:
-    """The :class:`Store` at ``store`` (a Store or its URI), after checking that it is one.
+def open_store(store: Store | str, *, create: bool = False, writing: bool = True, upgrading: bool = False) -> Store:
+    """The :class:`Store` at ``store`` (a Store or its URI), after checking that it is one, of this prl's format
+    (:mod:`prl.store.format`; ``upgrading``: of any format, for the upgrade itself).
 
     ``create``: the caller may start a new store there (see the module docstring). ``writing``: the caller will
     write (not a dry run), so a read-only location is refused up front. Raises :class:`UsageError` (exit 2) for
-    a path that is not a store, :class:`RetryableIOError` (exit 5) for an unwritable one or a listing that fails.
+    a path that is not a store or a store of another format, :class:`RetryableIOError` (exit 5) for an
+    unwritable one or a listing that fails.
     """
     uri = store.uri if isinstance(store, Store) else store
     if is_remote(uri) and not uri.startswith("s3://"):
@@ -48,6 +51,8 @@ def open_store(store: Store | str, *, create: bool = False, writing: bool = True
     resolved = store if isinstance(store, Store) else Store(uri)
     if is_remote(uri):
         _check_remote(resolved, create)
+    if not upgrading:
+        check_format(resolved)
     return resolved
 
 

@@ -130,6 +130,20 @@ def log_object(store_uri: str, key: str) -> bytes | None:
         raise OSError(f"reading s3://{bucket}/{prefix}/{key} failed: {exc}") from exc
 
 
+def put_object(store_uri: str, key: str, body: bytes) -> None:
+    """Write object ``key`` under the ``s3://`` store at ``store_uri`` in one PUT (atomic: a reader sees the
+    whole body or the object before it). A failed request is an :class:`OSError`."""
+    client = shared_s3_client()
+    bucket, prefix = split_s3(store_uri)
+    client_error, botocore_error = _errors()
+    try:
+        client.put_object(Bucket=bucket, Key=f"{prefix}/{key}" if prefix else key, Body=body)
+    except client_error as exc:
+        raise OSError(f"writing s3://{bucket}/{prefix}/{key} failed: {_code(exc)}") from exc
+    except botocore_error as exc:
+        raise OSError(f"writing s3://{bucket}/{prefix}/{key} failed: {exc}") from exc
+
+
 def _code(exc: ClientError) -> str:
     """The S3 error code of a failed request (its HTTP status where the body named none)."""
     code = str(exc.response.get("Error", {}).get("Code", ""))

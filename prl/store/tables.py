@@ -20,7 +20,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-from deltalake import DeltaTable, Field
+from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from prl.errors import RetryableIOError
@@ -35,6 +35,7 @@ from prl.io.locations import (
 )
 from prl.schema import TABLES
 from prl.store import holder
+from prl.store.format import mark_new
 from prl.store.s3lock import log_object
 from prl.store.writer import CommitResult, PendingCommit, describe_error, parquet_options, write_files
 
@@ -62,7 +63,7 @@ reads each of those commit files twice per open: with its default of 100 an open
 before ``prl maintain`` checkpoints again, with 10 at most ~30 (a checkpoint read is ~12 GETs); a commit that
 writes a checkpoint costs ~40 requests instead of 7, once in 10 commits. Spark's default is 10 too."""
 TABLE_PROPERTIES = {"delta.checkpointInterval": str(CHECKPOINT_INTERVAL)}
-"""The Delta table properties prl creates its tables with (and ``prl maintain`` sets on older tables)."""
+"""The Delta table properties prl creates its tables with (``prl maintain --upgrade`` sets them on older tables)."""
 
 READAHEAD_FILES = 2
 READAHEAD_BATCHES = 4
@@ -361,13 +362,14 @@ class Store:
         Inside a run this is the kept table as last brought up to date (:meth:`latest` with ``refresh=False``):
         its callers need the table to exist with prl's columns, and a table to commit to. A kept view that
         misses other writers' newest commits cannot make either wrong: a table once there stays there for the
-        run, a column another writer added since is found there when adding it fails, and a commit against an
+        run, its columns are those of the store's format (:mod:`prl.store.format`), and a commit against an
         older version retries past the newer ones (its write of the next version fails, delta-rs checks the
         commits that won for conflicts and commits after them), as any writer slower than another does."""
         table = self.latest(name, refresh=False)
         if table is not None:
-            return self._upgraded(table, name)
+            return table
         holder.ensure_held(self.location)  # creating a table is a commit too
+        mark_new(self)  # the store's format is recorded before its first table
         try:
             table = DeltaTable.create(
                 self.table_uri(name),
@@ -382,26 +384,6 @@ class Store:
             if table is None:
                 raise RetryableIOError(f"creating table {name!r} in {self.uri} failed: {describe_error(exc)}") from exc
         return self._keep(name, table)
-
-    def _upgraded(self, table: DeltaTable, name: str) -> DeltaTable:
-        """A table created by an older prl gets the nullable columns added since (one schema commit); its
-        older rows read them as null."""
-        have = {f.name for f in table.schema().fields}
-        missing = [f for f in TABLES[name] if f.name not in have]
-        if not missing:
-            return table
-        if any(not f.nullable for f in missing):
-            raise RetryableIOError(f"table {name!r} in {self.uri} lacks required columns {[f.name for f in missing]}")
-        holder.ensure_held(self.location)
-        try:
-            table.alter.add_columns([Field.from_arrow(f) for f in missing])
-        except (OSError, DeltaError) as exc:
-            again = self.open(name)  # another process added them first
-            if again is None or any(f.name not in {g.name for g in again.schema().fields} for f in missing):
-                raise RetryableIOError(
-                    f"adding columns to {name!r} in {self.uri} failed: {describe_error(exc)}"
-                ) from exc
-        return self._keep(name, self.open(name) or table)
 
     def write_files(self, name: str, batches: Iterable[pa.RecordBatch], dry_run: bool = False) -> PendingCommit:
         """Stream ``batches`` into new Parquet files of table ``name`` (invisible until committed; see

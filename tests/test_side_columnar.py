@@ -128,6 +128,9 @@ def test_the_common_shapes_take_the_columnar_road() -> None:
     [
         b'{"sample_id": "a", "ref_model": "m", "ref_logprobs": [0.5]}\n',
         b'{"sample_id": "a", "ref_model": "m", "ref_logprobs": [null]}\n',
+        b'{"sample_id": "a", "ref_model": "m", "ref_logprobs": [null, 0.0]}\n',  # Arrow reads it into a bad list
+        b'{"sample_id": "a", "ref_model": "m", "ref_logprobs": [-1.0]}\n{"sample_id": "b", "ref_model": "m", '
+        b'"ref_logprobs": [null, -2.0, 0.0]}\n',
         b'{"sample_id": "a", "ref_model": "", "ref_logprobs": [-1]}\n',
         b'{"sample_id": "a", "model": "m", "logprobs": [-1]}\n',
         b'{"sample_id": "a", "ref_model": "m", "ref_logprobs": [-1e400]}\n',
@@ -137,6 +140,20 @@ def test_the_common_shapes_take_the_columnar_road() -> None:
 )
 def test_other_ref_rows_take_the_row_road(block: bytes) -> None:
     assert ref_block(block, 1, "u", NOW) is None
+
+
+def test_a_list_that_starts_with_null_is_quarantined_not_an_arrow_error(tmp_path: Path) -> None:
+    """Arrow's JSON reader builds an invalid list array of ``[null, 0.0]`` (offsets past its values); the block
+    goes the row road, which keeps the good row and quarantines the other with its reason."""
+    path = tmp_path / "ref.jsonl"
+    path.write_bytes(
+        b'{"sample_id": "a#1", "ref_model": "m", "ref_logprobs": [null, 0.0]}\n'
+        b'{"sample_id": "a#0", "ref_model": "m", "ref_logprobs": [-1.0, 0.0]}\n'
+    )
+    result = ingest_side_table([str(path)], Store(str(tmp_path / "store")), kind="ref")
+    assert (result.rows, result.quarantined) == (1, {"bad_logprob": 1})
+    stored = Store(str(tmp_path / "store")).read("ref_logprobs").select(["sample_id", "ref_logprobs"]).to_pylist()
+    assert stored == [{"sample_id": "a#0", "ref_logprobs": [-1.0, 0.0]}]
 
 
 @pytest.mark.parametrize(("kind", "fmt"), [("rewards", "jsonl"), ("rewards", "csv"), ("rewards", "parquet"),

@@ -70,11 +70,14 @@ def _created_ms(table: pa.Table, now_ms: int) -> np.ndarray | None:
 
 def json_block(block: bytes) -> pa.Table | None:
     """A JSONL block of whole lines as one Arrow table (a row per line), or None when Arrow cannot read it as
-    that (a blank line, a line that is not an object, invalid JSON)."""
+    that (a blank line, a line that is not an object, invalid JSON) or reads it into invalid arrays: Arrow 26's
+    type inference builds a list whose offsets overrun its values from a list that starts with ``null``
+    (``[null, 0.0]``), so the table is validated whole before any column is used."""
     if not block.strip():
         return None
     try:
         table = pj.read_json(io.BytesIO(block), read_options=pj.ReadOptions(block_size=len(block) + 1))
+        table.validate(full=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     return table if table.num_rows == _lines(block) else None

@@ -36,7 +36,7 @@ test: lint
 # runs in `make test-trainers` (a virtualenv of TRL and verl); without it those tests skip here.
 FUZZ_LINES ?= 1000000
 test-all: setup engines-venv
-	PRL_VLLM_PYTHON=$(ENGINE_VENVS)/vllm/bin/python $(PY) -m pytest -n 2 --durations=25 -rsP -m "campaign or genuine" --ignore=tests/test_kill_campaign.py --deselect tests/test_fuzz_campaign.py::test_fuzz_campaign tests
+	PRL_VLLM_PYTHON=$(ENGINE_VENVS)/vllm/bin/python $(PY) -m pytest -n 2 --dist loadgroup --durations=25 -rsP -m "campaign or genuine" --ignore=tests/test_kill_campaign.py --deselect tests/test_fuzz_campaign.py::test_fuzz_campaign tests
 	$(MAKE) --no-print-directory fuzz
 	$(MAKE) --no-print-directory crash
 

@@ -33,7 +33,11 @@ from tests.genuine_engines import (
 from tests.pipeline_helpers import read_table, run_prl
 
 SKIP = vllm_skip_reason()
-pytestmark = [pytest.mark.genuine, pytest.mark.skipif(SKIP is not None, reason=SKIP or "")]
+pytestmark = [
+    pytest.mark.genuine,
+    pytest.mark.skipif(SKIP is not None, reason=SKIP or ""),
+    pytest.mark.xdist_group("vllm"),  # one worker runs them all (`--dist loadgroup`): each server starts once
+]
 
 BF16_TOLERANCE = 0.01
 """|vLLM − transformers| bound: the bf16 server against a float32 forward pass of the same weights (measured:

@@ -133,6 +133,18 @@ def meta(model: type, name: str) -> Opt:
     return found
 
 
+def checked(model: type, name: str, value: Any) -> Any:
+    """``value`` of option ``name`` as a library call takes it, checked by the model's rule (the one the recipe
+    applies): a bad value is a :class:`~prl.errors.UsageError` naming the flag, ``--sample-rate: expected a
+    number in (0, 1], got 0.0``. None passes: a library call's "not set" (no threshold)."""
+    if value is None:
+        return None
+    from prl.validation import Validator
+
+    spec = meta(model, name)
+    return spec.check(Validator(""), spec.flag or name, value)
+
+
 def field_of(model: type, name: str) -> Field[Any]:
     for f in fields(model):
         if f.name == name:
@@ -385,6 +397,7 @@ __all__ = [
     "ScoreRefOptions",
     "SideOptions",
     "StoreOptions",
+    "checked",
     "meta",
     "opt",
 ]

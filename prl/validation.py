@@ -34,8 +34,9 @@ class Validator:
         return f"{self.where}: " if self.where else ""
 
     def fail(self, key: str, message: str) -> UsageError:
-        """An error about ``key``: ``<where>: [table] key: message``."""
-        return UsageError(f"{self.prefix()}[{self.table}] {key}: {message}")
+        """An error about ``key``: ``<where>: [table] key: message`` (no ``[table]`` for a library call's option)."""
+        table = f"[{self.table}] " if self.table else ""
+        return UsageError(f"{self.prefix()}{table}{key}: {message}")
 
     def bad(self, key: str, expected: str, value: Any) -> UsageError:
         """An error saying what ``key`` expects and what it got."""

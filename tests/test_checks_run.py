@@ -105,9 +105,9 @@ def test_usage_errors(tmp_path):
         check_tokens(store, str(tmp_path))
     with pytest.raises(UsageError, match="chat template file not found"):
         check_tokens(store, tokenizer_dir(), chat_template=str(tmp_path / "missing.jinja"))
-    with pytest.raises(UsageError, match="sample rate"):
+    with pytest.raises(UsageError, match=r"^--sample-rate: expected a number in \(0, 1\], got 0.0$"):
         check_tokens(store, tokenizer_dir(), sample_rate=0.0)
-    with pytest.raises(UsageError, match="max drift rate"):
+    with pytest.raises(UsageError, match=r"^--max-drift-rate: expected a number in \[0, 1\], got 2.0$"):
         check_tokens(store, tokenizer_dir(), max_drift_rate=2.0)
 
 

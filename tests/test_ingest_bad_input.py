@@ -278,7 +278,7 @@ def test_completions_heads_that_are_not_objects(store, write_trace):
 @pytest.mark.parametrize("rate", [-0.1, 1.5, float("nan")])
 def test_quarantine_rate_must_be_a_fraction(store, write_trace, rate):
     path = write_trace("ok.jsonl", [GOOD])
-    with pytest.raises(UsageError, match="must be a fraction in"):
+    with pytest.raises(UsageError, match=r"^--max-quarantine-rate: expected a number in \[0, 1\], got "):
         ingest([str(path)], store, max_quarantine_rate=rate)
     assert store.version("traces") is None
 

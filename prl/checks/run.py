@@ -45,7 +45,7 @@ from prl.checks.verdict import RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.engines import Engine, get_engine, split
 from prl.errors import UsageError
-from prl.options import CheckTokensOptions
+from prl.options import CheckTokensOptions, checked
 from prl.progress import Task, task
 from prl.store.changes import files_dataset, snapshot_files, snapshot_turn_files
 from prl.store.locks import holding
@@ -208,10 +208,8 @@ def check_tokens(
     are checked; the lock, the run summary and the commits stay in this process, with the same rows and commit
     metadata on every engine.
     """
-    if not 0.0 < sample_rate <= 1.0:
-        raise UsageError(f"sample rate must be in (0, 1], got {sample_rate}")
-    if max_drift_rate is not None and not 0.0 <= max_drift_rate <= 1.0:
-        raise UsageError(f"max drift rate must be in [0, 1], got {max_drift_rate}")
+    checked(CheckTokensOptions, "sample_rate", sample_rate)
+    checked(CheckTokensOptions, "max_drift_rate", max_drift_rate)
     check_int("--max-template-timeouts", max_template_timeouts, 1, MAX_TEMPLATE_TIMEOUTS_LIMIT)
     store = open_store(store, writing=not dry_run)
     started = time.perf_counter()

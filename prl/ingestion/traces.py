@@ -37,7 +37,7 @@ from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, Ingest
 from prl.ingestion.resume import app_id, earlier_points
 from prl.io import sources as io_sources
 from prl.io.sources import SourceFile, scan
-from prl.options import IngestOptions
+from prl.options import IngestOptions, checked
 from prl.progress import Task, task
 from prl.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.runtime import young_collections
@@ -99,8 +99,7 @@ def ingest(
     found = scan(sources)
     files = found.files
     result.files.extend(FileReport(p.uri, status=p.status, error=p.reason) for p in found.problems)
-    if max_quarantine_rate is not None and not 0.0 <= max_quarantine_rate <= 1.0:
-        raise UsageError(f"--max-quarantine-rate must be a fraction in [0, 1], not {max_quarantine_rate!r}")
+    checked(IngestOptions, "max_quarantine_rate", max_quarantine_rate)
     if finish_reason is not None and finish_reason not in FINISH_REASONS:
         raise UsageError(f"--finish-reason must be one of {', '.join(FINISH_REASONS)}, not {finish_reason!r}")
     grace = io_sources.partial_line_grace() if partial_line_grace is None else partial_line_grace

@@ -18,7 +18,15 @@ import typer
 
 from prl import bounds
 from prl.errors import UsageError
-from prl.options import CheckTokensOptions, IngestOptions, MaintainOptions, ScoreRefOptions, StoreOptions, meta
+from prl.options import (
+    ENGINES,
+    CheckTokensOptions,
+    IngestOptions,
+    MaintainOptions,
+    ScoreRefOptions,
+    StoreOptions,
+    meta,
+)
 from prl.redact import redact_logging
 from prl.report.session import SESSION, PrlGroup, run_command
 from prl.results import CommandResult
@@ -51,11 +59,8 @@ app = typer.Typer(
 )
 
 
-class EngineName(StrEnum):
-    """Where a step's batches run (prl.engines)."""
-
-    local = "local"
-    ray = "ray"
+EngineName = StrEnum("EngineName", [(name, name) for name in ENGINES])  # type: ignore[misc]
+"""Where a step's batches run (:data:`prl.options.ENGINES`): click offers and checks these names."""
 
 
 def _seconds(option: str, maximum: float) -> Any:

@@ -14,6 +14,8 @@ TOKEN_IDS = pa.list_(pa.int32())
 LOGPROBS = pa.list_(pa.float32())
 VERSION_SPAN = pa.struct([("version", pa.string()), ("start", pa.int32()), ("end", pa.int32())])
 TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
+TIMESTAMP_US = pa.timestamp("us", tz="UTC")
+"""A sample's ``created_at`` keeps the microseconds it was given; the times prl stamps itself are milliseconds."""
 
 FINISH_REASONS = ("stop", "length", "tool_calls", "abort", "error")
 
@@ -29,7 +31,7 @@ TRACES = pa.schema(
         pa.field("policy_version", pa.string()),
         pa.field("policy_version_spans", pa.list_(VERSION_SPAN)),
         pa.field("model", pa.string()),
-        pa.field("created_at", TIMESTAMP_MS),
+        pa.field("created_at", TIMESTAMP_US),
         pa.field("prompt_token_ids", TOKEN_IDS, nullable=False),
         pa.field("completion_token_ids", TOKEN_IDS, nullable=False),
         pa.field("completion_logprobs", LOGPROBS, nullable=False),

@@ -7,7 +7,7 @@ agents of a multi-agent session are ordered independently. Within a trajectory r
 1. the explicit ``turn`` when the trajectory's rows carry one (rows with the same turn are one step: the choices
    or samples of that turn);
 2. else ``created_at``, compared at the coarsest resolution the trajectory's rows carry (whole seconds when any
-   row's time is a whole second, as OpenAI-style ``created`` is; milliseconds otherwise), so that a seconds-only
+   row's time is a whole second, as OpenAI-style ``created`` is; microseconds otherwise), so that a seconds-only
    time never outranks a finer one; ties are broken by arrival (``source_uri``, then ``source_line``) and then by
    prompt length (several turns of one rollout line). Rows of one record (n > 1 choices) are one step.
 
@@ -47,17 +47,22 @@ def with_order_keys(keys: pl.DataFrame) -> pl.DataFrame:
     """``keys`` (the ``KEY_COLUMNS``) plus the per-trajectory order keys ``_turns`` (the trajectory is ordered by
     turn), ``_timed`` (some row has a time), ``_k_time`` (time at the trajectory's coarsest resolution), ``_tie``
     (another request shares this row's time and arrival: prompt length decides) and ``undetermined``."""
-    ms = pl.col("created_at").cast(pl.Int64)
+    us = pl.col("created_at").dt.cast_time_unit("us").cast(pl.Int64)
     df = keys.with_columns(
         pl.col("turn").is_not_null().any().over(TRAJECTORY).alias("_turns"),
-        ms.is_not_null().any().over(TRAJECTORY).alias("_timed"),
-        (ms % 1000 == 0).any().over(TRAJECTORY).fill_null(False).alias("_coarse"),
+        us.is_not_null().any().over(TRAJECTORY).alias("_timed"),
+        (us % 1_000_000 == 0).any().over(TRAJECTORY).fill_null(False).alias("_coarse"),
     )
     df = df.with_columns(
-        pl.when(pl.col("_turns")).then(None).when(pl.col("_coarse")).then(ms // 1000).otherwise(ms).alias("_k_time"),
+        pl.when(pl.col("_turns"))
+        .then(None)
+        .when(pl.col("_coarse"))
+        .then(us // 1_000_000)
+        .otherwise(us)
+        .alias("_k_time"),
         pl.when(pl.col("_turns") & pl.col("turn").is_null())
         .then(pl.lit(NO_TURN))
-        .when(~pl.col("_turns") & pl.col("_timed") & ms.is_null())
+        .when(~pl.col("_turns") & pl.col("_timed") & us.is_null())
         .then(pl.lit(NO_TIMESTAMP))
         .otherwise(None)
         .alias("undetermined"),

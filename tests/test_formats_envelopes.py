@@ -28,12 +28,12 @@ def test_proxy_capture_fills_request_side():
     assert chat.request_id == "chatcmpl-p1"
     assert chat.messages == '[{"role":"user","content":"Capital of France?"}]'
     assert (chat.session_id, chat.temperature, chat.top_p, chat.top_k) == ("s-1", 0.7, 0.95, -1)
-    assert chat.created_at_ms == 1767225600000  # the chat body's own "created" wins over the envelope
+    assert chat.created_at_us == 1767225600000000  # the chat body's own "created" wins over the envelope
     # tokens-in/out: the prompt comes from the request's token_ids, the session from "user"
     assert generate.request_id == "gen-p2"
     assert generate.prompt_token_ids.to_pylist() == P2
     assert (generate.session_id, generate.temperature, generate.top_p) == ("u-7", 1.0, None)
-    assert generate.created_at_ms == 1767225600123
+    assert generate.created_at_us == 1767225600123000
     assert reasons(items) == [(3, "upstream_error")]
 
 

@@ -39,7 +39,7 @@ def test_rollout_is_one_sample_with_its_tokens():
     assert s.prompt_token_ids.to_pylist()[:5] == [151644, 872, 198, 2610, 525]  # <|im_start|>user\n…
     assert s.completion_token_ids.to_pylist() == item["generation_token_ids"]
     assert s.completion_logprobs.to_pylist() == item["generation_log_probs"]
-    assert s.created_at_ms == 1775583409000
+    assert s.created_at_us == 1775583409000000
     assert s.completion_text is not None and s.completion_text.startswith("\n\n```cpp\n#include <iostream>")
     assert json.loads(s.messages or "null")[0]["role"] == "user"
 

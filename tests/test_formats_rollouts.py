@@ -79,7 +79,7 @@ def test_prime_rl_episode_calls_are_turns_with_exact_prompts():
     assert second.completion_logprobs.to_pylist() == [-0.25, -0.5, -0.125]
     assert first.rewards == {"correct": 1.0, "format": 0.1}  # score × weight; "judge" did not run
     assert first.messages == '[{"role":"user","content":"What is 2+2?"}]'
-    assert (first.created_at_ms, first.model) == (1767225600600, "deepseek-v4")
+    assert (first.created_at_us, first.model) == (1767225600600000, "deepseek-v4")
     assert reasons(items) == [(2, "upstream_error")]
     (_, failed), *_ = [item for item in items if item[0] == 2]
     assert "SandboxError: sandbox timed out" in failed.message

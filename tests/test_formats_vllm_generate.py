@@ -51,7 +51,7 @@ def test_generate_int_token_ids_two_choices_and_floor():
     assert gen2[1].completion_token_ids.to_pylist() == C2
     assert gen2[1].completion_logprobs.to_pylist() == [-0.25, -9999.0]  # ingest turns the floor into null
     assert heads(gen2[1]) == (None, None)  # only empty top_logprobs lists
-    assert gen2[0].model == "deepseek-v4" and gen2[0].created_at_ms == 1767225600000
+    assert gen2[0].model == "deepseek-v4" and gen2[0].created_at_us == 1767225600000000
     assert len(gen2[0].prompt_token_ids) == 0  # the request side (token_ids) carries the prompt
 
 
@@ -69,7 +69,7 @@ def test_request_output_dump():
     assert (first.request_id, first.choice_index, first.finish_reason) == ("0", 0, "stop")
     assert first.completion_token_ids.to_pylist() == C1 and first.completion_logprobs.to_pylist() == L1
     assert first.completion_text == "The answer is 4."
-    assert first.created_at_ms == 1767225600500
+    assert first.created_at_us == 1767225600500000
     # logprobs=1 and every sampled token ranked first: a head of one
     assert heads(first)[0] == [[i] for i in C1]
     # one-entry dicts whose sampled token ranked 2nd: logprobs=0 was asked, no head

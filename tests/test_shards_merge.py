@@ -289,7 +289,7 @@ def plan_frame(rows):
             "prompt_len": cols[6],
             "completion_len": cols[7],
         },
-        schema_overrides={"turn": pl.Int32, "created_at": pl.Int64, "prefix_status": pl.String},
+        schema_overrides={"turn": pl.Int32, "created_at": pl.Datetime("us", "UTC"), "prefix_status": pl.String},
     )
 
 

@@ -8,10 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import polars as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prl.checks import check_tokens
 from prl.formats.agents import agent_of
-from prl.formats.fields import finer_ms
+from prl.formats.fields import finer_time, timestamp_ms, timestamp_us
 from prl.ingestion.traces import ingest
 from prl.store.tables import Store
 from prl.trajectory import order_steps, trajectory_order, with_order_keys
@@ -88,6 +90,29 @@ def test_milliseconds_order_rows_that_arrived_out_of_order(tmp_path):
     assert got["m0"] == ("ok", [], None)
 
 
+def test_a_whole_second_in_the_store_makes_its_trajectory_compare_at_seconds(tmp_path):
+    # The store reads times back in microseconds; a whole second still marks the trajectory as seconds-only, so
+    # arrival orders these three turns (at millisecond resolution b would come first and a would fork).
+    turns = chain(P0, [reply("A."), reply("B."), reply("C.")], [user("Go"), user("Go")])
+    rows = [
+        row("a", *turns[0], session_id="s", created_at=at(500), source_line=1),
+        row("b", *turns[1], session_id="s", created_at=SECOND, source_line=2),
+        row("c", *turns[2], session_id="s", created_at=at(900), source_line=3),
+    ]
+    _, got, _ = checked(tmp_path, rows)
+    assert (got["a"], got["b"], got["c"]) == (("ok", [], None), ("ok", [], "CLEAN"), ("ok", [], "CLEAN"))
+
+
+def test_microseconds_order_turns_sampled_within_one_millisecond(tmp_path):
+    turns = chain(P0, [reply("A."), reply("B.")], [user("Go")])
+    rows = [
+        row("u1", *turns[1], session_id="s", created_at=SECOND + timedelta(microseconds=250_700), source_line=1),
+        row("u0", *turns[0], session_id="s", created_at=SECOND + timedelta(microseconds=250_300), source_line=2),
+    ]
+    _, got, _ = checked(tmp_path, rows)
+    assert (got["u0"], got["u1"]) == (("ok", [], None), ("ok", [], "CLEAN"))
+
+
 def keys(**columns) -> pl.DataFrame:
     n = len(columns["sample_id"])
     base = {
@@ -112,7 +137,7 @@ def keys(**columns) -> pl.DataFrame:
         "source_line": pl.Int64,
         "prompt_len": pl.Int64,
     }
-    return pl.DataFrame(base, schema=schema)
+    return pl.DataFrame(base, schema=schema).with_columns(pl.col("created_at").cast(pl.Datetime("ms", "UTC")))
 
 
 def previous_of(df: pl.DataFrame) -> dict[str, tuple[list[str] | None, str | None]]:
@@ -282,10 +307,11 @@ def test_agent_of(record, field, agent):
 
 
 def test_finer_timestamp_of_request_and_response():
-    assert finer_ms(1767225600000, 1767225600123) == 1767225600123
-    assert finer_ms(1767225600000, 1767225601000) == 1767225600000
-    assert finer_ms(1767225600456, 1767225600123) == 1767225600456
-    assert finer_ms(None, 5) == 5 and finer_ms(5, None) == 5
+    assert finer_time(1767225600000000, 1767225600123000) == 1767225600123000
+    assert finer_time(1767225600000000, 1767225600000007) == 1767225600000007
+    assert finer_time(1767225600000000, 1767225601000000) == 1767225600000000
+    assert finer_time(1767225600456000, 1767225600123000) == 1767225600456000
+    assert finer_time(None, 5) == 5 and finer_time(5, None) == 5
 
 
 def proxy_line(rid: str, agent_header: str | None, agent_meta: str | None, ts: str, prompt: list[int]) -> str:
@@ -319,10 +345,28 @@ def proxy_line(rid: str, agent_header: str | None, agent_meta: str | None, ts: s
     return json.dumps(record)
 
 
-def test_ingest_takes_the_agent_and_the_request_milliseconds(tmp_path):
+@given(st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(9999, 12, 31)))
+def test_a_sample_time_keeps_its_microseconds(moment):
+    expected = (moment.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    assert timestamp_us(moment) == expected
+    assert timestamp_us(moment.isoformat() + "Z") == expected
+    assert timestamp_us(moment.replace(tzinfo=UTC).isoformat()) == expected
+    assert abs(timestamp_ms(moment) * 1000 - expected) < 1000  # events keep milliseconds
+
+
+def test_epoch_numbers_keep_their_fraction():
+    assert timestamp_us(1767225600) == 1767225600000000  # seconds
+    assert timestamp_us(1767225600.250125) == 1767225600250125
+    assert timestamp_us(1767225600250) == 1767225600250000  # milliseconds
+    assert timestamp_us(1767225600250.5) == 1767225600250500
+    assert timestamp_us("2026-01-01T00:00:00.123456789Z") == 1767225600123456  # nanoseconds: to the microsecond
+    assert [timestamp_us(v) for v in (True, -1, float("nan"), 2.6e14, "noon", None)] == [None] * 6
+
+
+def test_ingest_takes_the_agent_and_the_request_time_to_the_microsecond(tmp_path):
     src = tmp_path / "capture.jsonl"
     lines = [
-        proxy_line("r1", "planner", None, "2026-01-01T00:00:00.250Z", [0, 5]),
+        proxy_line("r1", "planner", None, "2026-01-01T00:00:00.250123Z", [0, 5]),
         proxy_line("r2", None, "worker", "2026-01-01T00:00:00.750Z", [0, 6]),
         proxy_line("r3", None, None, "2026-01-01T00:00:00Z", [0, 7]),
     ]
@@ -334,7 +378,7 @@ def test_ingest_takes_the_agent_and_the_request_milliseconds(tmp_path):
         for r in store.read("traces", columns=["request_id", "agent_id", "created_at"]).to_pylist()
     }
     assert got == {
-        "r1": ("planner", "2026-01-01T00:00:00.250000+00:00"),
+        "r1": ("planner", "2026-01-01T00:00:00.250123+00:00"),
         "r2": ("worker", "2026-01-01T00:00:00.750000+00:00"),
         "r3": (None, "2026-01-01T00:00:00+00:00"),
     }

@@ -44,7 +44,7 @@ class Sample:
 
     Token arrays are Arrow arrays: ``*_token_ids`` int64 (range-checked to int32 on assembly),
     ``completion_logprobs`` float64 with nulls where the server gave none, ``topk_*`` list arrays of
-    ``[completion_len][k]``. ``created_at_ms`` is milliseconds since the Unix epoch, UTC.
+    ``[completion_len][k]``. ``created_at_us`` is microseconds since the Unix epoch, UTC.
     """
 
     request_id: str
@@ -60,7 +60,7 @@ class Sample:
     policy_version: str | None = None
     policy_version_spans: list[dict[str, Any]] | None = None
     model: str | None = None
-    created_at_ms: int | None = None
+    created_at_us: int | None = None
     completion_mask: pa.Array | None = None
     topk_ids: pa.Array | None = None
     topk_logprobs: pa.Array | None = None

@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
-from prl.formats.fields import RequestSide, as_dict, opt_dict, opt_str, request_side, timestamp_ms
+from prl.formats.fields import RequestSide, as_dict, opt_dict, opt_str, request_side, timestamp_us
 from prl.formats.sse.exact import frame_decoded, is_chunk, parse_chunks
 
 
@@ -140,8 +140,8 @@ class ProxyCapture(_Envelope):
             None,
         )
         side = request_side(request, created)
-        if side.created_at_ms is None:
-            side.created_at_ms = timestamp_ms(created)
+        if side.created_at_us is None:
+            side.created_at_us = timestamp_us(created)
         side.session_id = side.session_id or opt_str(obj.get("session_id"))
         version = header_version(obj)
         if version is not None:  # the proxy's word beats --policy-version; a version in the response beats both

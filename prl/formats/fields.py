@@ -12,7 +12,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -184,22 +184,21 @@ _MS_THRESHOLD = 1e11
 """Epoch numbers above this are milliseconds (1e11 s is the year 5138; 1e11 ms is 1973)."""
 _MS_LIMIT = 253402300800000
 """9999-12-31T23:59:59Z + 1 s in milliseconds: larger numbers are not timestamps."""
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
 
 
-def timestamp_ms(value: Any) -> int | None:
-    """Milliseconds since the epoch (UTC) from epoch seconds, epoch milliseconds, an ISO-8601 string or a
-    ``datetime`` (naive ones are read as UTC). Unparseable values are None: a timestamp is metadata, not a reason to
-    drop a sample."""
+def _epoch(value: Any) -> datetime | float | None:
+    """An aware datetime (from a ``datetime`` or an ISO-8601 string; naive ones are read as UTC) or epoch
+    milliseconds (from epoch seconds or milliseconds); None for anything else."""
     if isinstance(value, bool):
         return None
     if isinstance(value, datetime):  # CSV and Parquet readers hand over typed timestamps
-        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        return round(moment.timestamp() * 1000.0)
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
     if isinstance(value, (int, float)):
         if value < 0 or value >= _MS_LIMIT or not math.isfinite(value):  # ints of any size compare exactly
             return None
-        ms = round(value if value > _MS_THRESHOLD else value * 1000.0)
-        return ms if ms < _MS_LIMIT else None
+        return value if value > _MS_THRESHOLD else value * 1000.0
     if isinstance(value, str):
         text = value.strip()
         if text.endswith("Z"):
@@ -208,10 +207,34 @@ def timestamp_ms(value: Any) -> int | None:
             moment = datetime.fromisoformat(text)
         except ValueError:
             return None
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-        return round(moment.timestamp() * 1000.0)
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     return None
+
+
+def timestamp_ms(value: Any) -> int | None:
+    """Milliseconds since the epoch (UTC) from epoch seconds, epoch milliseconds, an ISO-8601 string or a
+    ``datetime`` (naive ones are read as UTC). Unparseable values are None: a timestamp is metadata, not a reason to
+    drop a sample. Side-table events keep this resolution (their event ids hash it)."""
+    moment = _epoch(value)
+    if isinstance(moment, datetime):
+        return round(moment.timestamp() * 1000.0)
+    if moment is None:
+        return None
+    ms = round(moment)
+    return ms if ms < _MS_LIMIT else None
+
+
+def timestamp_us(value: Any) -> int | None:
+    """Microseconds since the epoch (UTC), read as :func:`timestamp_ms` reads, keeping the sub-millisecond part a
+    value carries (ISO-8601 fractions up to microseconds, fractional epoch seconds or milliseconds): a sample's
+    ``created_at``."""
+    moment = _epoch(value)
+    if isinstance(moment, datetime):
+        return (moment - _EPOCH) // _MICROSECOND
+    if moment is None:
+        return None
+    us = round(moment * 1000)
+    return us if us < _MS_LIMIT * 1000 else None
 
 
 # --- request-side metadata -----------------------------------------------------------------------------
@@ -221,7 +244,7 @@ def timestamp_ms(value: Any) -> int | None:
 class RequestSide:
     """What the request (or an envelope around it) says about a sample; None where it says nothing.
 
-    ``messages`` is compact JSON text; ``created_at_ms`` is epoch milliseconds (UTC)."""
+    ``messages`` is compact JSON text; ``created_at_us`` is epoch microseconds (UTC)."""
 
     prompt_token_ids: pa.Array | None = None
     messages: str | None = None
@@ -230,7 +253,7 @@ class RequestSide:
     top_p: float | None = None
     top_k: int | None = None
     logprobs_mode: str | None = None
-    created_at_ms: int | None = None
+    created_at_us: int | None = None
     model: str | None = None
     policy_version: str | None = None
 
@@ -251,19 +274,19 @@ class RequestSide:
         ):
             if getattr(sample, name) is None:
                 setattr(sample, name, getattr(self, name))
-        sample.created_at_ms = finer_ms(sample.created_at_ms, self.created_at_ms)
+        sample.created_at_us = finer_time(sample.created_at_us, self.created_at_us)
         return sample
 
 
-def finer_ms(response_ms: int | None, request_ms: int | None) -> int | None:
-    """The finer of a record's two timestamps (epoch ms): a request-side time with milliseconds replaces a
+def finer_time(response_us: int | None, request_us: int | None) -> int | None:
+    """The finer of a record's two timestamps (epoch µs): a request-side time finer than a second replaces a
     response ``created`` given in whole seconds (OpenAI-style ``created`` has one-second resolution, so turns
     sampled within one second would tie); otherwise the response side wins."""
-    if response_ms is None:
-        return request_ms
-    if request_ms is not None and response_ms % 1000 == 0 and request_ms % 1000 != 0:
-        return request_ms
-    return response_ms
+    if response_us is None:
+        return request_us
+    if request_us is not None and response_us % 1_000_000 == 0 and request_us % 1_000_000 != 0:
+        return request_us
+    return response_us
 
 
 def sampling_settings(params: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +342,7 @@ def request_side(request: dict[str, Any], created: Any = None) -> RequestSide:
         prompt_token_ids=prompt_ids,
         messages=json_text(messages) if messages is not None else None,
         session_id=request_session(request),
-        created_at_ms=timestamp_ms(created if created is not None else request.get("created")),
+        created_at_us=timestamp_us(created if created is not None else request.get("created")),
         model=opt_str(request.get("model")),
         **settings,
     )

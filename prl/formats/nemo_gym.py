@@ -40,7 +40,7 @@ from prl.formats.fields import (
     opt_str,
     policy_version_of,
     sampling_settings,
-    timestamp_ms,
+    timestamp_us,
 )
 
 TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
@@ -94,7 +94,7 @@ class NemoGym(Format):
         common = {
             "session_id": response_id,
             "model": opt_str(response.get("model")),
-            "created_at_ms": timestamp_ms(response.get("created_at")),
+            "created_at_us": timestamp_us(response.get("created_at")),
             "group_key": group_key_of(obj, options),
             "policy_version": policy_version_of(
                 opt_dict(response.get("metadata")).get("weight_version"), options=options

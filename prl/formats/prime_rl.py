@@ -41,7 +41,7 @@ from prl.formats.fields import (
     opt_dict,
     opt_str,
     policy_version_of,
-    timestamp_ms,
+    timestamp_us,
 )
 from prl.formats.rollouts import mask_array
 
@@ -152,7 +152,7 @@ def _call_sample(nodes: list[dict[str, Any]], call: dict[str, Any], what: str) -
         completion_logprobs=logprob_array(node.get("logprobs"), f"nodes[{index}].logprobs"),
         finish_reason=finish_reason(call.get("finish_reason")),
         model=opt_str(call.get("model")),
-        created_at_ms=timestamp_ms(opt_dict(call.get("time")).get("start") or node.get("timestamp")),
+        created_at_us=timestamp_us(opt_dict(call.get("time")).get("start") or node.get("timestamp")),
         messages=json_text([opt_dict(nodes[i].get("message")) for i in path[:-1]]),
         completion_text=opt_str(message.get("content")),
     )

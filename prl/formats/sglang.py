@@ -32,7 +32,7 @@ from prl.formats.fields import (
     opt_int,
     policy_version_of,
     session_of,
-    timestamp_ms,
+    timestamp_us,
 )
 
 _LIST = frozenset({list})
@@ -165,7 +165,7 @@ class SglangGenerate(Format):
             ),
             policy_version_spans=spans,
             model=obj.get("model") if isinstance(obj.get("model"), str) else None,
-            created_at_ms=timestamp_ms(obj.get("created", meta.get("created"))),
+            created_at_us=timestamp_us(obj.get("created", meta.get("created"))),
             topk_ids=topk_ids,
             topk_logprobs=topk_logprobs,
             temperature=opt_float(obj.get("temperature")),

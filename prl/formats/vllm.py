@@ -53,7 +53,7 @@ from prl.formats.fields import (
     opt_int,
     policy_version_of,
     session_of,
-    timestamp_ms,
+    timestamp_us,
 )
 from prl.formats.plain import NO_IDS, NO_LOGPROBS, Plain
 
@@ -145,7 +145,7 @@ def _record_fields(sample: Sample, obj: dict[str, Any], choice: dict[str, Any], 
     sample.policy_version = policy_version_of(*candidates, options=options)
     model = obj.get("model")
     sample.model = model if isinstance(model, str) else None
-    sample.created_at_ms = timestamp_ms(obj.get("created"))
+    sample.created_at_us = timestamp_us(obj.get("created"))
     if not bare:
         sample.messages = messages_of(obj)
     return sample

@@ -36,7 +36,7 @@ from prl.formats.fields import (
     opt_str,
     policy_version_of,
     session_of,
-    timestamp_ms,
+    timestamp_us,
 )
 from prl.formats.logprobs import TokenColumns, completions_logprobs, content_logprobs, dict_logprobs
 
@@ -118,7 +118,7 @@ class VllmGenerate(Format):
             topk_ids=columns.topk_ids,
             topk_logprobs=columns.topk_logprobs,
             model=opt_str(obj.get("model")),
-            created_at_ms=timestamp_ms(obj.get("created")),
+            created_at_us=timestamp_us(obj.get("created")),
             session_id=session,
             turn=turn,
             group_key=group_key_of(obj, options),
@@ -145,7 +145,7 @@ class VllmRequestOutput(Format):
         prompt_ids = token_id_array(obj.get("prompt_token_ids"), "prompt_token_ids")
         request_id = opt_str(obj.get("request_id"))
         metrics = opt_dict(obj.get("metrics"))
-        created = timestamp_ms(metrics.get("arrival_time"))
+        created = timestamp_us(metrics.get("arrival_time"))
         parsed: list[tuple[int, Any, pa.Array] | Quarantined] = []
         for position, output in enumerate(outputs):
             what = f"outputs[{position}]"
@@ -179,7 +179,7 @@ class VllmRequestOutput(Format):
                         topk_ids=columns.topk_ids,
                         topk_logprobs=columns.topk_logprobs,
                         completion_text=opt_str(output.get("text")),
-                        created_at_ms=created,
+                        created_at_us=created,
                         group_key=group_key_of(obj, options),
                         policy_version=options.policy_version,
                     )

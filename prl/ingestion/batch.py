@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from prl.formats.base import Quarantined
 from prl.ingestion.assemble import FLOAT32_MAX, INT32_MAX, VLLM_LOGPROB_FLOOR, Located, sample_id_of, validate
 from prl.numerics.ragged import any_per_row
-from prl.schema import TIMESTAMP_MS, TRACES, VERSION_SPAN
+from prl.schema import TIMESTAMP_MS, TIMESTAMP_US, TRACES, VERSION_SPAN
 
 TOPK_IDS = pa.list_(pa.int32())
 TOPK_LOGPROBS = pa.list_(pa.float32())
@@ -254,7 +254,7 @@ def _assemble(rows: Sequence[Located], flats: dict[str, _Flat], logprobs: pa.Arr
         "policy_version": pa.array([s.policy_version for s in samples], pa.string()),
         "policy_version_spans": pa.array([s.policy_version_spans for s in samples], pa.list_(VERSION_SPAN)),
         "model": pa.array([s.model for s in samples], pa.string()),
-        "created_at": pa.array([s.created_at_ms for s in samples], pa.int64()).cast(TIMESTAMP_MS),
+        "created_at": pa.array([s.created_at_us for s in samples], pa.int64()).cast(TIMESTAMP_US),
         "prompt_token_ids": _list(flats["prompt"], ids32["prompt"]),
         "completion_token_ids": _list(flats["completion"], ids32["completion"]),
         "completion_logprobs": _list(flats["logprobs"], logprobs),

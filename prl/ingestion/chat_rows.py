@@ -30,7 +30,7 @@ from prl.formats.fields import DERIVED_ID_PREFIX, FINISH_REASON_MAP
 from prl.ingestion.assemble import INT32_MAX
 from prl.ingestion.batch import _digests, _Flat, _floored, _list
 from prl.numerics.ragged import any_per_row, offsets_of
-from prl.schema import TIMESTAMP_MS, TRACES
+from prl.schema import TIMESTAMP_MS, TIMESTAMP_US, TRACES
 
 CHAT_FORMAT = "openai_chat"
 INT32_MIN = -(2**31)
@@ -74,12 +74,12 @@ def _column(table: pa.Table, name: str) -> pa.Array:
     return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
 
 
-def _created_ms(created: pa.Array) -> pa.Array:
-    """``timestamp_ms`` of integer epoch seconds or milliseconds, vectorized (null where it gives None)."""
+def _created_us(created: pa.Array) -> pa.Array:
+    """``timestamp_us`` of integer epoch seconds or milliseconds, vectorized (null where it gives None)."""
     value = _np(created, -1).astype(np.int64)
-    ms = np.where(value > _MS_THRESHOLD, value, value * 1000)
+    us = np.where(value > _MS_THRESHOLD, value * 1000, value * 1_000_000)
     valid = np.asarray(created.is_valid()) & (value >= 0) & (value < _MS_LIMIT)
-    return pa.array(ms, pa.int64(), mask=~valid).cast(TIMESTAMP_MS)
+    return pa.array(us, pa.int64(), mask=~valid).cast(TIMESTAMP_US)
 
 
 def _records_ok(table: pa.Table) -> np.ndarray:
@@ -201,7 +201,7 @@ def _assemble(
         "group_id": pa.array(prompt_digests, pa.string()),
         "policy_version": pa.array([options.policy_version] * rows, pa.string()),
         "model": pc.take(_column(table, "model"), take),
-        "created_at": pc.take(_created_ms(_column(table, "created")), take),
+        "created_at": pc.take(_created_us(_column(table, "created")), take),
         "prompt_token_ids": _list(prompt, prompt.values.cast(pa.int32(), safe=False)),
         "completion_token_ids": _list(completion, completion.values.cast(pa.int32(), safe=False)),
         "completion_logprobs": _list(lp, floored),

@@ -27,7 +27,8 @@ def inline_reward_rows(
     codes of ``prl ingest --kind rewards``) for a value that is not a finite number."""
     if not sample.rewards:
         return []
-    created = sample.created_at_ms if sample.created_at_ms is not None else now_ms
+    own_ms = None if sample.created_at_us is None else round(sample.created_at_us / 1000)  # events keep ms
+    created = own_ms if own_ms is not None else now_ms
     rows = []
     for name, value in sample.rewards.items():
         if not isinstance(name, str) or not is_unicode(name):
@@ -45,7 +46,7 @@ def inline_reward_rows(
                 "source_uri": source_uri,
                 "source_line": source_line,
                 "ingested_at": now_ms,
-                "event_id": reward_id(sample_id, name, float(value), sample.created_at_ms),
+                "event_id": reward_id(sample_id, name, float(value), own_ms),
             }
         )
     return rows

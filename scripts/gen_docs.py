@@ -40,10 +40,15 @@ def _usage(command: Any) -> str:
 
 
 def _type_name(param: Any) -> str:
-    annotation = param.type_descriptor.annotation
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        return "\\|".join(str(member.value) for member in annotation)  # a table cell: pipes escaped
-    return getattr(annotation, "__name__", str(annotation)).upper()
+    """The value's type as ``--help`` names it: the choices of an enum, ``LIST`` for a repeatable option, else the
+    type's name (a bounded integer is ``INT``: its range is in the recipe reference)."""
+    kind = param.type
+    choices = getattr(kind, "choices", None)
+    if choices:
+        return "\\|".join(str(choice) for choice in choices)  # a table cell: pipes escaped
+    if getattr(param, "multiple", False):
+        return "LIST"
+    return "INT" if hasattr(kind, "min") else kind.name.upper()
 
 
 def _param_row(param: Any) -> str:

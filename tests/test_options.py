@@ -65,7 +65,7 @@ def test_every_cli_option_of_a_model_has_the_models_flag_help_default_and_range(
                     expected = (not f.default) if spec.negated_flag else f.default
                     assert not param.required and _cli_default(param) == expected, (name, spec.flag)
                 if spec.kind == "int":
-                    assert (param.min, param.max) == (spec.minimum, spec.maximum), (name, spec.flag)
+                    assert (param.type.min, param.type.max) == (spec.minimum, spec.maximum), (name, spec.flag)
     assert seen == [
         ("ingest", "--format"),
         ("ingest", "--policy-version"),
@@ -115,7 +115,7 @@ def test_cli_defaults_and_help_are_the_values_written_in_the_models():
     assert ingest["--engine"].help.startswith("local: this machine; ray: the Ray cluster at RAY_ADDRESS reads the")
     assert (_cli_default(check["--sample-rate"]), _cli_default(check["--fail-on-warn"])) == (1.0, False)
     assert check["--fail-on-warn"].is_flag
-    assert (check["--max-template-timeouts"].min, check["--max-template-timeouts"].max) == (1, 1_000_000)
+    assert (check["--max-template-timeouts"].type.min, check["--max-template-timeouts"].type.max) == (1, 1_000_000)
     assert [_cli_default(score[f]) for f in ("--backend", "--batch-tokens", "--concurrency", "--retries")] == [
         "auto",
         16384,

@@ -1,17 +1,18 @@
-"""score-ref batches scored away from the driver (another engine's workers, :mod:`prl.engines`).
+"""score-ref's task: the batches of one traces file, scored wherever the engine runs it (:mod:`prl.engines`).
 
 The driver describes the run in a :class:`ScoreJob` (the store, the reference model's name, how to open the
-backend, the traces files and the anti-join filter). A worker runs :func:`score_file` on each file's number: the
-file's pending rows are cut into the same batches as on the local engine (:func:`prl.score.select.file_batches`),
-scored by the backend this worker process opened once for the run, and written as ``ref_logprobs`` data files;
-one :class:`~prl.score.scored.ScoredBatch` per batch comes back. The driver commits them as the local engine
-commits its batches; nothing here commits.
+backend, the traces files and the anti-join filter). The engine runs :func:`score_file` on each file's number: the
+file's pending rows are cut into batches (:func:`prl.score.select.file_batches`), scored by the backend the process
+opened once for the run, and written as ``ref_logprobs`` data files; one :class:`~prl.score.scored.ScoredBatch` per
+batch comes back, and the driver commits it. Nothing here commits.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow.dataset as ds
@@ -36,35 +37,51 @@ class ScoreJob:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
-_BACKEND: dict[str, tuple[Backend, float]] = {}
-"""The backend of the run this worker process last served (run id → backend, seconds it took to open): a worker
-process serves many files of one run, and loads the model once."""
+_OPENED = threading.local()
+"""Per thread, the backend of the run it last served (``run``: run id → backend, seconds it took to open): a worker
+serves many files of one run and loads the model once; the local engine runs the tasks in the caller's thread, so
+two runs in two threads of one process keep a backend each."""
+
+
+def _opened() -> dict[str, tuple[Backend, float]]:
+    kept: dict[str, tuple[Backend, float]] | None = getattr(_OPENED, "run", None)
+    if kept is None:
+        kept = _OPENED.run = {}
+    return kept
 
 
 def _backend(job: ScoreJob) -> tuple[Backend, float]:
-    opened = _BACKEND.get(job.run_id)
+    kept = _opened()
+    opened = kept.get(job.run_id)
     if opened is None:
-        for old, _ in _BACKEND.values():
+        for old, _ in kept.values():  # an earlier run this worker served
             old.close()
-        _BACKEND.clear()
+        kept.clear()
         started = time.perf_counter()
         backend = job.backend.open()
-        opened = _BACKEND[job.run_id] = (backend, time.perf_counter() - started)
+        opened = kept[job.run_id] = (backend, time.perf_counter() - started)
     return opened
 
 
-def score_file(job: ScoreJob, file: int) -> list[ScoredBatch]:
-    """Score the pending rows of the traces file numbered ``file``; one :class:`ScoredBatch` per batch. The
+def score_file(job: ScoreJob, file: int) -> Iterator[ScoredBatch]:
+    """Score the pending rows of the traces file numbered ``file``; one :class:`ScoredBatch` per batch, each as soon
+    as it is written (the local engine hands it to the driver to commit before the next batch is scored). The
     backend is opened at the first batch (a file with nothing pending loads no model)."""
     store = Store(job.store_uri)
-    out = []
     for number, batch in enumerate(file_batches(store, job.paths[file], job.where, job.backend.batch_tokens)):
-        fresh = job.run_id not in _BACKEND
+        fresh = job.run_id not in _opened()
         scorer, load_seconds = _backend(job)
         scored = score_batch(store, scorer, job.ref_model, batch, file, number)
         scored.load_seconds = load_seconds if fresh else 0.0
-        out.append(scored)
-    return out
+        yield scored
 
 
-__all__ = ["ScoreJob", "score_file"]
+def release(job: ScoreJob) -> None:
+    """Close the backend this process opened for ``job``'s run, if any (the driver, once the run ends: on the local
+    engine the run's tasks opened it here)."""
+    opened = _opened().pop(job.run_id, None)
+    if opened is not None:
+        opened[0].close()
+
+
+__all__ = ["ScoreJob", "release", "score_file"]

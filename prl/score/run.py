@@ -22,7 +22,6 @@ mid-run leaves only uncommitted files: the next run scores what is still missing
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -39,8 +38,8 @@ from prl.quarantine import new_quarantine_rows, quarantine_batches
 from prl.score.backends import BackendSpec, backend_kind
 from prl.score.base import ScoreRequest
 from prl.score.http import public_url
-from prl.score.remote import ScoreJob, score_file
-from prl.score.scored import ScoredBatch, score_batch
+from prl.score.remote import ScoreJob, release, score_file
+from prl.score.scored import ScoredBatch
 from prl.score.select import Pending, file_batches, pending
 from prl.store.locks import holding
 from prl.store.resolve import open_store
@@ -144,12 +143,9 @@ def score_ref(
                 result.candidates += len(batch)
                 result.input_tokens += sum(r.tokens for r in batch)
                 result.completion_tokens += sum(len(r.completion_ids) for r in batch)
-        elif todo is not None and engine.in_process:
-            meter.grow(todo.count(store))
-            _score_here(store, spec, ref_model, todo, result, meter)
         elif todo is not None and (missing := todo.count(store)):  # none missing: no task starts, no model loads
             meter.grow(missing)
-            _score_there(store, engine, ScoreJob(store.uri, ref_model, spec, todo.paths, todo.where), result, meter)
+            _score(store, engine, ScoreJob(store.uri, ref_model, spec, todo.paths, todo.where), result, meter)
         result.version = store.version("ref_logprobs")
     result.seconds = time.perf_counter() - started
     scoring = result.seconds - result.load_seconds
@@ -163,41 +159,21 @@ def _batches(store: Store, todo: Pending, batch_tokens: int) -> Iterator[list[Sc
         yield from file_batches(store, path, todo.where, batch_tokens)
 
 
-def _score_here(
-    store: Store, spec: BackendSpec, ref_model: str, todo: Pending, result: ScoreResult, meter: Task
-) -> None:
-    """Score and commit batch after batch in this process; the backend is opened at the first batch."""
-    numbered = (
-        (file, number, batch)
-        for file, path in enumerate(todo.paths)
-        for number, batch in enumerate(file_batches(store, path, todo.where, spec.batch_tokens))
-    )
-    first = next(numbered, None)
-    if first is None:  # nothing missing: the model is never loaded
-        return
-    loading = time.perf_counter()
-    scorer = spec.open()
-    result.load_seconds = time.perf_counter() - loading
-    result.source = scorer.source
-    try:
-        for file, number, batch in itertools.chain([first], numbered):
-            _commit(store, ref_model, score_batch(store, scorer, ref_model, batch, file, number), result, meter)
-    finally:
-        scorer.close()
-
-
-def _score_there(store: Store, engine: Engine, job: ScoreJob, result: ScoreResult, meter: Task) -> None:
-    """Score on ``engine``'s workers and commit each batch as it comes back; a batch that comes back twice (a
-    task run again) is committed once."""
+def _score(store: Store, engine: Engine, job: ScoreJob, result: ScoreResult, meter: Task) -> None:
+    """Score the files on ``engine`` and commit each batch as it comes back (on the local engine, before the next
+    batch is scored); a batch that comes back twice (a task run again) is committed once."""
     done: set[tuple[int, int]] = set()
     tasks = list(range(len(job.paths)))
-    for scored in engine.map(functools.partial(score_file, job), tasks, gpu=job.backend.kind == "local"):
-        if (scored.file, scored.number) in done:
-            continue
-        done.add((scored.file, scored.number))
-        result.load_seconds = max(result.load_seconds, scored.load_seconds)
-        result.source = scored.source
-        _commit(store, job.ref_model, scored, result, meter)
+    try:
+        for scored in engine.map(functools.partial(score_file, job), tasks, gpu=job.backend.kind == "local"):
+            if (scored.file, scored.number) in done:
+                continue
+            done.add((scored.file, scored.number))
+            result.load_seconds = max(result.load_seconds, scored.load_seconds)
+            result.source = scored.source
+            _commit(store, job.ref_model, scored, result, meter)
+    finally:
+        release(job)
 
 
 def _commit(store: Store, ref_model: str, scored: ScoredBatch, result: ScoreResult, meter: Task) -> None:

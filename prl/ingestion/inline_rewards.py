@@ -27,7 +27,9 @@ def inline_reward_rows(
     codes of ``prl ingest --kind rewards``) for a value that is not a finite number."""
     if not sample.rewards:
         return []
-    own_ms = None if sample.created_at_us is None else round(sample.created_at_us / 1000)  # events keep ms
+    own_ms = (
+        None if sample.created_at_us is None else round(sample.created_at_us / 1000)
+    )  # timestamp_ms of the raw time
     created = own_ms if own_ms is not None else now_ms
     rows = []
     for name, value in sample.rewards.items():

@@ -103,23 +103,34 @@ def test_a_whole_second_in_the_store_makes_its_trajectory_compare_at_seconds(tmp
     assert (got["a"], got["b"], got["c"]) == (("ok", [], None), ("ok", [], "CLEAN"), ("ok", [], "CLEAN"))
 
 
-def test_a_whole_millisecond_makes_its_trajectory_compare_at_milliseconds(tmp_path):
-    # u1's time is a whole millisecond (a source that keeps milliseconds): at microseconds it would come first and
-    # u0 would fork; at milliseconds the two tie and arrival decides
+@pytest.mark.parametrize(
+    ("first_us", "second_us"),
+    [
+        # both finer than a millisecond: the microseconds order them, against arrival
+        (250_300, 250_700),
+        # the second turn's time is a whole millisecond (a source that keeps milliseconds): at microseconds it would
+        # come first and the first turn would fork; at milliseconds the two tie and arrival decides
+        (250_700, 250_000),
+    ],
+)
+def test_turns_within_one_millisecond_compare_at_the_finest_resolution_every_row_has(tmp_path, first_us, second_us):
     turns = chain(P0, [reply("A."), reply("B.")], [user("Go")])
+    line = {"u0": 1, "u1": 2} if first_us > second_us else {"u0": 2, "u1": 1}  # arrival disagrees with the µs
     rows = [
-        row("u0", *turns[0], session_id="s", created_at=SECOND + timedelta(microseconds=250_700), source_line=1),
-        row("u1", *turns[1], session_id="s", created_at=SECOND + timedelta(microseconds=250_000), source_line=2),
-    ]
-    _, got, _ = checked(tmp_path, rows)
-    assert (got["u0"], got["u1"]) == (("ok", [], None), ("ok", [], "CLEAN"))
-
-
-def test_microseconds_order_turns_sampled_within_one_millisecond(tmp_path):
-    turns = chain(P0, [reply("A."), reply("B.")], [user("Go")])
-    rows = [
-        row("u1", *turns[1], session_id="s", created_at=SECOND + timedelta(microseconds=250_700), source_line=1),
-        row("u0", *turns[0], session_id="s", created_at=SECOND + timedelta(microseconds=250_300), source_line=2),
+        row(
+            "u0",
+            *turns[0],
+            session_id="s",
+            created_at=SECOND + timedelta(microseconds=first_us),
+            source_line=line["u0"],
+        ),
+        row(
+            "u1",
+            *turns[1],
+            session_id="s",
+            created_at=SECOND + timedelta(microseconds=second_us),
+            source_line=line["u1"],
+        ),
     ]
     _, got, _ = checked(tmp_path, rows)
     assert (got["u0"], got["u1"]) == (("ok", [], None), ("ok", [], "CLEAN"))

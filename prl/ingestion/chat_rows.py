@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.formats.base import TOKEN_ID_PREFIX, ParseOptions
-from prl.formats.fields import DERIVED_ID_PREFIX, FINISH_REASON_MAP
+from prl.formats.fields import _MS_LIMIT, _MS_THRESHOLD, DERIVED_ID_PREFIX, FINISH_REASON_MAP
 from prl.ingestion.assemble import INT32_MAX
 from prl.ingestion.batch import _digests, _Flat, _floored, _list
 from prl.numerics.ragged import any_per_row, offsets_of
@@ -35,8 +35,6 @@ from prl.schema import TIMESTAMP_MS, TIMESTAMP_US, TRACES
 CHAT_FORMAT = "openai_chat"
 INT32_MIN = -(2**31)
 EXACT_DOUBLE = 2.0**53
-_MS_THRESHOLD = 100_000_000_000
-_MS_LIMIT = 253402300800000
 _REASONS = pa.array(list(FINISH_REASON_MAP))
 _NORMALISED = pa.array(list(FINISH_REASON_MAP.values()))
 
@@ -77,7 +75,7 @@ def _column(table: pa.Table, name: str) -> pa.Array:
 def _created_us(created: pa.Array) -> pa.Array:
     """``timestamp_us`` of integer epoch seconds or milliseconds, vectorized (null where it gives None)."""
     value = _np(created, -1).astype(np.int64)
-    us = np.where(value > _MS_THRESHOLD, value * 1000, value * 1_000_000)
+    us = value * np.where(value > _MS_THRESHOLD, 1000, 1_000_000)  # epoch milliseconds, else seconds
     valid = np.asarray(created.is_valid()) & (value >= 0) & (value < _MS_LIMIT)
     return pa.array(us, pa.int64(), mask=~valid).cast(TIMESTAMP_US)
 

@@ -27,9 +27,8 @@ def inline_reward_rows(
     codes of ``prl ingest --kind rewards``) for a value that is not a finite number."""
     if not sample.rewards:
         return []
-    own_ms = (
-        None if sample.created_at_us is None else round(sample.created_at_us / 1000)
-    )  # timestamp_ms of the raw time
+    # the sample's own time in milliseconds, as timestamp_ms read it (timestamp_us keeps within ±499 µs of that)
+    own_ms = None if sample.created_at_us is None else (sample.created_at_us + 500) // 1000
     created = own_ms if own_ms is not None else now_ms
     rows = []
     for name, value in sample.rewards.items():

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from prl.checks import check_tokens
 from prl.formats.agents import agent_of
+from prl.formats.base import Sample
 from prl.formats.fields import finer_time, timestamp_ms, timestamp_us
 from prl.ingestion.traces import ingest
 from prl.store.tables import Store
@@ -380,11 +381,19 @@ def test_a_sample_time_keeps_its_microseconds(moment):
     assert round(us / 1000) == timestamp_ms(moment)
 
 
-@given(st.floats(min_value=0, max_value=4e12, allow_nan=False))
-def test_microseconds_round_to_the_milliseconds_reward_events_hash(value):
+@given(st.one_of(st.floats(min_value=0, max_value=4e12, allow_nan=False), st.datetimes(max_value=datetime(9999, 1, 1))))
+def test_inline_reward_events_keep_the_milliseconds_and_ids_of_the_raw_time(value):
+    import pyarrow as pa
+
+    from prl.event_ids import reward_id
+    from prl.ingestion.inline_rewards import inline_reward_rows
+
     us, ms = timestamp_us(value), timestamp_ms(value)
-    assert us is not None and ms is not None
-    assert round(us / 1000) == ms and abs(us - ms * 1000) <= 499
+    assert abs(us - ms * 1000) <= 499
+    empty = pa.array([], pa.int64())
+    sample = Sample("r", 0, empty, empty, pa.array([], pa.float64()), "stop", created_at_us=us, rewards={"ok": 1.0})
+    (event,) = inline_reward_rows(sample, "r#0", "file:///a.jsonl", 1, now_ms=0)
+    assert (event["created_at"], event["event_id"]) == (ms, reward_id("r#0", "ok", 1.0, ms))
 
 
 def test_epoch_numbers_keep_their_fraction():

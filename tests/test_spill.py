@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prl.shards import spill as spill_module
 from prl.shards.spill import FlatList, ScanSpill, _read_ranges
 
 SCHEMA = pa.schema(
@@ -177,6 +178,39 @@ def test_read_ranges_returns_every_range_in_order(tmp_path_factory, ranges, data
     with open(path, "rb") as fh:
         got = _read_ranges(fh.fileno(), starts, ends)
     assert got.tobytes() == b"".join(content[s:e] for s, e in zip(starts, ends, strict=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 120), st.integers(0, 12)), max_size=40),
+    st.sampled_from([1, 2, 4, 8]),
+    st.integers(0, 64),
+    st.integers(1, 16),
+    st.randoms(use_true_random=False),
+)
+def test_read_into_windows_give_every_range_its_place(tmp_path_factory, ranges, unit, hole, window, rng):
+    """However the runs fall into read windows (staged reads of many runs across holes, a window split at its
+    span, a long run read on its own), every range lands at its destination: ranges in any order, overlapping,
+    placed anywhere in the result, in values of any width."""
+    content = bytes(rng.randrange(256) for _ in range(130 * unit))
+    path = tmp_path_factory.mktemp("windows") / "f"
+    path.write_bytes(content)
+    spans = [(start * unit, min(start + n, 130) * unit) for start, n in ranges]
+    lengths = [end - start for start, end in spans]
+    places = list(range(len(spans)))
+    rng.shuffle(places)  # the result holds the ranges in another order than asked
+    dest, at = [0] * len(spans), 0
+    for i in places:
+        dest[i], at = at, at + lengths[i]
+    out = np.zeros(at, dtype=np.uint8)
+    with pytest.MonkeyPatch.context() as mp, open(path, "rb") as fh:
+        mp.setattr(spill_module, "_HOLE", hole * unit)
+        mp.setattr(spill_module, "_WINDOW", window)
+        spill_module._read_into(fh.fileno(), out, [s for s, _ in spans], [e for _, e in spans], dest, unit)
+    expected = bytearray(at)
+    for (start, end), d in zip(spans, dest, strict=True):
+        expected[d : d + end - start] = content[start:end]
+    assert out.tobytes() == bytes(expected)
 
 
 def test_batches_whose_lists_are_all_empty(tmp_path):

@@ -62,34 +62,88 @@ class FlatList:
         return pa.ListArray.from_arrays(offsets, values, mask=pa.array(~self.row_valid_N))
 
 
-def _runs(starts_R: np.ndarray, ends_R: np.ndarray, dest_R: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+_HOLE = 4096
+"""Bytes: a hole between two runs of rows narrower than this is read through (one read of both runs and the
+hole) rather than skipped with another system call."""
+_WINDOW = 1 << 18
+"""Values: the most one staged read spans (besides its last run), so a window's bytes and the index arrays of its
+gather stay a few MiB; a run of at least a quarter of it is read on its own, straight into its place."""
+
+
+def _runs(
+    starts_R: np.ndarray, ends_R: np.ndarray, dest_R: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Byte ranges ``[starts_R[i], ends_R[i])`` bound for ``dest_R[i]``, without the empty ones, merged where one
     ends where the next begins both in the file and in the result (rows that follow each other in both, as a
-    group's samples usually do): ``(starts, ends, dests)`` of the merged runs."""
+    group's samples usually do): ``(starts, ends, dests)`` of the merged runs (int64)."""
     keep = ends_R > starts_R
     starts_R, ends_R, dest_R = starts_R[keep], ends_R[keep], dest_R[keep]
     if len(starts_R) < 2:
-        return starts_R.tolist(), ends_R.tolist(), dest_R.tolist()
+        return starts_R, ends_R, dest_R
     follows = (starts_R[1:] == ends_R[:-1]) & (dest_R[1:] == dest_R[:-1] + (ends_R[:-1] - starts_R[:-1]))
     first = np.flatnonzero(np.concatenate(([True], ~follows)))
     last = np.concatenate((first[1:] - 1, [len(starts_R) - 1]))
-    return starts_R[first].tolist(), ends_R[last].tolist(), dest_R[first].tolist()
+    return starts_R[first], ends_R[last], dest_R[first]
 
 
-def _read_into(fd: int, out: np.ndarray, starts_R: ArrayLike, ends_R: ArrayLike, dest_R: ArrayLike) -> None:
-    """Read the file's byte ranges ``[starts_R[i], ends_R[i])`` into ``out`` (uint8) at byte ``dest_R[i]``, with
-    one ``preadv`` (which runs without the GIL) per merged run (:func:`_runs`)."""
+def _windows(starts: np.ndarray, ends: np.ndarray, span: int) -> np.ndarray:
+    """Where each read window opens, over runs sorted by ``starts``: at the first run, after a hole wider than
+    :data:`_HOLE`, where the window would span more than ``span`` bytes, and at a run of a quarter of that or more
+    and the run after it. Returns the index of each window's first run, and ``len(starts)`` last."""
+    big = ends - starts >= span // 4
+    opens = np.ones(len(starts), dtype=bool)
+    reach = np.maximum.accumulate(ends)  # the furthest byte the runs so far read (ranges may overlap)
+    opens[1:] = (starts[1:] - reach[:-1] > _HOLE) | big[1:] | big[:-1]
+    cluster = np.cumsum(opens) - 1
+    base = starts[opens][cluster]  # where each run's cluster starts
+    part = (starts - base) // span
+    opens[1:] |= part[1:] != part[:-1]
+    return np.concatenate((np.flatnonzero(opens), [len(starts)]))
+
+
+def _read_exact(fd: int, view: memoryview, start: int, end: int) -> None:
+    """The file's bytes ``[start, end)`` into ``view`` (as long), never short."""
+    pos, stop = start, end
+    while pos < stop:
+        got = os.preadv(fd, [view[pos - start :]], pos)
+        if got <= 0:
+            raise OSError(f"spill file ended at byte {pos} of a row ending at byte {end}")
+        pos += got
+
+
+def _read_into(
+    fd: int, out: np.ndarray, starts_R: ArrayLike, ends_R: ArrayLike, dest_R: ArrayLike, unit: int = 1
+) -> None:
+    """Read the file's byte ranges ``[starts_R[i], ends_R[i])`` into ``out`` (uint8) at byte ``dest_R[i]``.
+
+    Merged runs (:func:`_runs`) are taken in file order a window at a time (:func:`_windows`): a window of one
+    run is read straight into its place with one ``preadv`` (which runs without the GIL); a window of many short
+    runs (a shard of short samples, a group of eight apart from the next) is read whole with one ``preadv`` and
+    its runs copied out by one gather over ``unit``-byte values (every start, end and destination a multiple of
+    ``unit``), so the system calls follow the bytes read, not the rows. Nothing beyond a window's span (its runs
+    and holes of at most :data:`_HOLE` between them) is read."""
     starts, ends, dests = _runs(
         np.asarray(starts_R, dtype=np.int64), np.asarray(ends_R, dtype=np.int64), np.asarray(dest_R, dtype=np.int64)
     )
+    if len(starts) > 1:
+        order = np.argsort(starts, kind="stable")
+        starts, ends, dests = starts[order], ends[order], dests[order]
     view = memoryview(out)  # type: ignore[arg-type]
-    for start, end, pos in zip(starts, ends, dests, strict=True):
-        while start < end:
-            got = os.preadv(fd, [view[pos : pos + end - start]], start)
-            if got <= 0:
-                raise OSError(f"spill file ended at byte {start} of a row ending at byte {end}")
-            pos += got
-            start += got
+    windows = _windows(starts, ends, _WINDOW * unit).tolist() if len(starts) else [0]
+    dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[unit]
+    target = out.view(dtype)
+    for lo, hi in zip(windows[:-1], windows[1:], strict=True):
+        if hi - lo == 1:
+            start, end, dest = int(starts[lo]), int(ends[lo]), int(dests[lo])
+            _read_exact(fd, view[dest : dest + end - start], start, end)
+            continue
+        first, last = int(starts[lo]), int(ends[lo:hi].max())
+        staged = np.empty(last - first, dtype=np.uint8)
+        _read_exact(fd, memoryview(staged), first, last)
+        lengths = (ends[lo:hi] - starts[lo:hi]) // unit
+        within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        source = np.repeat((starts[lo:hi] - first) // unit, lengths) + within
+        target[np.repeat(dests[lo:hi] // unit, lengths) + within] = staged.view(dtype)[source]
 
 
 def _read_ranges(fd: int, starts_R: ArrayLike, ends_R: ArrayLike) -> np.ndarray:
@@ -316,7 +370,7 @@ class ScanSpill:
         dest = offsets[:-1].copy()
         for part, start, length in zip(parts, starts, lengths, strict=True):
             with _opened(part.values_path) as fd:
-                _read_into(fd, values.view(np.uint8), start * size, (start + length) * size, dest * size)
+                _read_into(fd, values.view(np.uint8), start * size, (start + length) * size, dest * size, size)
             if valid is not None and part.has_valid:
                 with _opened(part.valid_path) as fd:
                     _read_into(fd, valid.view(np.uint8), start, start + length, dest)

@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import BinaryIO
 
 import numpy as np
@@ -70,9 +71,7 @@ _WINDOW = 1 << 18
 gather stay a few MiB; a run of at least a quarter of it is read on its own, straight into its place."""
 
 
-def _runs(
-    starts_R: np.ndarray, ends_R: np.ndarray, dest_R: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _runs(starts_R: np.ndarray, ends_R: np.ndarray, dest_R: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Byte ranges ``[starts_R[i], ends_R[i])`` bound for ``dest_R[i]``, without the empty ones, merged where one
     ends where the next begins both in the file and in the result (rows that follow each other in both, as a
     group's samples usually do): ``(starts, ends, dests)`` of the merged runs (int64)."""
@@ -132,7 +131,7 @@ def _read_into(
     windows = _windows(starts, ends, _WINDOW * unit).tolist() if len(starts) else [0]
     dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[unit]
     target = out.view(dtype)
-    for lo, hi in zip(windows[:-1], windows[1:], strict=True):
+    for lo, hi in pairwise(windows):
         if hi - lo == 1:
             start, end, dest = int(starts[lo]), int(ends[lo]), int(dests[lo])
             _read_exact(fd, view[dest : dest + end - start], start, end)

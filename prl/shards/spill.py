@@ -138,7 +138,7 @@ def _read_into(
             continue
         first, last = int(starts[lo]), int(ends[lo:hi].max())
         staged = np.empty(last - first, dtype=np.uint8)
-        _read_exact(fd, memoryview(staged), first, last)
+        _read_exact(fd, memoryview(staged), first, last)  # type: ignore[arg-type]
         lengths = (ends[lo:hi] - starts[lo:hi]) // unit
         within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         source = np.repeat((starts[lo:hi] - first) // unit, lengths) + within

@@ -182,16 +182,19 @@ def test_read_ranges_returns_every_range_in_order(tmp_path_factory, ranges, data
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 120), st.integers(0, 12)), max_size=40),
+    st.lists(st.tuples(st.integers(0, 120), st.one_of(st.integers(0, 3), st.integers(0, 12))), max_size=40),
     st.sampled_from([1, 2, 4, 8]),
     st.integers(0, 64),
-    st.integers(1, 16),
+    st.sampled_from([1, 4, 16, 64, 256]),
+    st.integers(0, 3),
     st.randoms(use_true_random=False),
 )
-def test_read_into_windows_give_every_range_its_place(tmp_path_factory, ranges, unit, hole, window, rng):
+def test_read_into_windows_give_every_range_its_place(tmp_path_factory, ranges, unit, hole, window, repeats, rng):
     """However the runs fall into read windows (staged reads of many runs across holes, a window split at its
-    span, a long run read on its own), every range lands at its destination: ranges in any order, overlapping,
-    placed anywhere in the result, in values of any width."""
+    span, a long run read on its own, copies sliced a window of values at a time), every range lands at its
+    destination: ranges in any order, overlapping or asked for several times, placed anywhere in the result, in
+    values of any width."""
+    ranges = ranges + ranges[: repeats * 3] * repeats  # a row asked for again (a ref row shared by samples)
     content = bytes(rng.randrange(256) for _ in range(130 * unit))
     path = tmp_path_factory.mktemp("windows") / "f"
     path.write_bytes(content)
@@ -211,6 +214,39 @@ def test_read_into_windows_give_every_range_its_place(tmp_path_factory, ranges, 
     for (start, end), d in zip(spans, dest, strict=True):
         expected[d : d + end - start] = content[start:end]
     assert out.tobytes() == bytes(expected)
+
+
+def test_read_into_makes_a_system_call_per_window_not_per_run(tmp_path, monkeypatch):
+    """1,000 rows of 40 bytes that follow each other in the file but not in the result (a shard of short samples,
+    shuffled) are one read; rows 8 KiB apart are a read each; a long row is read on its own; a range that is not
+    a whole number of values is still read exactly."""
+    content = np.random.default_rng(0).integers(0, 256, 8 << 20, dtype=np.uint8).tobytes()
+    path = tmp_path / "f"
+    path.write_bytes(content)
+    calls = []
+    real = os.preadv
+
+    def counted(fd, buffers, offset):
+        calls.append(offset)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(spill_module.os, "preadv", counted)
+
+    def read(starts, ends, dest, unit):
+        calls.clear()
+        out = np.zeros(int(max(d + e - s for s, e, d in zip(starts, ends, dest, strict=True))), dtype=np.uint8)
+        with open(path, "rb") as fh:
+            spill_module._read_into(fh.fileno(), out, starts, ends, dest, unit)
+        for s, e, d in zip(starts, ends, dest, strict=True):
+            assert out[d : d + e - s].tobytes() == content[s:e]
+        return len(calls)
+
+    starts = np.arange(1000) * 40
+    dest = np.random.default_rng(1).permutation(1000) * 40
+    assert read(starts, starts + 40, dest, 4) == 1
+    assert read(starts * 200, starts * 200 + 40, dest, 4) == 1000  # 8,000-byte holes: a read per row
+    assert read([0, 40, 500_000], [40, 80, 1_000_000], [0, 40, 80], 4) == 2  # the long row alone
+    assert read([1, 41], [40, 80], [0, 39], 4) == 1  # not whole values: read as bytes, still one read
 
 
 def test_batches_whose_lists_are_all_empty(tmp_path):

@@ -104,7 +104,7 @@ def _read_exact(fd: int, view: memoryview, start: int, end: int) -> None:
     """The file's bytes ``[start, end)`` into ``view`` (as long), never short."""
     pos, stop = start, end
     while pos < stop:
-        got = os.preadv(fd, [view[pos - start :]], pos)
+        got = os.preadv(fd, [view[pos - start : stop - start]], pos)
         if got <= 0:
             raise OSError(f"spill file ended at byte {pos} of a row ending at byte {end}")
         pos += got
@@ -119,11 +119,13 @@ def _read_into(
     run is read straight into its place with one ``preadv`` (which runs without the GIL); a window of many short
     runs (a shard of short samples, a group of eight apart from the next) is read whole with one ``preadv`` and
     its runs copied out by one gather over ``unit``-byte values (every start, end and destination a multiple of
-    ``unit``), so the system calls follow the bytes read, not the rows. Nothing beyond a window's span (its runs
-    and holes of at most :data:`_HOLE` between them) is read."""
+    ``unit``; any other range makes it 1), so the system calls follow the bytes read, not the rows. Nothing beyond
+    a window's span (its runs and the holes of at most :data:`_HOLE` between them) is read."""
     starts, ends, dests = _runs(
         np.asarray(starts_R, dtype=np.int64), np.asarray(ends_R, dtype=np.int64), np.asarray(dest_R, dtype=np.int64)
     )
+    if unit > 1 and np.any((starts | ends | dests) % unit):
+        unit = 1
     if len(starts) > 1:
         order = np.argsort(starts, kind="stable")
         starts, ends, dests = starts[order], ends[order], dests[order]
@@ -139,10 +141,16 @@ def _read_into(
         first, last = int(starts[lo]), int(ends[lo:hi].max())
         staged = np.empty(last - first, dtype=np.uint8)
         _read_exact(fd, memoryview(staged), first, last)  # type: ignore[arg-type]
+        values = staged.view(dtype)
         lengths = (ends[lo:hi] - starts[lo:hi]) // unit
-        within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        source = np.repeat((starts[lo:hi] - first) // unit, lengths) + within
-        target[np.repeat(dests[lo:hi] // unit, lengths) + within] = staged.view(dtype)[source]
+        # copied a slice of runs at a time, each of at most a window's values besides its last run, so that the
+        # index arrays stay bounded even where the ranges repeat (one row asked for many times)
+        slices = np.flatnonzero(np.diff(np.cumsum(lengths) // _WINDOW)) + 1
+        for a, b in pairwise([0, *slices.tolist(), hi - lo]):
+            n = lengths[a:b]
+            within = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)
+            source = np.repeat((starts[lo + a : lo + b] - first) // unit, n) + within
+            target[np.repeat(dests[lo + a : lo + b] // unit, n) + within] = values[source]
 
 
 def _read_ranges(fd: int, starts_R: ArrayLike, ends_R: ArrayLike) -> np.ndarray:

@@ -8,8 +8,8 @@ A list column of fixed-width values (token ids, logprobs, masks) is spilled as r
 (``<path>.<column>.values``; bools one byte each) and, once a null value has been seen, one validity byte per
 value (``.valid``). Where each row's values start is kept in memory (8 bytes per row and column) until the rows
 to gather are located (:meth:`ScanSpill.locate`; the build then keeps the places on disk and lets the spill's
-row arrays go: :meth:`ScanSpill.forget_rows`), so a shard reads exactly the bytes of its rows, with one
-``preadv`` per run of rows that follow each other, and nothing else: its cost and memory follow the rows
+row arrays go: :meth:`ScanSpill.forget_rows`), so a shard reads the bytes of its rows (and holes of a few KiB
+between short ones), a window of rows per ``preadv`` (:func:`_read_into`): its cost and memory follow the rows
 gathered, never the size of the spill. Other columns (the heads: lists of lists)
 go to one Arrow IPC file (``<path>``), read through a mapping whose pages are dropped as the rows are copied.
 """

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
 from prl.formats.fields import DERIVED_ID_PREFIX
-from prl.formats.plain import Plain, holds_booleans, may_hold_booleans
+from prl.formats.plain import Plain, holds_booleans
 from prl.schema import VERSION_SPAN
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -81,19 +81,18 @@ def read_record(
     return reader.name, out
 
 
-def read_plain(fmt: Format, obj: Any, options: ParseOptions, raw: bytes) -> tuple[str, list[Plain]] | None:
+def read_plain(fmt: Format, obj: Any, options: ParseOptions) -> tuple[str, list[Plain]] | None:
     """(name of the format that read it, its choices) for a record the reader's plain walk takes
     (:mod:`prl.formats.plain`), or None for a record :func:`read_record` must read: one the walk declines,
-    whose scalars :func:`check_sample` refuses, whose logprobs hold booleans (``raw``: its JSON text), or on
-    which anything raises. Never raises either."""
+    whose scalars :func:`check_sample` refuses, whose logprobs hold booleans, or on which anything raises.
+    Never raises either."""
     try:
         reader = fmt.reader(obj)
         plains = reader.plain(obj, options)
         if not plains:
             return None
-        may_be_bool = may_hold_booleans(raw)
         for plain in plains:
-            if check_sample(plain.sample) is not plain.sample or (may_be_bool and holds_booleans(plain)):
+            if check_sample(plain.sample) is not plain.sample or holds_booleans(plain):
                 return None
     except Exception:
         return None

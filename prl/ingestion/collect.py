@@ -153,7 +153,7 @@ class Collector:
         return parts
 
     def _plain(self, record: RawRecord, position: str | None) -> PendingRecord | None:
-        read = read_plain(self.fmt, record.obj, self.options, record.raw)
+        read = read_plain(self.fmt, record.obj, self.options)
         if read is None:
             return None
         name, plains = read

@@ -376,20 +376,8 @@ class MaintainOptions:
     )
 
 
-TABLES: dict[str, type] = {
-    "store": StoreOptions,
-    "ingest": IngestOptions,
-    "rewards": SideOptions,
-    "ref": SideOptions,
-    "check": CheckTokensOptions,
-    "score_ref": ScoreRefOptions,
-    "maintain": MaintainOptions,
-}
-"""The model of each recipe table but ``[shards]`` (:class:`prl.shards.options.ShardOptions`)."""
-
 __all__ = [
     "KINDS",
-    "TABLES",
     "CheckTokensOptions",
     "IngestOptions",
     "MaintainOptions",

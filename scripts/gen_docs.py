@@ -114,7 +114,8 @@ def _default_text(value: object, doc_default: str | None) -> str:
 
 def recipe_table(table: str) -> str:
     """The key table of recipe table ``table`` (``[rewards]`` and ``[ref]`` share one), from its options model."""
-    from prl.options import TABLES, meta
+    from prl.options import meta
+    from prl.pipeline.recipe import TABLES
 
     model = TABLES[table]
     lines = ["| key | type | default | meaning |", "|---|---|---|---|"]

@@ -13,7 +13,8 @@ from deltalake import DeltaTable
 
 from prl.errors import LockedError, UsageError
 from prl.ingestion.traces import ingest
-from prl.pipeline.recipe import MaintainSection, from_mapping
+from prl.options import MaintainOptions
+from prl.pipeline.recipe import from_mapping
 from prl.pipeline.runner import run
 from prl.schema import TRACES
 from prl.store.index import INDEX_TABLE, SampleIndex
@@ -147,7 +148,7 @@ def test_recipe_maintain_values_are_checked(tmp_path):
         with pytest.raises(UsageError, match=r"\[maintain\]"):
             from_mapping({"store": {"uri": "s"}, "maintain": bad})
     recipe = from_mapping({"store": {"uri": str(tmp_path)}, "maintain": {}})
-    assert recipe.steps == ("maintain",) and recipe.maintain == MaintainSection(168, 128)
+    assert recipe.steps == ("maintain",) and recipe.maintain == MaintainOptions(168, 128)
 
 
 def test_compacted_files_keep_row_groups_a_reader_can_hold(store):

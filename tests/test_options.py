@@ -14,7 +14,6 @@ import typer
 from prl.cli import app
 from prl.errors import UsageError
 from prl.options import (
-    TABLES,
     CheckTokensOptions,
     IngestOptions,
     MaintainOptions,
@@ -187,7 +186,7 @@ WRONG_TYPE = {"string": "[1]", "bool": "1", "int": '"x"', "number": '"x"', "seco
 def test_every_scalar_key_of_every_table_refuses_a_wrong_type(tmp_path):
     """Each string, boolean and numeric key (not only those above) is checked by its model's kind."""
     checked = 0
-    for table, model in TABLES.items():
+    for table, model in recipe.TABLES.items():
         for f in fields(model):
             spec = meta(model, f.name)
             if spec.kind not in WRONG_TYPE:

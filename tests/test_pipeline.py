@@ -197,9 +197,9 @@ def test_missing_check_implementation_is_a_usage_error_that_stops_the_run(tmp_pa
     recipe = load(str(data.recipe(tmp_path / "store", tmp_path / "out")))
     from dataclasses import replace
 
-    from prl.pipeline.recipe import CheckSection
+    from prl.options import CheckTokensOptions
 
-    with_check = replace(recipe, check=CheckSection(tokenizer=str(tmp_path)))
+    with_check = replace(recipe, check=CheckTokensOptions(tokenizer=str(tmp_path)))
     result = pipeline.run(with_check)
     assert [(s.step, s.status) for s in result.steps] == [
         ("ingest", "done"),
@@ -242,11 +242,20 @@ def test_a_held_step_lock_fails_that_step_and_keeps_earlier_commits(tmp_path, da
     assert pl.read_delta(str(tmp_path / "store" / "traces")).height == 25
 
 
-def test_interrupt_inside_a_step_is_130_and_committed_steps_stay(tmp_path, data, monkeypatch):
-    def interrupted(recipe, store, dry_run):
-        raise KeyboardInterrupt
+def _failing(monkeypatch, name, error):
+    """``prl run``'s step ``name`` raises ``error``; the others run as they do."""
+    real = pipeline.call_step
 
-    monkeypatch.setitem(pipeline.STEP_FUNCTIONS, "rewards", interrupted)
+    def call(step, recipe, store, dry_run):
+        if step.name == name:
+            raise error
+        return real(step, recipe, store, dry_run)
+
+    monkeypatch.setattr(pipeline, "call_step", call)
+
+
+def test_interrupt_inside_a_step_is_130_and_committed_steps_stay(tmp_path, data, monkeypatch):
+    _failing(monkeypatch, "rewards", KeyboardInterrupt())
     recipe = str(data.recipe(tmp_path / "store", tmp_path / "out"))
     res = runner.invoke(app, ["run", recipe, "--json"])
     assert res.exit_code == 130
@@ -261,10 +270,7 @@ def test_interrupt_inside_a_step_is_130_and_committed_steps_stay(tmp_path, data,
 
 
 def test_io_errors_in_a_step_are_retryable(tmp_path, data, monkeypatch):
-    def broken(recipe, store, dry_run):
-        raise PermissionError(13, "Permission denied", "/data/rewards.jsonl")
-
-    monkeypatch.setitem(pipeline.STEP_FUNCTIONS, "rewards", broken)
+    _failing(monkeypatch, "rewards", PermissionError(13, "Permission denied", "/data/rewards.jsonl"))
     result = pipeline.run(str(data.recipe(tmp_path / "store", tmp_path / "out")))
     assert result.exit_code == RetryableIOError.exit_code == 5
     assert "Permission denied" in result.step("rewards").error
@@ -287,7 +293,7 @@ def test_demo_recipe_end_to_end(tmp_path, monkeypatch, capsys):
     (its own argv), so torch and transformers are imported once, for the build and the score-ref step alike."""
     from dataclasses import replace
 
-    from prl.pipeline.recipe import StoreSection
+    from prl.options import StoreOptions
     from tests.pipeline_helpers import REPO
 
     demo = load(os.path.join(REPO, "recipes", "demo.toml"))
@@ -297,7 +303,7 @@ def test_demo_recipe_end_to_end(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith(f"{tmp_path / 'ref'}: tiny Llama, vocabulary ")
     assert demo.score_ref is not None
     score_ref = replace(demo.score_ref, model=str(tmp_path / "ref"))
-    demo = replace(demo, store=StoreSection(str(tmp_path / "store"), str(tmp_path / "shards")), score_ref=score_ref)
+    demo = replace(demo, store=StoreOptions(str(tmp_path / "store"), str(tmp_path / "shards")), score_ref=score_ref)
     result = pipeline.run(demo)
     assert result.exit_code == 0, result.to_json()
     assert [s.status for s in result.steps] == ["done"] * 5

@@ -171,8 +171,33 @@ def test_step_selection(tmp_path):
     assert recipe.resolve_steps(["build-shards", "ingest"], r) == ("ingest", "shards")
     with pytest.raises(UsageError, match=r"has no \[rewards\] table"):
         recipe.resolve_steps(["rewards"], r)
-    with pytest.raises(UsageError, match="unknown step 'shard'"):
+    assert recipe.resolve_steps(["traces"], r) == ("ingest",)
+    with pytest.raises(
+        UsageError,
+        match=r"unknown step 'shard'; steps are ingest, rewards, ref, check, score_ref, shards, maintain "
+        r"\(also traces, check-tokens, score-ref, build-shards\)",
+    ):
         recipe.resolve_steps(["shard"], r)
+
+
+def test_every_step_has_its_recipe_table():
+    """A Step's name is a typed table of Recipe (in run order), and its table's model is the Step's."""
+    from dataclasses import fields
+
+    from prl import options as o
+    from prl.pipeline.steps import STEPS
+
+    assert [f.name for f in fields(recipe.Recipe)] == ["store", *(s.name for s in STEPS), "path"]
+    tables = dict(recipe.TABLES)
+    assert tables == {
+        "store": o.StoreOptions,
+        "ingest": o.IngestOptions,
+        "rewards": o.SideOptions,
+        "ref": o.SideOptions,
+        "check": o.CheckTokensOptions,
+        "score_ref": o.ScoreRefOptions,
+        "maintain": o.MaintainOptions,
+    }
 
 
 def test_docs_name_every_recipe_key():
@@ -180,6 +205,6 @@ def test_docs_name_every_recipe_key():
     from dataclasses import fields
 
     text = Path(REPO, "docs", "recipes.md").read_text()
-    for cls in (recipe.StoreSection, recipe.IngestSection, recipe.SideSection, recipe.CheckSection, ShardOptions):
+    for cls in (*recipe.TABLES.values(), ShardOptions):
         for f in fields(cls):
             assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in docs/recipes.md"

@@ -12,8 +12,9 @@ A recipe has up to eight tables; a step runs when its table is present (``[store
     [shards]
     kl = "column"
 
-Each table but ``[shards]`` is one options model of :mod:`prl.options` (``[shards]``:
-:class:`prl.shards.options.ShardOptions`); its keys are the model's fields, checked by their kind and range.
+Each table is the options model of its step (:data:`prl.pipeline.steps.STEPS`; ``[store]``:
+:class:`prl.options.StoreOptions`); its keys are the model's fields, checked by their kind and range (``[shards]``
+by :meth:`prl.shards.options.ShardOptions.from_mapping`).
 docs/recipes.md lists every key with its type, default and meaning (written from the models by
 ``scripts/gen_docs.py``).
 
@@ -37,7 +38,6 @@ from typing import Any
 from prl.errors import UsageError
 from prl.io.packages import PACKAGE_PREFIX, resolve_package_path
 from prl.options import (
-    TABLES,
     CheckTokensOptions,
     IngestOptions,
     MaintainOptions,
@@ -46,35 +46,30 @@ from prl.options import (
     StoreOptions,
     meta,
 )
+from prl.pipeline.steps import BY_NAME
+from prl.pipeline.steps import STEPS as _STEPS
 from prl.shards.options import ShardOptions
 from prl.validation import Validator
 
-STEPS = ("ingest", "rewards", "ref", "check", "score_ref", "shards", "maintain")
+STEPS = tuple(step.name for step in _STEPS)
 """Steps in the order ``prl run`` takes them; each is named by its recipe table."""
-STEP_ALIASES = {"check-tokens": "check", "build-shards": "shards", "traces": "ingest", "score-ref": "score_ref"}
-
-
-StoreSection = StoreOptions
-IngestSection = IngestOptions
-SideSection = SideOptions
-CheckSection = CheckTokensOptions
-ScoreRefSection = ScoreRefOptions
-MaintainSection = MaintainOptions
-"""The recipe's tables by their earlier names: the options models of :mod:`prl.options`."""
+TABLES: dict[str, type] = {"store": StoreOptions, **{step.name: step.options for step in _STEPS if not step.whole}}
+"""The options model of each recipe table but ``[shards]`` (read by
+:meth:`~prl.shards.options.ShardOptions.from_mapping`)."""
 
 
 @dataclass(frozen=True)
 class Recipe:
     """A loaded, validated recipe. ``path`` is the recipe file (None when built in code)."""
 
-    store: StoreSection
-    ingest: IngestSection | None = None
-    rewards: SideSection | None = None
-    ref: SideSection | None = None
-    check: CheckSection | None = None
-    score_ref: ScoreRefSection | None = None
+    store: StoreOptions
+    ingest: IngestOptions | None = None
+    rewards: SideOptions | None = None
+    ref: SideOptions | None = None
+    check: CheckTokensOptions | None = None
+    score_ref: ScoreRefOptions | None = None
     shards: ShardOptions | None = None
-    maintain: MaintainSection | None = None
+    maintain: MaintainOptions | None = None
     path: str | None = None
 
     def __post_init__(self) -> None:
@@ -89,14 +84,10 @@ class Recipe:
     def to_json(self) -> dict[str, Any]:
         """JSON-able form (paths resolved), as recorded in run summaries."""
         out: dict[str, Any] = {"path": self.path, "store": _fields(self.store)}
-        for step in ("ingest", "rewards", "ref", "check", "score_ref"):
-            section = getattr(self, step)
+        for step in _STEPS:
+            section = getattr(self, step.name)
             if section is not None:
-                out[step] = _fields(section)
-        if self.shards is not None:
-            out["shards"] = self.shards.to_dict()
-        if self.maintain is not None:
-            out["maintain"] = _fields(self.maintain)
+                out[step.name] = section.to_dict() if step.whole else _fields(section)
         return out
 
 
@@ -136,9 +127,9 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
     paths = _Paths(os.path.abspath(base_dir))
     store: StoreOptions = _section(where, "store", doc["store"], StoreOptions, paths)
     sections: dict[str, Any] = {
-        step: _section(where, step, doc[step], model, paths)
-        for step, model in TABLES.items()
-        if step != "store" and step in doc
+        step.name: _section(where, step.name, doc[step.name], step.options, paths)
+        for step in _STEPS
+        if not step.whole and step.name in doc
     }
     score_ref = sections.get("score_ref")
     if score_ref is not None:
@@ -224,11 +215,11 @@ def resolve_steps(names: list[str] | tuple[str, ...] | None, recipe: Recipe) -> 
         return recipe.steps
     wanted = set()
     for raw in names:
-        name = STEP_ALIASES.get(raw, raw)
-        if name not in STEPS:
-            raise UsageError(
-                f"unknown step {raw!r}; steps are {', '.join(STEPS)} (also check-tokens, score-ref, build-shards)"
-            )
+        step = BY_NAME.get(raw)
+        if step is None:
+            aliases = ", ".join(alias for s in _STEPS for alias in s.aliases)
+            raise UsageError(f"unknown step {raw!r}; steps are {', '.join(STEPS)} (also {aliases})")
+        name = step.name
         if getattr(recipe, name) is None:
             raise UsageError(f"step {raw!r} was asked for but {recipe.path or 'the recipe'} has no [{name}] table")
         wanted.add(name)
@@ -237,13 +228,8 @@ def resolve_steps(names: list[str] | tuple[str, ...] | None, recipe: Recipe) -> 
 
 __all__ = [
     "STEPS",
-    "CheckSection",
-    "IngestSection",
-    "MaintainSection",
+    "TABLES",
     "Recipe",
-    "ScoreRefSection",
-    "SideSection",
-    "StoreSection",
     "from_mapping",
     "load",
     "resolve_package_path",

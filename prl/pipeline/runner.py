@@ -20,13 +20,13 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from prl.errors import ExitCode, PrlError, RetryableIOError, UsageError
 from prl.pipeline import recipe as recipes
 from prl.pipeline.recipe import Recipe
+from prl.pipeline.steps import BY_NAME, Step
 from prl.results import CommandResult, one_line
 from prl.store.locks import holding
 from prl.store.resolve import open_store
@@ -117,52 +117,32 @@ class RunResult:
 
 
 # --- the steps -----------------------------------------------------------------------------------------------
-def step(table: str, function: str, *, engine: bool = True, **fixed: Any) -> Callable[[Recipe, Store, bool], Any]:
-    """How ``prl run`` calls the stage of recipe table ``table``: ``function`` (``"module:name"``, imported when the
-    step runs, so a recipe loads nothing a step it lacks needs) with the store, the table's fields as keywords
-    (the options model's names are the library call's), ``dry_run``, the ``[store]`` engine where the stage takes
-    one, and ``fixed``. A new stage is one options model and one line of :data:`STEP_FUNCTIONS`."""
-    module, name = function.split(":")
-
-    def call(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-        try:
-            fn = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError) as exc:
-            raise UsageError(
-                f"this installation lacks {module}.{name} for [{table}]; drop [{table}] from the recipe or run the "
-                "other steps with --only"
-            ) from exc
-        section = getattr(recipe, table)
+def call_step(step: Step, recipe: Recipe, store: Store, dry_run: bool) -> CommandResult:
+    """Run ``step`` of ``recipe`` on ``store``: its library call (:attr:`Step.function`, imported here, so a recipe
+    loads nothing a step it lacks needs) with the store, ``dry_run``, its table's fields as keywords (or, for a
+    ``whole`` step, the table as ``options`` and the ``[store]`` out as ``out``), the ``[store]`` engine where the
+    step takes one, and its fixed keywords."""
+    module, name = step.function.split(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(
+            f"this installation lacks {module}.{name} for [{step.name}]; drop [{step.name}] from the recipe or run "
+            "the other steps with --only"
+        ) from exc
+    section = getattr(recipe, step.name)
+    if step.whole:
+        kwargs: dict[str, Any] = {"options": section, "out": recipe.store.out}
+    else:
         kwargs = {f.name: _arg(getattr(section, f.name)) for f in fields(section)}
-        if engine:
-            kwargs["engine"] = recipe.store.engine
-        return fn(store=store, dry_run=dry_run, **kwargs, **fixed)
-
-    return call
+    if step.engine:
+        kwargs["engine"] = recipe.store.engine
+    result: CommandResult = fn(store=store, dry_run=dry_run, **kwargs, **step.fixed)
+    return result
 
 
 def _arg(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
-
-
-def _shards(recipe: Recipe, store: Store, dry_run: bool) -> Any:
-    """``[shards]``: its table is the whole :class:`~prl.shards.options.ShardOptions`, and it writes to the OUT."""
-    from prl.shards.build import build_shards
-
-    assert recipe.shards is not None and recipe.store.out is not None
-    return build_shards(store, recipe.store.out, options=recipe.shards, dry_run=dry_run, engine=recipe.store.engine)
-
-
-STEP_FUNCTIONS: dict[str, Callable[[Recipe, Store, bool], CommandResult]] = {
-    "ingest": step("ingest", "prl.ingestion.traces:ingest"),
-    "rewards": step("rewards", "prl.ingestion.side_tables:ingest_side_table", engine=False, kind="rewards"),
-    "ref": step("ref", "prl.ingestion.side_tables:ingest_side_table", engine=False, kind="ref"),
-    "check": step("check", "prl.checks:check_tokens"),
-    "score_ref": step("score_ref", "prl.score.run:score_ref"),
-    "shards": _shards,
-    "maintain": step("maintain", "prl.store.maintain:maintain", engine=False),
-}
-"""Step name → ``fn(recipe, store, dry_run) -> CommandResult``."""
 
 
 # --- the run -------------------------------------------------------------------------------------------------
@@ -201,7 +181,7 @@ def _run_steps(recipe: Recipe, store: Store, chosen: tuple[str, ...], dry_run: b
         started = time.perf_counter()
         log.info("step %s: started", name)
         try:
-            outcome: CommandResult = STEP_FUNCTIONS[name](recipe, store, dry_run)
+            outcome = call_step(BY_NAME[name], recipe, store, dry_run)
             step.summary = outcome.to_json()
             step.exit_code = int(outcome.exit_code)
             step.result_headline = outcome.headline()
@@ -218,4 +198,4 @@ def _run_steps(recipe: Recipe, store: Store, chosen: tuple[str, ...], dry_run: b
         stopped = step.status != "done"
 
 
-__all__ = ["STEP_FUNCTIONS", "RunResult", "StepResult", "run", "step"]
+__all__ = ["RunResult", "StepResult", "call_step", "run"]

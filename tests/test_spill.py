@@ -186,10 +186,13 @@ def test_read_ranges_returns_every_range_in_order(tmp_path_factory, ranges, data
     st.sampled_from([1, 2, 4, 8]),
     st.integers(0, 64),
     st.sampled_from([1, 4, 16, 64, 256]),
+    st.sampled_from([1, 8, 32, 1024]),
     st.integers(0, 3),
     st.randoms(use_true_random=False),
 )
-def test_read_into_windows_give_every_range_its_place(tmp_path_factory, ranges, unit, hole, window, repeats, rng):
+def test_read_into_windows_give_every_range_its_place(
+    tmp_path_factory, ranges, unit, hole, window, alone, repeats, rng
+):
     """However the runs fall into read windows (staged reads of many runs across holes, a window split at its
     span, a long run read on its own, copies sliced a window of values at a time), every range lands at its
     destination: ranges in any order, overlapping or asked for several times, placed anywhere in the result, in
@@ -209,6 +212,7 @@ def test_read_into_windows_give_every_range_its_place(tmp_path_factory, ranges, 
     with pytest.MonkeyPatch.context() as mp, open(path, "rb") as fh:
         mp.setattr(spill_module, "_HOLE", hole * unit)
         mp.setattr(spill_module, "_WINDOW", window)
+        mp.setattr(spill_module, "_ALONE", alone)
         spill_module._read_into(fh.fileno(), out, [s for s, _ in spans], [e for _, e in spans], dest, unit)
     expected = bytearray(at)
     for (start, end), d in zip(spans, dest, strict=True):
@@ -246,6 +250,8 @@ def test_read_into_makes_a_system_call_per_window_not_per_run(tmp_path, monkeypa
     assert read(starts, starts + 40, dest, 4) == 1
     assert read(starts * 200, starts * 200 + 40, dest, 4) == 1000  # 8,000-byte holes: a read per row
     assert read([0, 40, 500_000], [40, 80, 1_000_000], [0, 40, 80], 4) == 2  # the long row alone
+    long = np.arange(8) * 4096  # rows of 1,024 values, one after another in the file: each read alone
+    assert read(long, long + 4096, np.arange(8)[::-1] * 4096, 4) == 8
     assert read([1, 41], [40, 80], [0, 39], 4) == 1  # not whole values: read as bytes, still one read
 
 

@@ -159,8 +159,8 @@ def test_the_bar_renders_on_a_forced_terminal():
     assert "ingest" in text
     assert "2.0 MB of 4.0 MB" in text
     assert "files 5/13" in text
-    rates = re.findall(r"([\d.]+) ([kMG]?)B/s", text)  # the unit follows the rate the clock gave: kB/s to GB/s
-    assert rates[0] == ("0", "") and any(float(n) > 0 for n, _ in rates[1:]), rates
+    rates = re.findall(r"([\d.,]+) ([kMGT]?)B/s", text)  # the unit follows the rate the clock gave: kB/s to GB/s
+    assert rates[0] == ("0", "") and any(float(n.replace(",", "")) > 0 for n, _ in rates[1:]), rates
 
 
 def _prl(args: list[str], tmp_path, interval: str = "0.000001") -> subprocess.CompletedProcess[str]:

@@ -208,3 +208,13 @@ def test_docs_name_every_recipe_key():
     for cls in (*recipe.TABLES.values(), ShardOptions):
         for f in fields(cls):
             assert f"`{f.name}`" in text, f"{cls.__name__}.{f.name} is not in docs/recipes.md"
+
+
+def test_prl_run_names_every_step_in_its_help():
+    """``prl run``'s help and docstring list the steps in run order (a new Step fails here until they name it)."""
+    import inspect
+
+    from prl import cli
+
+    source = inspect.getsource(cli.run_cmd)
+    assert source.count(", ".join(recipe.STEPS)) == 2

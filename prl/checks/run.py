@@ -464,7 +464,7 @@ def _tally(
     # its thread pool behind the tokenizer's threads for about a quarter of a short-record run
     combos = (
         pa.table(out.select(["verdict", *GROUP_COLUMNS]))
-        .group_by(["verdict", *GROUP_COLUMNS])
+        .group_by(["verdict", *GROUP_COLUMNS], use_threads=False)
         .aggregate([([], "count_all")])
     )
     rows = list(zip(*(combos.column(c).to_pylist() for c in ("verdict", *GROUP_COLUMNS, "count_all")), strict=True))

@@ -134,12 +134,13 @@ def from_mapping(doc: Mapping[str, Any], base_dir: str = ".", path: str | None =
     score_ref = sections.get("score_ref")
     if score_ref is not None:
         _check_score_ref(where, score_ref)
-    shards = None
-    if "shards" in doc:
-        shards = ShardOptions.from_mapping(doc["shards"], where=where)
-        if score_ref is not None and shards.ref_model is None:  # KL against the model this recipe scores with
-            shards = replace(shards, ref_model=score_ref.ref_model)
-    return Recipe(store=store, shards=shards, path=path, **sections)
+    for step in _STEPS:  # tables read whole by their model's own reader
+        if step.whole and step.name in doc:
+            sections[step.name] = step.options.from_mapping(doc[step.name], where=where)  # type: ignore[attr-defined]
+    shards = sections.get("shards")
+    if shards is not None and score_ref is not None and shards.ref_model is None:
+        sections["shards"] = replace(shards, ref_model=score_ref.ref_model)  # KL against the model it scores with
+    return Recipe(store=store, path=path, **sections)
 
 
 def _check_score_ref(where: str, section: ScoreRefOptions) -> None:

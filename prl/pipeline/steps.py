@@ -26,8 +26,9 @@ class Step:
     ``options``: the table's model; ``function``: ``"module:name"`` of the library call, imported when the step
     runs (so a recipe loads nothing a step it lacks needs), called with the store, ``dry_run``, the table's fields
     as keywords (the model's field names are the call's) and ``fixed``; ``engine``: the call also takes the
-    ``[store]`` engine; ``whole``: the call takes the table as one ``options`` model and the ``[store]`` out as
-    ``out`` instead of the fields (``[shards]``)."""
+    ``[store]`` engine; ``whole``: the table is read by its model's own ``from_mapping(table, where=...)`` and the
+    call takes it as one ``options`` model and the ``[store]`` out as ``out`` instead of the fields
+    (``[shards]``)."""
 
     name: str
     options: type
@@ -63,5 +64,6 @@ STEPS: tuple[Step, ...] = (
 
 BY_NAME: Mapping[str, Step] = MappingProxyType({name: step for step in STEPS for name in (step.name, *step.aliases)})
 """Each step by its name and by each of its aliases."""
+assert len(BY_NAME) == sum(1 + len(step.aliases) for step in STEPS), "a step name or alias is used twice"
 
 __all__ = ["BY_NAME", "STEPS", "Step"]

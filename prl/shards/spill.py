@@ -64,7 +64,7 @@ class FlatList:
 
 
 _HOLE = 4096
-"""Bytes: a hole between two runs of rows narrower than this is read through (one read of both runs and the
+"""Bytes: a hole of at most this many bytes between two runs of rows is read through (one read of both runs and the
 hole) rather than skipped with another system call."""
 _WINDOW = 1 << 18
 """Values: the most one staged read spans (besides its last run), so a window's bytes and the index arrays of its

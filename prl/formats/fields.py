@@ -180,9 +180,9 @@ def policy_version_of(*candidates: Any, options: ParseOptions) -> str | None:
 
 # --- timestamps ----------------------------------------------------------------------------------------
 
-_MS_THRESHOLD = 1e11
+MS_THRESHOLD = 1e11
 """Epoch numbers above this are milliseconds (1e11 s is the year 5138; 1e11 ms is 1973)."""
-_MS_LIMIT = 253402300800000
+MS_LIMIT = 253402300800000
 """9999-12-31T23:59:59Z + 1 s in milliseconds: larger numbers are not timestamps."""
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -196,9 +196,9 @@ def _epoch(value: Any) -> datetime | float | None:
     if isinstance(value, datetime):  # CSV and Parquet readers hand over typed timestamps
         return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
     if isinstance(value, (int, float)):
-        if value < 0 or value >= _MS_LIMIT or not math.isfinite(value):  # ints of any size compare exactly
+        if value < 0 or value >= MS_LIMIT or not math.isfinite(value):  # ints of any size compare exactly
             return None
-        return value if value > _MS_THRESHOLD else value * 1000.0
+        return value if value > MS_THRESHOLD else value * 1000.0
     if isinstance(value, str):
         text = value.strip()
         if text.endswith("Z"):
@@ -223,7 +223,7 @@ def timestamp_ms(value: Any) -> int | None:
     if moment is None:
         return None
     ms = _ms(moment)
-    return ms if ms < _MS_LIMIT else None
+    return ms if ms < MS_LIMIT else None
 
 
 def timestamp_us(value: Any) -> int | None:
@@ -236,7 +236,7 @@ def timestamp_us(value: Any) -> int | None:
     if moment is None:
         return None
     ms = _ms(moment)
-    if ms >= _MS_LIMIT:
+    if ms >= MS_LIMIT:
         return None
     us = (moment - _EPOCH) // _MICROSECOND if isinstance(moment, datetime) else round(moment * 1000)
     return min(max(us, ms * 1000 - 499), ms * 1000 + 499)

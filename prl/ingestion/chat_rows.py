@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.formats.base import TOKEN_ID_PREFIX, ParseOptions
-from prl.formats.fields import _MS_LIMIT, _MS_THRESHOLD, DERIVED_ID_PREFIX, FINISH_REASON_MAP
+from prl.formats.fields import DERIVED_ID_PREFIX, FINISH_REASON_MAP, MS_LIMIT, MS_THRESHOLD
 from prl.ingestion.assemble import INT32_MAX
 from prl.ingestion.batch import _digests, _Flat, _floored, _list
 from prl.numerics.ragged import any_per_row, offsets_of
@@ -75,8 +75,8 @@ def _column(table: pa.Table, name: str) -> pa.Array:
 def _created_us(created: pa.Array) -> pa.Array:
     """``timestamp_us`` of integer epoch seconds or milliseconds, vectorized (null where it gives None)."""
     value = _np(created, -1).astype(np.int64)
-    us = value * np.where(value > _MS_THRESHOLD, 1000, 1_000_000)  # epoch milliseconds, else seconds
-    valid = np.asarray(created.is_valid()) & (value >= 0) & (value < _MS_LIMIT)
+    us = value * np.where(value > MS_THRESHOLD, 1000, 1_000_000)  # epoch milliseconds, else seconds
+    valid = np.asarray(created.is_valid()) & (value >= 0) & (value < MS_LIMIT)
     return pa.array(us, pa.int64(), mask=~valid).cast(TIMESTAMP_US)
 
 

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from prl.event_ids import Occurrences, reward_ids
-from prl.formats.fields import _MS_LIMIT, _MS_THRESHOLD
+from prl.formats.fields import MS_LIMIT, MS_THRESHOLD
 from prl.schema import REWARDS
 
 NUMBER_TYPES = (pa.int64(), pa.float64())
@@ -59,13 +59,13 @@ def _created_ms(table: pa.Table, now_ms: int) -> np.ndarray | None:
     column = table.column("created_at")
     if column.type == pa.int64() and not column.null_count:
         raw = column.to_numpy()
-        ms = np.where(raw > _MS_THRESHOLD, raw, raw * 1000)
-        return ms if ((raw >= 0) & (ms < _MS_LIMIT)).all() else None
+        ms = np.where(raw > MS_THRESHOLD, raw, raw * 1000)
+        return ms if ((raw >= 0) & (ms < MS_LIMIT)).all() else None
     values = _numbers(column)
     if values is None or (values < 0).any():
         return None
-    ms = np.round(np.where(values > _MS_THRESHOLD, values, values * 1000.0))
-    return ms.astype(np.int64) if (ms < _MS_LIMIT).all() else None
+    ms = np.round(np.where(values > MS_THRESHOLD, values, values * 1000.0))
+    return ms.astype(np.int64) if (ms < MS_LIMIT).all() else None
 
 
 def json_block(block: bytes) -> pa.Table | None:

@@ -72,7 +72,7 @@ gather stay a few MiB."""
 _ALONE = 1024
 """Bytes: a run at least this long (or a quarter of a window, if less) is read on its own, straight into its place:
 one system call costs less than gathering its values out of a staged read (on rows of 1,000 tokens, staging them
-took build-shards from 12.1 to 10.4 M tokens/s)."""
+took build-shards from about 12.4 to 10.4 M tokens/s)."""
 
 
 def _runs(starts_R: np.ndarray, ends_R: np.ndarray, dest_R: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -146,3 +146,38 @@ def test_json_and_report(tmp_path):
     assert "[ 14505 'Hel'][  4979 'lo']" in text
     assert "[ 19923 'Hello'][  2058 ' world']" in text
     assert "roundtrip_prompt" in text
+
+
+def test_the_summary_counts_groups_by_value_with_none_first_over_batches():
+    """Each group column's values in the summary: per value its checked count and each verdict's, a null value
+    as ``(none)``, values in sorted order with ``(none)`` first, counts added over batches."""
+    import pyarrow as pa
+
+    from prl.checks.result import CheckResult
+    from prl.checks.run import _tally
+
+    result = CheckResult(store="s", tokenizer="t", fingerprint="f", template=False, traces_version=0)
+
+    def batch(verdicts, models):
+        n = len(verdicts)
+        return pa.record_batch(
+            {
+                "sample_id": [f"s{i}" for i in range(n)],
+                "verdict": verdicts,
+                "source_format": ["openai_chat"] * n,
+                "model": models,
+                "policy_version": [None] * n,
+            }
+        )
+
+    _tally(result, batch(["ok", "drift", "ok", "ok"], ["b", "b", None, "a"]), [], [], [], 0)
+    _tally(result, batch(["warn", "ok"], ["a", None]), [], [], [], 0)
+    assert result.checked == 6
+    assert result.verdicts == {**dict.fromkeys(result.verdicts, 0), "ok": 4, "drift": 1, "warn": 1}
+    assert list(result.groups["model"].items()) == [
+        ("(none)", {"checked": 2, "ok": 2}),
+        ("a", {"checked": 2, "ok": 1, "warn": 1}),
+        ("b", {"checked": 2, "drift": 1, "ok": 1}),
+    ]
+    assert result.groups["policy_version"] == {"(none)": {"checked": 6, "drift": 1, "ok": 4, "warn": 1}}
+    assert result.groups["source_format"] == {"openai_chat": {"checked": 6, "drift": 1, "ok": 4, "warn": 1}}

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prl.shards import spill as spill_module
-from prl.shards.spill import FlatList, ScanSpill, _read_ranges
+from prl.shards.spill import FlatList, ScanSpill
 
 SCHEMA = pa.schema(
     [
@@ -29,6 +29,15 @@ floats = st.lists(st.one_of(st.none(), st.floats(width=32, allow_nan=False)), ma
 masks = st.one_of(st.none(), st.lists(st.one_of(st.none(), st.booleans()), max_size=6))
 heads = st.one_of(st.none(), st.lists(st.lists(st.integers(0, 9), max_size=3), max_size=3))
 row = st.fixed_dictionaries({"ids": ints, "more": ints, "lp": floats, "mask": masks, "heads": heads})
+
+
+def _read_ranges(fd, starts_R, ends_R):
+    """The file's byte ranges ``[starts_R[i], ends_R[i])`` back to back (uint8), through ``_read_into``."""
+    starts = np.asarray(starts_R, dtype=np.int64)
+    lengths = np.maximum(np.asarray(ends_R, dtype=np.int64) - starts, 0)
+    out = np.empty(int(lengths.sum()), dtype=np.uint8)
+    spill_module._read_into(fd, out, starts, starts + lengths, np.cumsum(lengths) - lengths)
+    return out
 
 
 def as_list(flat: FlatList, i: int) -> list | None:

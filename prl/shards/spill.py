@@ -158,15 +158,6 @@ def _read_into(
             target[np.repeat(dests[lo + a : lo + b] // unit, n) + within] = values[source]
 
 
-def _read_ranges(fd: int, starts_R: ArrayLike, ends_R: ArrayLike) -> np.ndarray:
-    """The file's byte ranges ``[starts_R[i], ends_R[i])`` back to back (uint8)."""
-    starts = np.asarray(starts_R, dtype=np.int64)
-    lengths = np.maximum(np.asarray(ends_R, dtype=np.int64) - starts, 0)
-    out = np.empty(int(lengths.sum()), dtype=np.uint8)
-    _read_into(fd, out, starts, starts + lengths, np.cumsum(lengths) - lengths)
-    return out
-
-
 def is_flat(field: pa.Field) -> bool:
     """Whether a spilled column is a list of fixed-width values or bools (spilled raw, read by :meth:`ScanSpill.flat`)."""
     t = field.type

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -29,7 +30,34 @@ def test_local_map_runs_the_tasks_in_order_in_this_process():
         return [n] * n
 
     assert list(LOCAL.map(task, [2, 0, 3])) == [2, 2, 3, 3, 3] and seen == [2, 0, 3]
-    assert LOCAL.in_process and (LOCAL.width(5), LOCAL.width(0)) == (1, 0)
+    assert (LOCAL.width(5), LOCAL.width(0)) == (1, 0)
+
+
+def test_local_map_on_threads_runs_one_task_per_item_side_by_side():
+    started = threading.Barrier(3, timeout=10)  # passes only while three tasks run at once
+
+    def task(n: int) -> list[tuple[int, str]]:
+        if n < 3:
+            started.wait()
+        return [(n, threading.current_thread().name)] * 2
+
+    assert (LOCAL.width(5, threads=3), LOCAL.width(0, threads=3), LOCAL.width(5, threads=1)) == (5, 0, 1)
+    out = list(LOCAL.map(task, [0, 1, 2, 3, 4], threads=3))
+    assert sorted(n for n, _ in out) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert len({name for _, name in out}) == 3 and threading.current_thread().name not in {name for _, name in out}
+    for n in range(5):  # a task's results come back together
+        at = [i for i, (m, _) in enumerate(out) if m == n]
+        assert at[1] == at[0] + 1
+
+
+def test_local_map_on_threads_raises_a_tasks_error_as_itself():
+    def task(n: int) -> list[int]:
+        if n == 2:
+            raise UsageError("task 2 met a bad option")
+        return [n]
+
+    with pytest.raises(UsageError, match="task 2 met a bad option"):
+        list(LOCAL.map(task, [0, 1, 2, 3], threads=2))
 
 
 def test_split_cuts_consecutive_runs_as_equal_as_they_can_be():

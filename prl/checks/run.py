@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from prl.bounds import MAX_TEMPLATE_TIMEOUTS_LIMIT, TEMPLATE_TIMEOUTS, check_int
 from prl.checks.arrays import Ragged
-from prl.checks.batch import COLUMNS, TokenBatch
+from prl.checks.batch import TokenBatch
 from prl.checks.findings import Findings
 from prl.checks.heads import check_heads
 from prl.checks.history import INDEX_SCHEMA, SequenceCache, previous_for, trajectory_index
@@ -35,7 +35,7 @@ from prl.checks.logprobs import check_logprobs
 from prl.checks.options import CheckOptions
 from prl.checks.prefix import check_prefix
 from prl.checks.progress import progress
-from prl.checks.remote import CheckedBatch, CheckJob, check_pieces, row_group_pieces
+from prl.checks.remote import CheckedBatch, CheckJob, check_pieces, lending, pieces
 from prl.checks.result import GROUP_COLUMNS, CheckResult, Example
 from prl.checks.roundtrip import PendingSegments, RoundTripper, roundtrip_findings
 from prl.checks.special import check_special
@@ -119,9 +119,9 @@ class BatchChecker:
         self.roundtrip = RoundTripper(self.tok, background=self.overlap)
         self.template = TemplateChecker(self.tok, max_timeouts=self.template_timeouts)
 
-    def check(self, rb: pa.RecordBatch, guard: bool = False) -> tuple[pa.RecordBatch, list[RowVerdict], list]:
+    def check(self, rb: pa.RecordBatch) -> tuple[pa.RecordBatch, list[RowVerdict], list]:
         """Verdict rows, non-ok rows, and prefix status per row for one batch of traces rows."""
-        return self.finish(self.start(rb, guard))
+        return self.finish(self.start(rb))
 
     def start(self, rb: pa.RecordBatch, guard: bool = False) -> _Started:
         """Run every check of one batch of traces rows but the end of its round trip (the tokenizer calls may go
@@ -236,6 +236,7 @@ def check_tokens(
     with (
         holding(store.uri, "check-tokens", enabled=lock and not dry_run),
         store.one_run(),
+        lending(fingerprint, tok),
         task("check-tokens", unit="samples") as meter,
     ):
         _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch, where, meter)
@@ -267,46 +268,31 @@ def _run(
         return
     flt = None if plan.done is None else ~pc.field("sample_id").isin(plan.done)
     if plan.paths is None:
-        rows: Iterator[pa.RecordBatch] = store.scan(
-            "traces", columns=COLUMNS, filter=flt, batch_size=batch_size, version=traces_version
-        )
         sessions = trajectory_index(store, traces_version)
     else:
         new = files_dataset(store, "traces", plan.paths)
-        rows = new.to_batches(columns=COLUMNS, filter=flt, batch_size=batch_size)
         multi_turn = new.count_rows(filter=pc.field("session_id").is_valid()) > 0
         sessions = trajectory_index(store, traces_version) if multi_turn else NO_SESSIONS
     counts = _Counts()
     meter.grow(_rows_to_check(store, traces_version, plan.paths, plan.done))
-    if where.engine.in_process:
-        checker = BatchChecker(
-            store,
-            tok,
-            opts,
-            fingerprint,
-            traces_version,
-            sessions,
-            overlap=True,
-            template_timeouts=where.template_timeouts,
-        )
-        checked = _checked_here(checker, rows, sample_rate, counts)
-    else:
-        files = plan.paths if plan.paths is not None else snapshot_files(store, "traces", traces_version)
-        job = CheckJob(
-            store.uri,
-            where.tokenizer,
-            where.chat_template,
-            opts,
-            fingerprint,
-            traces_version,
-            sample_rate,
-            [f"{store.table_path('traces')}/{p}" for p in files],
-            flt,
-            sessions,
-            batch_size,
-            where.template_timeouts,
-        )
-        checked = _checked_there(where.engine, job, rows, tok, counts)
+    files = plan.paths if plan.paths is not None else snapshot_files(store, "traces", traces_version)
+    root = store.table_path("traces")
+    job = CheckJob(
+        store.uri,
+        where.tokenizer,
+        where.chat_template,
+        opts,
+        fingerprint,
+        traces_version,
+        sample_rate,
+        [f"{root}/{p}" for p in files],
+        flt,
+        sessions,
+        batch_size,
+        where.template_timeouts,
+        {f"{root}/{p}": size for p, size in store.known_sizes("traces").items()},
+    )
+    checked = _checked(where.engine, job, counts)
     heap: list[tuple[int, int, str, int, Example]] = []
 
     def verdict_batches() -> Iterator[pa.RecordBatch]:
@@ -399,55 +385,15 @@ _Checked = tuple[pa.RecordBatch | None, list[RowVerdict], list, int]
 status per row, rows sampled out."""
 
 
-def _checked_here(
-    checker: BatchChecker, rows: Iterator[pa.RecordBatch], sample_rate: float, counts: _Counts
-) -> Iterator[_Checked]:
-    """Check each batch in this process (the first one behind the tokenizer/data mismatch guard), one batch
-    ahead: a batch is started (its round trip's tokenizer calls running) before the one before it is finished,
-    and batches with rows come out in order; a batch whose rows were all sampled out comes out at once (it
-    carries only its count)."""
-    try:
-        first, ahead = True, None
-        for rb in rows:
-            checker.remember(rb)
-            sampled_out = 0
-            if sample_rate < 1.0:
-                keep = keep_sampled(rb.column("sample_id").to_pylist(), sample_rate)
-                sampled_out = int((~keep).sum())
-                rb = rb.filter(pa.array(keep))
-            if rb.num_rows == 0:
-                yield None, [], [], sampled_out
-                continue
-            started = checker.start(rb, guard=first)
-            first = False
-            if ahead is not None:
-                yield *checker.finish(ahead[0]), ahead[1]
-            ahead = (started, sampled_out)
-        if ahead is not None:
-            yield *checker.finish(ahead[0]), ahead[1]
-    finally:
-        checker.close()  # the render worker and the tokenizer thread end with the scan
-        counts.tokens, counts.tokens_encoded = checker.roundtrip.stats.tokens, checker.roundtrip.stats.tokens_encoded
-        counts.undetermined = dict(checker.undetermined)
-
-
-def _checked_there(
-    engine: Engine, job: CheckJob, rows: Iterator[pa.RecordBatch], tok: CheckTokenizer, counts: _Counts
-) -> Iterator[_Checked]:
-    """Check the batches on ``engine``'s workers. The tokenizer/data mismatch guard runs here first, on the first
-    batch that the local engine would check first."""
-    for rb in rows:
-        if job.sample_rate < 1.0:
-            rb = rb.filter(pa.array(keep_sampled(rb.column("sample_id").to_pylist(), job.sample_rate)))
-        if rb.num_rows:
-            tb = TokenBatch.from_record_batch(rb)
-            guard_vocab(tb, check_vocab(tb, tok.vocab_size)[1], tok)
-            break
-    pieces = row_group_pieces(job.store_uri, job.files)
-    tasks = split(pieces, engine.width(len(pieces)))
-    for batch in engine.map(functools.partial(check_pieces, job), tasks):
+def _checked(engine: Engine, job: CheckJob, counts: _Counts) -> Iterator[_Checked]:
+    """Check the run's batches on ``engine``; ``counts`` adds up what the batches count besides their rows."""
+    if not job.files:
+        return
+    whole = engine.width(len(job.files) + 1) <= len(job.files)  # no more tasks wanted than there are files
+    cut = pieces(job, whole)
+    for batch in engine.map(functools.partial(check_pieces, job), split(cut, engine.width(len(cut)))):
         counts.add(batch)
-        yield batch.verdicts, batch.flagged(), batch.status(), batch.sampled_out
+        yield batch.verdicts, batch.flagged, batch.status, batch.sampled_out
 
 
 def _tally(

@@ -21,17 +21,16 @@ class Engine(Protocol):
         """``local``, ``ray``: what ``--engine`` calls it."""
         ...
 
-    @property
-    def in_process(self) -> bool:
-        """True when the tasks run in this process (a step may then stream its work without cutting it up)."""
+    def width(self, items: int, *, threads: int = 1) -> int:
+        """How many tasks ``items`` units of work are best cut into here: at least one, at most ``items``
+        (``threads``: as :meth:`map` takes it)."""
         ...
 
-    def width(self, items: int) -> int:
-        """How many tasks ``items`` units of work are best cut into here: at least one, at most ``items``."""
-        ...
-
-    def map(self, fn: Callable[[T], Iterable[R]], tasks: Sequence[T], *, gpu: bool = False) -> Iterator[R]:
+    def map(
+        self, fn: Callable[[T], Iterable[R]], tasks: Sequence[T], *, gpu: bool = False, threads: int = 1
+    ) -> Iterator[R]:
         """Every result of ``fn`` over ``tasks``: each task's results in order, the tasks in the order they
-        finish. ``gpu``: a task takes one GPU where the engine has GPUs. A :class:`~prl.errors.PrlError` that a
-        task raises is raised here as itself."""
+        finish. ``gpu``: a task takes one GPU where the engine has GPUs. ``threads``: how many of the tasks may
+        run at once on threads of one process (their heavy parts release the GIL). A
+        :class:`~prl.errors.PrlError` that a task raises is raised here as itself."""
         ...

@@ -1,23 +1,25 @@
-"""Reading a commit group of an ingest run in units of consecutive files, here or as an engine's tasks.
+"""Reading a commit group of an ingest run in units of consecutive files, as an engine's tasks.
 
 The driver describes one commit group in an :class:`IngestJob` (the store, the group's files, the options, the
-resume points, the run's clock and the state of its sample index). :func:`read_unit` reads files ``lo:hi`` of the
-group exactly as the local engine reads a whole group (:func:`prl.ingestion.reading.read_file` file after file,
-one :class:`~prl.ingestion.reading.Deduper`), writes their new rows as ``traces`` data files (invisible until
+resume points, the run's clock and the state of its sample index) and cuts it into units, one per task
+(:meth:`IngestJob.units`: the local engine makes one unit of the whole group). :func:`read_unit` reads files
+``lo:hi`` of the group (:func:`prl.ingestion.reading.read_file` file after file, one
+:class:`~prl.ingestion.reading.Deduper`), writes their new rows as ``traces`` data files (invisible until
 committed) and returns a :class:`UnitRead`: the files written, the reports, ledger entries, quarantine and reward
-rows, and the sample IDs kept. Nothing here commits.
+rows, and the sample IDs kept. Nothing here commits. A task run in the driver's process reads with the driver's
+own index and advances its progress as it goes (:func:`serving`); elsewhere a worker keeps an index of its own.
 
-:func:`merged` folds the units into the group's one read, in file order. A unit read alone answers exactly what
-the local engine's read of the group answers for those files unless one of the samples it kept was kept by an
-earlier unit (the same sample in two files of the group): only then is that unit read again on the driver, after
-the units before it, and the files its first read wrote are removed.
+:func:`merged` folds the units into the group's one read, in file order. A unit read alone answers exactly what a
+read of the whole group answers for those files unless one of the samples it kept was kept by an earlier unit
+(the same sample in two files of the group): only then is that unit read again on the driver, after the units
+before it, and the files its first read wrote are removed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -49,7 +51,8 @@ class IngestJob:
     dry_run: bool
     now_ms: int = 0
     index: IndexView = field(default_factory=lambda: IndexView(None, {}))
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    run: str = field(default_factory=lambda: uuid.uuid4().hex)
+    """The run's id: what a task run in the driver's process finds the driver's index by (:func:`serving`)."""
 
     def units(self, count: int) -> list[tuple[int, int]]:
         """At most ``count`` runs ``(lo, hi)`` of consecutive files covering the group, of about equal bytes: a run
@@ -81,6 +84,8 @@ class UnitRead:
     rows: int = 0
     bytes: int = 0
     seen: dict[str, str] = field(default_factory=dict)
+    reported: bool = False
+    """Whether the read advanced the driver's progress as it went (a task run in the driver's process)."""
 
     def extend(self, other: UnitRead) -> None:
         """Append the read of the files after these."""
@@ -129,6 +134,20 @@ _INDEX: dict[str, SampleIndex] = {}
 """The sample index this worker process keeps open (store URI → index): a worker serves many units of a run,
 and loads each index file once."""
 
+_SERVED: dict[str, tuple[SampleIndex, Task | None]] = {}
+"""The driver's own index and progress by run id, for the tasks that run in its process (:func:`serving`)."""
+
+
+@contextlib.contextmanager
+def serving(job: IngestJob, index: SampleIndex, progress: Task | None) -> Iterator[None]:
+    """While the driver reads a group of ``job``'s run: a task of the run that runs in its process reads with the
+    driver's ``index`` (as the job's view shows it: nothing to load) and advances ``progress`` as it reads."""
+    _SERVED[job.run] = (index, progress)
+    try:
+        yield
+    finally:
+        _SERVED.pop(job.run, None)
+
 
 def _index(job: IngestJob) -> SampleIndex:
     index = _INDEX.get(job.store_uri)
@@ -140,9 +159,16 @@ def _index(job: IngestJob) -> SampleIndex:
 
 
 def read_units(job: IngestJob, unit: tuple[int, int]) -> list[UnitRead]:
-    """An engine's task: files ``lo:hi`` of ``job`` read with :func:`read_unit` by this worker's index."""
+    """An engine's task: files ``lo:hi`` of ``job`` read with :func:`read_unit`, by the driver's index where it
+    runs in the driver's process (:func:`serving`), else by this worker's."""
     lo, hi = unit
-    return [read_unit(job, lo, hi, _index(job))]
+    served = _SERVED.get(job.run)
+    if served is None:
+        return [read_unit(job, lo, hi, _index(job))]
+    index, progress = served
+    read = read_unit(job, lo, hi, index, progress=progress)
+    read.reported = progress is not None
+    return [read]
 
 
 def merged(
@@ -164,9 +190,11 @@ def merged(
         if not out.seen.keys().isdisjoint(read.seen):
             _discard(index.store, read)
             read = read_unit(job, read.lo, read.hi, index, earlier=out.seen)
-        out.extend(read)
-        if progress is not None:
+        if progress is not None and not read.reported:
             progress.advance(sum(r.bytes_read for r in read.reports), files=len(read.reports))
+        if len(ordered) == 1:
+            return read
+        out.extend(read)
     return out
 
 
@@ -178,4 +206,4 @@ def _discard(store: Store, read: UnitRead) -> None:
             store.fs.delete_file(f"{store.table_path('traces')}/{add.path}")
 
 
-__all__ = ["IngestJob", "UnitRead", "merged", "read_unit", "read_units"]
+__all__ = ["IngestJob", "UnitRead", "merged", "read_unit", "read_units", "serving"]

@@ -32,7 +32,7 @@ from prl.formats import registry
 from prl.formats.base import ParseOptions, Sample
 from prl.ingestion.inline_rewards import reward_batches
 from prl.ingestion.reading import RAW_KEEP
-from prl.ingestion.remote import IngestJob, UnitRead, merged, read_unit, read_units
+from prl.ingestion.remote import IngestJob, UnitRead, merged, read_units, serving
 from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, IngestResult
 from prl.ingestion.resume import app_id, earlier_points
 from prl.io import sources as io_sources
@@ -163,13 +163,11 @@ def _ingest_group(
     version after it (``version``: before it)."""
     index.refresh()
     job = replace(job, now_ms=int(time.time() * 1000))
-    if engine.in_process:
-        read = read_unit(job, 0, len(job.files), index, progress=progress)
-    else:
-        if not job.dry_run:
-            store.ensure("traces")  # created here, not by each worker
-        job = replace(job, index=index.view())
-        units = job.units(engine.width(len(job.files)))
+    if not job.dry_run:
+        store.ensure("traces")  # created here, not by each task
+    job = replace(job, index=index.view())
+    units = job.units(engine.width(len(job.files)))
+    with serving(job, index, progress):
         read = merged(job, engine.map(functools.partial(read_units, job), units), index, progress)
     return _commit_group(store, index, read, job.dry_run, result, version)
 

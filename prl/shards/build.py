@@ -10,9 +10,10 @@
 3. **Scores** (:mod:`prl.shards.scores`): KL sums or the batch mean log ratio where the options need them, then
    group-relative advantages over exactly the rows that ship.
 4. **Assemble and write** (:mod:`prl.shards.parts`, :mod:`prl.shards.assemble`, :mod:`prl.shards.writer`):
-   :data:`WORKERS` threads each gather a shard's rows from the spill, assemble and write it with pyarrow a row
-   group at a time (:mod:`prl.shards.rowgroups`), hashed as written, while :data:`IO_THREADS` fsync and rename
-   the files written. Every value is computed per sample, so the bytes do not depend on the threads.
+   each shard's rows are gathered from the spill, assembled and written with pyarrow a row group at a time
+   (:mod:`prl.shards.rowgroups`), hashed as written, fsynced and renamed into place: one task per shard on
+   :data:`WORKERS` threads with the local engine, or where the engine puts them. Every value is computed per
+   sample, so the bytes do not depend on the threads.
 5. **Publish** (:mod:`prl.shards.target`; layout in :mod:`prl.shards.layout`), after checking that the build
    still holds its lock (:func:`prl.store.holder.ensure_held`): in a local OUT the staged parts folder is renamed
    to ``OUT/<set-id>/``, then the staged meta folder (sample ids, ``manifest.json``) to ``.OUT.prl/sets/<set-id>/``
@@ -45,7 +46,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,9 +79,6 @@ from prl.shards.writer import WRITER, write_sample_ids
 from prl.store import holder
 from prl.store.locks import holding
 from prl.store.tables import Store
-
-IO_THREADS = 4
-"""Threads that fsync and rename written files while the workers go on (they mostly wait on the disk)."""
 
 SIDE_SUMS = ("lp_sum", "lp_simple", "ref_sum", "ref_simple")
 """Plan columns the scores alone read (:func:`prl.shards.scores.log_ratio_totals`): dropped once they are made."""
@@ -333,10 +331,10 @@ def _write_set(
         if spill is not None:
             spill.forget_rows()
     release_free_memory()  # what the plan and the scores freed goes back now, not beside the row groups in flight
-    with ThreadPoolExecutor(max_workers=IO_THREADS) as io:
+    with ThreadPoolExecutor(max_workers=1) as io:
         sealed = io.submit(publish_file, f"{samples_path}.tmp", samples_path)  # fsynced beside the shards
         job = PartJob(staging.parts, spills, rows, bounds, mean_d, options, plan.k)
-        written = _write_shards(job, io, engine, meter)
+        written = _write_shards(job, engine, meter)
         sealed.result()
     shutil.rmtree(spills.folder, ignore_errors=True)  # every shard is written: the spills are done with
     if options.kl != "none":
@@ -444,36 +442,23 @@ class _Written:
         return out
 
 
-def _write_shards(job: PartJob, io: ThreadPoolExecutor, engine: Engine, meter: Task) -> _Written:
-    """Assemble and write every shard, in shard order (:class:`prl.shards.parts.PartJob`).
+def _write_shards(job: PartJob, engine: Engine, meter: Task) -> _Written:
+    """Assemble and write every shard (:meth:`PartJob.write_published`), each task a run of shards; ``meter``
+    counts the shards.
 
-    Locally, each shard is gathered from the spill files, assembled, and written and hashed by one of
-    :data:`WORKERS` threads, a row group at a time (:meth:`PartJob.write`); numpy, Arrow, zstd and hashlib release
-    the GIL for the heavy parts, so shards proceed side by side and at most :data:`WORKERS` row groups are in
-    memory at once. Each written file is then fsynced and renamed into place on ``io``, so that waiting for the
-    disk overlaps the next shard's work. Any other engine runs
-    :meth:`PartJob.write_published` where it likes and hands back the parts written. ``meter`` counts the shards.
+    On the local engine each shard is its own task and :data:`WORKERS` threads share them: each gathers its
+    shard's rows from the spill files, assembles and writes them a row group at a time, hashed as written, then
+    fsyncs and renames the file into place. numpy, Arrow, zstd, hashlib and the disk release the GIL, so shards
+    proceed side by side, one waiting on the disk while another works, and at most :data:`WORKERS` row groups are
+    in memory at once.
     """
     meter.grow(job.parts)
-    if not engine.in_process:
-        tasks = split(list(range(job.parts)), engine.width(job.parts))
-        parts = []
-        for written in engine.map(job.write_published, tasks):
-            parts.append(written)
-            meter.advance(1)
-        return _Written.of(sorted(parts, key=lambda w: w.shard))
-
-    def one(s: int) -> tuple[PartWritten, Future[None]]:
-        written = job.write(s, job.gather(s))
+    tasks = split(list(range(job.parts)), engine.width(job.parts, threads=WORKERS))
+    parts = []
+    for written in engine.map(job.write_published, tasks, threads=WORKERS):
+        parts.append(written)
         meter.advance(1)
-        path = os.path.join(job.folder, written.entry.file)
-        return written, io.submit(publish_file, f"{path}.tmp", path)
-
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        done = list(pool.map(one, range(job.parts)))
-    for _, sealed in done:
-        sealed.result()
-    return _Written.of([written for written, _ in done])
+    return _Written.of(parts)
 
 
-__all__ = ["IO_THREADS", "WORKERS", "ShardResult", "build_shards"]
+__all__ = ["WORKERS", "ShardResult", "build_shards"]

@@ -4,9 +4,9 @@
 values, scores and places in the spills, :class:`prl.shards.shiprows.ShipRows`, and the options);
 :meth:`PartJob.write` makes part ``s`` and returns its
 :class:`PartWritten` (manifest entry and counts), the table itself already on disk. Every value in a part
-depends only on its own samples, so the bytes do not depend on which thread, process or machine writes it: the
-local engine runs :meth:`PartJob.write` on threads (:mod:`prl.shards.build`), the Ray engine runs
-:meth:`PartJob.write_published` as its tasks, and both yield the same files.
+depends only on its own samples, so the bytes do not depend on which thread, process or machine writes it:
+:meth:`PartJob.write_published` is the engine's task (:mod:`prl.shards.build`: on the local engine one shard a
+task on threads, on Ray a run of shards a task), and every engine yields the same files.
 """
 
 from __future__ import annotations

@@ -194,8 +194,9 @@ class SampleIndex:
         self.refresh()
 
     def view(self) -> IndexView:
-        """What another process needs to answer the same lookups as this index now (:meth:`adopt`)."""
-        return IndexView(self.covered, dict(self.pending))
+        """What another process needs to answer the same lookups as this index now (:meth:`adopt`; the rows a
+        dry run holds are shared, not copied: the view is sent before they change, and :meth:`adopt` copies)."""
+        return IndexView(self.covered, self.pending)
 
     def adopt(self, view: IndexView) -> None:
         """Answer lookups as the index ``view`` was taken from does (read-only: ``write`` must be False); index

@@ -53,10 +53,6 @@ class RayEngine:
     partitions: int | None = None
     name: str = "ray"
 
-    @property
-    def in_process(self) -> bool:
-        return False
-
     def connect(self) -> ModuleType:
         """Join the cluster (once per process) and quiet Ray Data's progress output; returns ``ray``."""
         ray = import_ray()
@@ -68,8 +64,9 @@ class RayEngine:
         logging.getLogger("ray.data").setLevel(logging.WARNING)
         return ray
 
-    def width(self, items: int) -> int:
-        """``partitions``, else the cluster's CPUs; at least one, at most ``items``."""
+    def width(self, items: int, *, threads: int = 1) -> int:
+        """``partitions``, else the cluster's CPUs; at least one, at most ``items`` (``threads`` plays no part: each
+        task runs where Ray puts it)."""
         if items < 1:
             return 0
         wanted = self.partitions or int(self.connect().cluster_resources().get("CPU", 1))
@@ -86,7 +83,9 @@ class RayEngine:
         }
         return {"runtime_env": {"env_vars": env}} if env else {}
 
-    def map(self, fn: Callable[[T], Iterable[R]], tasks: Sequence[T], *, gpu: bool = False) -> Iterator[R]:
+    def map(
+        self, fn: Callable[[T], Iterable[R]], tasks: Sequence[T], *, gpu: bool = False, threads: int = 1
+    ) -> Iterator[R]:
         """One Ray Data block per task, run by ``map_batches`` on the cluster's workers; each task's results come
         back as one row (Ray Data carries them as Python objects). A prl error a task met is raised here as
         itself, so that the step exits with its code (Ray would wrap it in errors of its own and drop its type)."""

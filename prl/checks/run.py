@@ -48,7 +48,7 @@ from prl.errors import UsageError
 from prl.options import CheckTokensOptions, checked
 from prl.progress import Task, task
 from prl.store.changes import files_dataset, snapshot_files, snapshot_turn_files
-from prl.store.locks import holding
+from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import Store
 from prl.verdicts import REASONS, SEVERITY
@@ -234,8 +234,7 @@ def check_tokens(
     engine = get_engine(engine)
     where = _Where(engine, tokenizer, chat_template, max_template_timeouts)
     with (
-        holding(store.uri, "check-tokens", enabled=lock and not dry_run),
-        store.one_run(),
+        running(store, "check-tokens", enabled=lock and not dry_run),
         lending(fingerprint, tok),
         task("check-tokens", unit="samples") as meter,
     ):

@@ -58,7 +58,7 @@ from prl.io.sources import LineReader, SourceFile, lines_of, scan
 from prl.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.store.index import EVENT_INDEXES, SampleIndex
-from prl.store.locks import holding
+from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import Store, filesystem_for
 from prl.store.txns import transactions
@@ -254,7 +254,7 @@ def ingest_side_table(
     files = found.files
     result.problems = [asdict(p) for p in found.problems]
     grace = io_sources.partial_line_grace() if partial_line_grace is None else partial_line_grace
-    with holding(store.uri, f"ingest-{table}", enabled=lock and not dry_run), store.one_run():
+    with running(store, f"ingest-{table}", enabled=lock and not dry_run):
         txns = transactions(store, table, store.latest(table))  # one pass over the log for every file
         index = SampleIndex(store, write=not dry_run, spec=EVENT_INDEXES[table])
         pending = []

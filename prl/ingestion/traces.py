@@ -43,7 +43,7 @@ from prl.quarantine import new_quarantine_rows, quarantine_batches, quarantine_r
 from prl.runtime import young_collections
 from prl.schema import FINISH_REASONS
 from prl.store.index import SampleIndex
-from prl.store.locks import holding
+from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import PendingCommit, Store
 from prl.store.txns import transactions
@@ -107,7 +107,7 @@ def ingest(
         policy_version=policy_version, group_field=group_field, finish_reason=finish_reason, agent_field=agent_field
     )
     engine = get_engine(engine)
-    with holding(store.uri, "ingest", enabled=lock and not dry_run), young_collections(), store.one_run():
+    with running(store, "ingest", enabled=lock and not dry_run), young_collections():
         txns = transactions(store, "traces", store.latest("traces"))  # one pass over the log for every file
         pending: list[SourceFile] = []
         for src in files:

@@ -41,7 +41,7 @@ from prl.score.http import public_url
 from prl.score.remote import ScoreJob, release, score_file
 from prl.score.scored import ScoredBatch
 from prl.score.select import Pending, file_batches, pending
-from prl.store.locks import holding
+from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import Store
 
@@ -136,7 +136,7 @@ def score_ref(
     result.max_quarantine_rate = max_quarantine_rate
     engine = get_engine(engine)
     started = time.perf_counter()
-    with holding(store.uri, LOCK, enabled=not dry_run), task("score-ref", unit="samples") as meter:
+    with running(store, LOCK, enabled=not dry_run), task("score-ref", unit="samples") as meter:
         todo = pending(store, ref_model)
         if todo is not None and dry_run:
             for batch in _batches(store, todo, batch_tokens):

@@ -77,7 +77,7 @@ from prl.shards.statistics import build_statistics, heads_info, kl_cap_warning, 
 from prl.shards.target import OutTarget, out_target
 from prl.shards.writer import WRITER, write_sample_ids
 from prl.store import holder
-from prl.store.locks import holding
+from prl.store.locks import running
 from prl.store.tables import Store
 
 SIDE_SUMS = ("lp_sum", "lp_simple", "ref_sum", "ref_simple")
@@ -116,7 +116,7 @@ def build_shards(
     target = out_target(out)
     target.check(store.uri)
     locked = lock and not dry_run
-    with holding(store.uri, target.lock_step() if locked else "build-shards", enabled=locked):
+    with running(store, target.lock_step() if locked else "build-shards", enabled=locked):
         return _build_locked(store, target, options, rebuild, dry_run, engine)
 
 

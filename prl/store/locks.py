@@ -35,7 +35,7 @@ from prl.store.s3lock import S3Lock
 if TYPE_CHECKING:
     from prl.store.tables import Store
 
-__all__ = ["STALE_ENV", "LocalLock", "S3Lock", "holding", "lock_for", "step_name"]
+__all__ = ["STALE_ENV", "LocalLock", "S3Lock", "holding", "lock_for", "running", "step_name"]
 
 
 @dataclass(eq=False)
@@ -171,6 +171,15 @@ def holding(store: Store | str, step: str, enabled: bool = True) -> Iterator[Loc
     finally:
         holder.unregister(location, lock)
         lock.release()  # only removes the lock if it is ours
+
+
+@contextlib.contextmanager
+def running(store: Store, step: str, *, enabled: bool = True) -> Iterator[LocalLock | S3Lock | None]:
+    """One step's run on ``store``, as every writing step makes it: the ``step`` lock held for the block
+    (:func:`holding`: none when not ``enabled``, as in a dry run, which writes nothing) and the tables the run
+    opens kept until it ends (:meth:`~prl.store.tables.Store.one_run`: each table's log replayed once)."""
+    with holding(store.uri, step, enabled=enabled) as lock, store.one_run():
+        yield lock
 
 
 def lock_for(store_uri: str, step: str, stale_after: float | None = None) -> LocalLock | S3Lock:

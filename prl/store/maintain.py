@@ -40,7 +40,7 @@ from prl.event_ids import Occurrences, ref_ids, reward_contents
 from prl.schema import TABLES, TIMESTAMP_MS, float_leaves
 from prl.store.format import STORE_FORMAT, outdated, store_format, write_marker
 from prl.store.index import EVENT_INDEXES, INDEX_TABLES, ROW_GROUP_ROWS, SampleIndex
-from prl.store.locks import holding
+from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import TABLE_PROPERTIES, Store, describe_error
 from prl.text import counted
@@ -121,7 +121,7 @@ def maintain(
     store = open_store(store, writing=not dry_run)
     started = time.perf_counter()
     result = MaintainResult(store=store.uri, retention_hours=retention_hours, dry_run=dry_run)
-    with holding(store.uri, "maintain", enabled=lock and not dry_run):
+    with running(store, "maintain", enabled=lock and not dry_run):
         for name in chosen:
             try:
                 done = _maintain_table(store, name, retention_hours, target_mb, dry_run)
@@ -252,7 +252,7 @@ def upgrade(store: Store | str, *, dry_run: bool = False, lock: bool = True) -> 
     store or a store of a newer format, :class:`RetryableIOError` for storage trouble."""
     store = open_store(store, writing=not dry_run, upgrading=True)
     started = time.perf_counter()
-    with holding(store.uri, "maintain", enabled=lock and not dry_run):
+    with running(store, "maintain", enabled=lock and not dry_run):
         before = store_format(store) or STORE_FORMAT
         if before > STORE_FORMAT:
             raise outdated(store.uri, before)

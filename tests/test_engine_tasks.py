@@ -1,9 +1,10 @@
 """Steps run as engine tasks: no step asks which engine it runs on.
 
 A step cuts its work into ``engine.width(...)`` tasks and folds what ``engine.map`` hands back. These tests drive
-check-tokens on an engine that cuts the work into many tasks and hands them back in reverse order (in this
-process, so they run in every ``make test``), and check what the local engine's one in-process task borrows from
-the driver: the tokenizer it loaded, the sample index and the progress meter, each given back when the run ends.
+ingest, check-tokens and build-shards on an engine that cuts the work into up to seven tasks and hands them back
+in reverse order (in this process, so they run in every ``make test``; the Ray cluster's own tests are in
+``make test-all``), and check what the local engine's one in-process task borrows from the driver: the tokenizer
+it loaded, the sample index and the progress meter, each given back when the run ends.
 """
 
 from __future__ import annotations
@@ -20,10 +21,16 @@ from prl.checks import remote as check_tasks
 from prl.checks.tokenizer import CheckTokenizer
 from prl.ingestion import remote as ingest_tasks
 from prl.ingestion.traces import ingest
+from prl.shards.build import build_shards
+from prl.shards.options import ShardOptions
 from prl.store.tables import Store
 from tests.checks_helpers import EOS, TRACES_SCHEMA_TABLE, tokenizer_dir
 from tests.records import vllm_chat
+from tests.shards_fixtures import varied_store
 from tests.test_checks_prefix import C0, C1, NEXT_USER, P0, turn
+from tests.test_engines_ray import SHARD_OPTIONS
+from tests.test_engines_ray_ingest import _same_stores, _sources
+from tests.test_engines_ray_ingest import _summary as _ingest_summary
 
 
 @dataclass(frozen=True)
@@ -122,3 +129,26 @@ def test_the_local_engine_reads_with_the_drivers_index_and_progress(tmp_path):
         assert (result.samples, sum(seen), result.bytes_read) == (15, size, size)
         assert ingest_tasks._SERVED == {}  # given back when the run ends
     assert result.versions["traces"] == 1
+
+
+def test_ingest_cut_into_units_handed_back_in_reverse_commits_what_one_unit_commits(tmp_path):
+    sources = _sources(tmp_path / "in")  # the last file repeats a sample of the first: its unit is read again
+    one, many = Store(str(tmp_path / "one")), Store(str(tmp_path / "many"))
+    first, wide = ingest([str(sources)], one), ingest([str(sources)], many, engine=Wide())
+    assert (first.samples, first.already_present, first.quarantined) == (
+        13,
+        2,
+        {"malformed_json": 1, "no_token_ids": 1, "duplicate_sample_id": 2},
+    )
+    assert _ingest_summary(wide) == _ingest_summary(first)
+    _same_stores(one, many)
+
+
+def test_build_shards_cut_into_tasks_handed_back_in_reverse_writes_the_same_bytes(tmp_path):
+    store = varied_store(str(tmp_path / "store"))
+    options = ShardOptions.from_mapping(SHARD_OPTIONS)
+    local = build_shards(store, str(tmp_path / "local"), options=options)
+    wide = build_shards(store, str(tmp_path / "wide"), options=options, engine=Wide())
+    assert (local.status, local.rows, len(local.shards)) == ("built", 56, 16)
+    assert wide.set_id == local.set_id
+    assert [s["sha256"] for s in wide.shards] == [s["sha256"] for s in local.shards]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,14 +24,13 @@ from prl.ingestion import remote as ingest_tasks
 from prl.ingestion.traces import ingest
 from prl.shards.build import build_shards
 from prl.shards.options import ShardOptions
+from prl.store.changes import snapshot_files
 from prl.store.tables import Store
 from tests.checks_helpers import EOS, TRACES_SCHEMA_TABLE, tokenizer_dir
+from tests.engine_cases import SHARD_OPTIONS, ingest_summary, same_stores, source_folder
 from tests.records import vllm_chat
 from tests.shards_fixtures import varied_store
 from tests.test_checks_prefix import C0, C1, NEXT_USER, P0, turn
-from tests.test_engines_ray import SHARD_OPTIONS
-from tests.test_engines_ray_ingest import _same_stores, _sources
-from tests.test_engines_ray_ingest import _summary as _ingest_summary
 
 
 @dataclass(frozen=True)
@@ -132,16 +132,20 @@ def test_the_local_engine_reads_with_the_drivers_index_and_progress(tmp_path):
 
 
 def test_ingest_cut_into_units_handed_back_in_reverse_commits_what_one_unit_commits(tmp_path):
-    sources = _sources(tmp_path / "in")  # the last file repeats a sample of the first: its unit is read again
+    folder = source_folder(tmp_path / "in")  # the last file repeats a sample of the first: its unit is read again
     one, many = Store(str(tmp_path / "one")), Store(str(tmp_path / "many"))
-    first, wide = ingest([str(sources)], one), ingest([str(sources)], many, engine=Wide())
+    first = ingest([str(folder)], one)
+    seen: list[int] = []
+    wide = ingest([str(folder)], many, engine=Wide(), progress=seen.append)
     assert (first.samples, first.already_present, first.quarantined) == (
         13,
         2,
         {"malformed_json": 1, "no_token_ids": 1, "duplicate_sample_id": 2},
     )
-    assert _ingest_summary(wide) == _ingest_summary(first)
-    _same_stores(one, many)
+    assert ingest_summary(wide) == ingest_summary(first)
+    same_stores(one, many)
+    assert (len(snapshot_files(one, "traces", 1)), len(snapshot_files(many, "traces", 1))) == (1, 4)
+    assert sum(seen) == wide.bytes_read  # the unit read again is counted once
 
 
 def test_build_shards_cut_into_tasks_handed_back_in_reverse_writes_the_same_bytes(tmp_path):
@@ -150,5 +154,6 @@ def test_build_shards_cut_into_tasks_handed_back_in_reverse_writes_the_same_byte
     local = build_shards(store, str(tmp_path / "local"), options=options)
     wide = build_shards(store, str(tmp_path / "wide"), options=options, engine=Wide())
     assert (local.status, local.rows, len(local.shards)) == ("built", 56, 16)
-    assert wide.set_id == local.set_id
-    assert [s["sha256"] for s in wide.shards] == [s["sha256"] for s in local.shards]
+    assert (wide.set_id, wide.shards) == (local.set_id, local.shards)  # names, rows, tokens, sha256 of each part
+    manifests = [json.loads(Path(r.manifest_path).read_text()) for r in (local, wide)]
+    assert manifests[0] == manifests[1]  # statistics and KL sums too

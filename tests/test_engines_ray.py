@@ -19,6 +19,7 @@ from prl.shards.layout import meta_root
 from prl.shards.options import ShardOptions
 from prl.store.locks import holding
 from tests.checks_helpers import EOS, chat_prompt, enc, make_store, row, tokenizer_dir
+from tests.engine_cases import SHARD_OPTIONS
 from tests.shards_fixtures import varied_store
 from tests.test_shards_merged_build import store_with as merged_store
 
@@ -28,15 +29,6 @@ pytestmark = [
     pytest.mark.xdist_group("ray"),  # one cluster per session: every Ray test in one xdist worker
     pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the prl[ray] extra"),
 ]
-
-SHARD_OPTIONS = {
-    "target_tokens": 40,
-    "kl": "advantages",
-    "kl_coef": 0.1,
-    "topk": "auto",
-    "ref_model": "ref-a",
-    "missing_ref": "drop",
-}
 
 
 def _manifest(result) -> dict:

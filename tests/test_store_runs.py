@@ -7,7 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction
 
+from prl.errors import LockedError
 from prl.schema import REWARDS
+from prl.store.locks import holding, running
 from prl.store.tables import Store
 from prl.store.txns import transactions
 from tests.shards_fixtures import reward, table
@@ -28,6 +30,22 @@ def test_latest_in_a_run_sees_another_writers_commit_and_refresh_false_keeps_the
         assert store.latest("rewards") is kept and kept.version() == 2  # brought up to date, not reopened
         assert sorted(store.read("rewards")["sample_id"].to_pylist()) == ["a:0", "b:0"]
     assert store.latest("rewards") is not kept  # outside a run: a fresh open each time
+
+
+def test_a_step_runs_holding_its_lock_and_keeping_its_tables(tmp_path):
+    store = Store(str(tmp_path / "s"))
+    store.commit("rewards", _rewards("a:0"))
+    with running(store, "ingest") as lock:
+        assert lock is not None and lock.step == "ingest"
+        kept = store.latest("rewards")
+        assert kept is not None and store.latest("rewards", refresh=False) is kept
+        with pytest.raises(LockedError), holding(store.uri, "ingest"):
+            pass
+    assert store.latest("rewards") is not kept
+    with holding(store.uri, "ingest"):  # released when the step ends
+        pass
+    with running(store, "ingest", enabled=False) as lock:  # a dry run: no lock, the same run view
+        assert lock is None and store.latest("rewards") is store.latest("rewards", refresh=False)
 
 
 def test_a_commit_on_a_kept_view_behind_other_writers_lands_after_them_with_its_own_version(tmp_path):

@@ -22,8 +22,8 @@ class Engine(Protocol):
         ...
 
     def width(self, items: int, *, threads: int = 1) -> int:
-        """How many tasks ``items`` units of work are best cut into here: at least one, at most ``items``
-        (``threads``: as :meth:`map` takes it)."""
+        """How many tasks ``items`` units of work are best cut into here: none for no items, else at least one and
+        at most ``items`` (``threads``: as :meth:`map` takes it)."""
         ...
 
     def map(

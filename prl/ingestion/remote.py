@@ -189,7 +189,9 @@ def merged(
     for read in ordered:
         if not out.seen.keys().isdisjoint(read.seen):
             _discard(index.store, read)
+            reported = read.reported  # the same files: counted once, as the first read went
             read = read_unit(job, read.lo, read.hi, index, earlier=out.seen)
+            read.reported = reported
         if progress is not None and not read.reported:
             progress.advance(sum(r.bytes_read for r in read.reports), files=len(read.reports))
         if len(ordered) == 1:

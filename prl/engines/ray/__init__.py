@@ -65,8 +65,8 @@ class RayEngine:
         return ray
 
     def width(self, items: int, *, threads: int = 1) -> int:
-        """``partitions``, else the cluster's CPUs; at least one, at most ``items`` (``threads`` plays no part: each
-        task runs where Ray puts it)."""
+        """``partitions``, else the cluster's CPUs: none for no items, else at least one and at most ``items``
+        (``threads`` plays no part: each task runs where Ray puts it)."""
         if items < 1:
             return 0
         wanted = self.partitions or int(self.connect().cluster_resources().get("CPU", 1))

@@ -105,7 +105,7 @@ def test_verdicts_are_the_same_in_one_batch_in_small_batches_and_row_by_row(tmp_
     one_by_one = []
     for rb in traces.to_batches(max_chunksize=1):
         checker.remember(rb)
-        out, _, _ = checker.check(rb)
+        out, _, _ = checker.finish(checker.start(rb))
         one_by_one.append(out)
     checker.close()
     table = pa.Table.from_batches(one_by_one).drop_columns(["checked_at"])

@@ -20,6 +20,7 @@ import pytest
 from prl.checks import check_tokens
 from prl.checks import remote as check_tasks
 from prl.checks.tokenizer import CheckTokenizer
+from prl.errors import UsageError
 from prl.ingestion import remote as ingest_tasks
 from prl.ingestion.traces import ingest
 from prl.shards.build import build_shards
@@ -108,7 +109,7 @@ def test_a_mismatched_tokenizer_stops_the_run_before_anything_is_written(tmp_pat
     rows = [turn(f"x{i}", None, 0, [200_000 + i, 200_001], [200_002, EOS]) for i in range(8)]
     store.commit("traces", TRACES_SCHEMA_TABLE(rows).to_batches())
     for engine in (None, Wide()):
-        with pytest.raises(Exception, match="does not match the data: 8 of 8 samples"):
+        with pytest.raises(UsageError, match="does not match the data: 8 of 8 samples"):
             check_tokens(store, tokenizer_dir(), engine=engine)
         assert store.open("checks") is None
 

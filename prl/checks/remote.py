@@ -6,7 +6,7 @@ files, or row groups when there are fewer files than tasks). Each task runs :fun
 of its pieces, checked by a :class:`prl.checks.run.BatchChecker` one batch ahead, each batch coming back as one
 :class:`CheckedBatch` (its verdict rows and the counts the run summary adds up). The driver folds them into the
 summary and commits them as they come; nothing here writes to the store. The local engine runs the one task in
-the driver's process, which then uses the tokenizer the driver loaded (:func:`keep_tokenizer`).
+the driver's process, which then uses the tokenizer the driver loaded (:func:`lending`).
 """
 
 from __future__ import annotations
@@ -74,8 +74,7 @@ tasks of one run and loads it once, and the driver's own tokenizer serves the ta
 def lending(fingerprint: str, tok: Any) -> Iterator[None]:
     """While the driver runs a check: the tasks of the run with ``fingerprint`` that run in its process use
     ``tok`` (already loaded) instead of loading it again."""
-    _TOKENIZERS.clear()
-    _TOKENIZERS[fingerprint] = tok
+    _keep(fingerprint, tok)
     try:
         yield
     finally:
@@ -93,9 +92,13 @@ def _tokenizer(job: CheckJob) -> Any:
                 f"the tokenizer {job.tokenizer} on this worker is not the driver's (fingerprint differs); "
                 "every node must see the same tokenizer files"
             )
-        _TOKENIZERS.clear()
-        _TOKENIZERS[job.fingerprint] = tok
+        _keep(job.fingerprint, tok)
     return tok
+
+
+def _keep(fingerprint: str, tok: Any) -> None:
+    _TOKENIZERS.clear()  # one run's tokenizer at a time
+    _TOKENIZERS[fingerprint] = tok
 
 
 Piece = tuple[str, int | None]
@@ -129,14 +132,11 @@ def pending_rows(job: CheckJob, pieces: Sequence[Piece]) -> Iterator[pa.RecordBa
 
     store = Store(job.store_uri)
     parquet = ds.ParquetFileFormat(default_fragment_scan_options=store.scan_options)
-    groups: dict[str, list[int] | None] = {}
+    groups: dict[str, list[int]] = {}  # path → its row groups (none listed: the whole file)
     for path, group in pieces:
-        if group is None:
-            groups[path] = None
-        elif path not in groups or groups[path] is not None:
-            groups.setdefault(path, []).append(group)  # type: ignore[union-attr]
+        groups.setdefault(path, []).extend(() if group is None else (group,))
     fragments = [
-        parquet.make_fragment(path, filesystem=store.fs, file_size=job.sizes.get(path), row_groups=rg)
+        parquet.make_fragment(path, filesystem=store.fs, file_size=job.sizes.get(path), row_groups=rg or None)
         for path, rg in groups.items()
     ]
     data = ds.FileSystemDataset(fragments, TABLES["traces"], parquet, store.fs)

@@ -119,10 +119,6 @@ class BatchChecker:
         self.roundtrip = RoundTripper(self.tok, background=self.overlap)
         self.template = TemplateChecker(self.tok, max_timeouts=self.template_timeouts)
 
-    def check(self, rb: pa.RecordBatch) -> tuple[pa.RecordBatch, list[RowVerdict], list]:
-        """Verdict rows, non-ok rows, and prefix status per row for one batch of traces rows."""
-        return self.finish(self.start(rb))
-
     def start(self, rb: pa.RecordBatch, guard: bool = False) -> _Started:
         """Run every check of one batch of traces rows but the end of its round trip (the tokenizer calls may go
         on meanwhile). ``guard``: raise :class:`UsageError` first when the tokenizer does not match the data."""

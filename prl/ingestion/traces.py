@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import replace
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 
 from prl.engines import Engine, get_engine
 from prl.errors import UsageError
@@ -37,13 +37,13 @@ from prl.ingestion.result import DEFAULT_MAX_QUARANTINE_RATE, FileReport, Ingest
 from prl.ingestion.resume import app_id, earlier_points
 from prl.io import sources as io_sources
 from prl.io.sources import SourceFile, scan
+from prl.kernel import Work, execute
 from prl.options import IngestOptions, checked
 from prl.progress import Task, task
 from prl.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.runtime import young_collections
 from prl.schema import FINISH_REASONS
 from prl.store.index import SampleIndex
-from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import PendingCommit, Store
 from prl.store.txns import transactions
@@ -106,35 +106,78 @@ def ingest(
     options = ParseOptions(
         policy_version=policy_version, group_field=group_field, finish_reason=finish_reason, agent_field=agent_field
     )
-    engine = get_engine(engine)
-    with running(store, "ingest", enabled=lock and not dry_run), young_collections():
-        txns = transactions(store, "traces", store.latest("traces"))  # one pass over the log for every file
-        pending: list[SourceFile] = []
-        for src in files:
-            if txns.lookup(f"prl.source:{src.identity}") is not None:
-                result.files.append(FileReport(src.uri, status="unchanged", bytes=src.size))
-                continue
-            pending.append(src)
-        index = SampleIndex(store, write=not dry_run)
-        points = earlier_points(store, txns, [src.uri for src in pending])
-        version = txns.table_version
-        meter = task("ingest", sum(src.size for src in pending), "bytes", on_advance=progress, files=len(pending))
-        with meter as read_so_far:
-            for group in _groups(pending):
-                job = IngestJob(
-                    store.uri,
-                    group,
-                    format,
-                    options,
-                    batch_tokens,
-                    grace,
-                    {src.uri: points[src.uri] for src in group if src.uri in points},
-                    dry_run,
-                )
-                version = _ingest_group(job, store, index, engine, result, read_so_far, version)
-        result.versions = {name: store.version_seen(name) for name in ("traces", "quarantine")}
-    result.seconds = time.perf_counter() - started
-    return result
+    step = IngestStep(result, files, format, options, batch_tokens, grace, dry_run, progress)
+    return execute(step, store, get_engine(engine), lock=lock, started=started)
+
+
+@dataclass
+class IngestStep:
+    """``prl ingest`` as the kernel runs it (:mod:`prl.kernel`): one work per group of pending source files, its
+    files read in units (``read_units``) and committed together (:func:`_commit_group`)."""
+
+    result: IngestResult
+    files: list[SourceFile]
+    format: str
+    options: ParseOptions
+    batch_tokens: int
+    grace: float
+    dry_run: bool
+    progress: Callable[[int], None] | None
+    lock: str = "ingest"
+    version: int | None = None
+    """The traces table's version after the last group's commit."""
+    index: SampleIndex | None = None
+    meter: Task | None = None
+
+    def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
+        """Skip the files the ledger holds; then each group of the rest, its sample index and clock set as it
+        starts (after the group before it committed)."""
+        with young_collections():
+            txns = transactions(store, "traces", store.latest("traces"))  # one pass over the log for every file
+            pending: list[SourceFile] = []
+            for src in self.files:
+                if txns.lookup(f"prl.source:{src.identity}") is not None:
+                    self.result.files.append(FileReport(src.uri, status="unchanged", bytes=src.size))
+                    continue
+                pending.append(src)
+            index = self.index = SampleIndex(store, write=not self.dry_run)
+            points = earlier_points(store, txns, [src.uri for src in pending])
+            self.version = txns.table_version
+            total = sum(src.size for src in pending)
+            with task("ingest", total, "bytes", on_advance=self.progress, files=len(pending)) as meter:
+                self.meter = meter
+                for group in _groups(pending):
+                    index.refresh()
+                    if not self.dry_run:
+                        store.ensure("traces")  # created here, not by each task
+                    job = IngestJob(
+                        store.uri,
+                        group,
+                        self.format,
+                        self.options,
+                        self.batch_tokens,
+                        self.grace,
+                        {src.uri: points[src.uri] for src in group if src.uri in points},
+                        self.dry_run,
+                        now_ms=int(time.time() * 1000),
+                        index=index.view(),
+                    )
+                    yield Work(
+                        functools.partial(read_units, job),
+                        job.units(width(len(job.files))),
+                        around=functools.partial(serving, job, index, meter),
+                        state=job,
+                    )
+            self.result.versions = {name: store.version_seen(name) for name in ("traces", "quarantine")}
+
+    def commit(self, store: Store, work: Work, outputs: Iterator[UnitRead]) -> None:
+        assert self.index is not None
+        read = merged(work.state, outputs, self.index, self.meter)
+        self.version = _commit_group(store, self.index, read, self.dry_run, self.result, self.version)
+
+    def finish(self, seconds: float) -> IngestResult:
+        self.result.seconds = seconds
+        return self.result
 
 
 def _groups(files: list[SourceFile]) -> Iterator[list[SourceFile]]:
@@ -148,28 +191,6 @@ def _groups(files: list[SourceFile]) -> Iterator[list[SourceFile]]:
         size += src.size
     if group:
         yield group
-
-
-def _ingest_group(
-    job: IngestJob,
-    store: Store,
-    index: SampleIndex,
-    engine: Engine,
-    result: IngestResult,
-    progress: Task | None,
-    version: int | None,
-) -> int | None:
-    """Read and commit one group (``job``, its clock and index state not yet set); returns the traces table's
-    version after it (``version``: before it)."""
-    index.refresh()
-    job = replace(job, now_ms=int(time.time() * 1000))
-    if not job.dry_run:
-        store.ensure("traces")  # created here, not by each task
-    job = replace(job, index=index.view())
-    units = job.units(engine.width(len(job.files)))
-    with serving(job, index, progress):
-        read = merged(job, engine.map(functools.partial(read_units, job), units), index, progress)
-    return _commit_group(store, index, read, job.dry_run, result, version)
 
 
 def _commit_group(

@@ -16,7 +16,7 @@ import heapq
 import itertools
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +45,10 @@ from prl.checks.verdict import RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
 from prl.engines import Engine, get_engine, split
 from prl.errors import UsageError
+from prl.kernel import Work, execute
 from prl.options import CheckTokensOptions, checked
 from prl.progress import Task, task
 from prl.store.changes import files_dataset, snapshot_files, snapshot_turn_files
-from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import Store
 from prl.verdicts import REASONS, SEVERITY
@@ -227,119 +227,149 @@ def check_tokens(
     if traces_version is None:
         result.elapsed_s = time.perf_counter() - started
         return result
-    engine = get_engine(engine)
-    where = _Where(engine, tokenizer, chat_template, max_template_timeouts)
-    with (
-        running(store, "check-tokens", enabled=lock and not dry_run),
-        lending(fingerprint, tok),
-        task("check-tokens", unit="samples") as meter,
-    ):
-        _run(store, tok, opts, result, dry_run, batch_size, commit_rows, worst, on_batch, where, meter)
-    result.elapsed_s = time.perf_counter() - started
-    return result
-
-
-def _run(
-    store: Store,
-    tok: CheckTokenizer,
-    opts: CheckOptions,
-    result: CheckResult,
-    dry_run: bool,
-    batch_size: int,
-    commit_rows: int,
-    worst: int,
-    on_batch: Callable[[int], None] | None,
-    where: _Where,
-    meter: Task,
-) -> None:
-    """Stream, check and commit (``result`` is filled in place); ``meter`` counts the samples done, of those to
-    check."""
-    fingerprint, traces_version, sample_rate = result.fingerprint, result.traces_version, result.sample_rate
-    assert traces_version is not None
-
-    plan = progress(store, fingerprint, sample_rate, traces_version)
-    result.skipped_existing = plan.previously
-    if plan.up_to_date:
-        return
-    flt = None if plan.done is None else ~pc.field("sample_id").isin(plan.done)
-    if plan.paths is None:
-        sessions = trajectory_index(store, traces_version)
-    else:
-        new = files_dataset(store, "traces", plan.paths)
-        multi_turn = new.count_rows(filter=pc.field("session_id").is_valid()) > 0
-        sessions = trajectory_index(store, traces_version) if multi_turn else NO_SESSIONS
-    counts = _Counts()
-    meter.grow(_rows_to_check(store, traces_version, plan.paths, plan.done))
-    files = plan.paths if plan.paths is not None else snapshot_files(store, "traces", traces_version)
-    root = store.table_path("traces")
-    job = CheckJob(
-        store.uri,
-        where.tokenizer,
-        where.chat_template,
+    step = CheckStep(
+        result,
+        tok,
         opts,
-        fingerprint,
-        traces_version,
-        sample_rate,
-        [f"{root}/{p}" for p in files],
-        flt,
-        sessions,
+        dry_run,
         batch_size,
-        where.template_timeouts,
-        {f"{root}/{p}": size for p, size in store.known_sizes("traces").items()},
+        commit_rows,
+        worst,
+        on_batch,
+        tokenizer,
+        chat_template,
+        max_template_timeouts,
     )
-    checked = _checked(where.engine, job, counts)
-    heap: list[tuple[int, int, str, int, Example]] = []
+    return execute(step, store, get_engine(engine), lock=lock, started=started)
 
-    def verdict_batches() -> Iterator[pa.RecordBatch]:
-        for out, flagged, status, sampled_out in checked:
-            result.sampled_out += sampled_out
-            meter.advance(sampled_out + (0 if out is None else out.num_rows))
-            if out is None or out.num_rows == 0:
-                continue
-            _tally(result, out, flagged, status, heap, worst)
-            if on_batch is not None:
-                on_batch(out.num_rows)
-            yield out
 
-    metadata: dict[str, Any] = {
-        "operation": "check-tokens",
-        "tokenizer_fingerprint": fingerprint,
-        "tokenizer": tok.path,
-        "tokenizer_sha256": tok.tokenizer_bytes_sha256,
-        "chat_template_sha256": hashlib.sha256((tok.template or "").encode()).hexdigest() if tok.template else None,
-        "options": opts.to_dict(),
-        "traces_version": traces_version,
-        "sample_rate": sample_rate,
-    }
-    stream = verdict_batches()
-    head = next(stream, None)  # the tokenizer/data mismatch guard runs before anything is written
-    exhausted = head is None
-    stream = itertools.chain([head] if head is not None else [], stream)
+@dataclass
+class CheckStep:
+    """``prl check-tokens`` as the kernel runs it (:mod:`prl.kernel`): one work, the traces rows not yet checked
+    under this fingerprint cut into pieces (``check_pieces``), its verdicts committed a chunk of ``commit_rows``
+    at a time, the last commit with the watermark. ``tokenizer``, ``chat_template`` and ``template_timeouts``
+    are the arguments a task loads its checker from."""
 
-    def chunk() -> Iterator[pa.RecordBatch]:
-        nonlocal exhausted
-        rows = 0
-        for b in stream:
-            yield b
-            rows += b.num_rows
-            if rows >= commit_rows:
+    result: CheckResult
+    tok: CheckTokenizer
+    opts: CheckOptions
+    dry_run: bool
+    batch_size: int
+    commit_rows: int
+    worst: int
+    on_batch: Callable[[int], None] | None
+    tokenizer: str
+    chat_template: str | None
+    template_timeouts: int
+    lock: str = "check-tokens"
+    counts: _Counts = field(default_factory=lambda: _Counts())
+    meter: Task | None = None
+
+    def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
+        """The pieces to check (whole files when the engine wants no more tasks than files, else row groups),
+        with the tokenizer lent to tasks run in this process."""
+        result = self.result
+        fingerprint, traces_version, sample_rate = result.fingerprint, result.traces_version, result.sample_rate
+        assert traces_version is not None
+        with lending(fingerprint, self.tok), task("check-tokens", unit="samples") as meter:
+            self.meter = meter
+            plan = progress(store, fingerprint, sample_rate, traces_version)
+            result.skipped_existing = plan.previously
+            if plan.up_to_date:
                 return
-        exhausted = True
+            flt = None if plan.done is None else ~pc.field("sample_id").isin(plan.done)
+            if plan.paths is None:
+                sessions = trajectory_index(store, traces_version)
+            else:
+                new = files_dataset(store, "traces", plan.paths)
+                multi_turn = new.count_rows(filter=pc.field("session_id").is_valid()) > 0
+                sessions = trajectory_index(store, traces_version) if multi_turn else NO_SESSIONS
+            meter.grow(_rows_to_check(store, traces_version, plan.paths, plan.done))
+            files = plan.paths if plan.paths is not None else snapshot_files(store, "traces", traces_version)
+            root = store.table_path("traces")
+            job = CheckJob(
+                store.uri,
+                self.tokenizer,
+                self.chat_template,
+                self.opts,
+                fingerprint,
+                traces_version,
+                sample_rate,
+                [f"{root}/{p}" for p in files],
+                flt,
+                sessions,
+                self.batch_size,
+                self.template_timeouts,
+                {f"{root}/{p}": size for p, size in store.known_sizes("traces").items()},
+            )
+            cut: list[Any] = []
+            if job.files:
+                cut = pieces(job, width(len(job.files) + 1) <= len(job.files))  # no more tasks than files: whole
+            yield Work(functools.partial(check_pieces, job), split(cut, width(len(cut))) if cut else [], state=plan)
+        result.tokens = self.counts.tokens
+        result.prefix_undetermined = dict(sorted(self.counts.undetermined.items()))
+        result.tokens_roundtripped = self.counts.tokens_encoded
 
-    while not exhausted:
-        pending = store.write_files("checks", chunk(), dry_run=dry_run)
-        watermark = None  # the last commit says that everything up to traces_version is checked
-        if exhausted:
-            metadata["checked_total"] = plan.previously + result.checked
-            watermark = {plan.app_id: traces_version}
-        committed = pending.commit(metadata=metadata, transactions=watermark)
-        if committed.version is not None:
-            result.checks_version = committed.version
+    def commit(self, store: Store, work: Work, outputs: Iterator[CheckedBatch]) -> None:
+        """Fold the checked batches into the summary and commit their verdict rows, a chunk at a time; the
+        tokenizer/data mismatch guard (in the first batch) runs before anything is written."""
+        result, plan, meter = self.result, work.state, self.meter
+        assert meter is not None
+        heap: list[tuple[int, int, str, int, Example]] = []
 
-    result.tokens = counts.tokens
-    result.prefix_undetermined = dict(sorted(counts.undetermined.items()))
-    result.tokens_roundtripped = counts.tokens_encoded
-    result.worst = [ex for *_, ex in sorted(heap, reverse=True)]
+        def verdict_batches() -> Iterator[pa.RecordBatch]:
+            for batch in outputs:
+                self.counts.add(batch)
+                out = batch.verdicts
+                result.sampled_out += batch.sampled_out
+                meter.advance(batch.sampled_out + (0 if out is None else out.num_rows))
+                if out is None or out.num_rows == 0:
+                    continue
+                _tally(result, out, batch.flagged, batch.status, heap, self.worst)
+                if self.on_batch is not None:
+                    self.on_batch(out.num_rows)
+                yield out
+
+        tok = self.tok
+        metadata: dict[str, Any] = {
+            "operation": "check-tokens",
+            "tokenizer_fingerprint": result.fingerprint,
+            "tokenizer": tok.path,
+            "tokenizer_sha256": tok.tokenizer_bytes_sha256,
+            "chat_template_sha256": hashlib.sha256((tok.template or "").encode()).hexdigest() if tok.template else None,
+            "options": self.opts.to_dict(),
+            "traces_version": result.traces_version,
+            "sample_rate": result.sample_rate,
+        }
+        stream = verdict_batches()
+        head = next(stream, None)  # the tokenizer/data mismatch guard runs before anything is written
+        exhausted = head is None
+        stream = itertools.chain([head] if head is not None else [], stream)
+
+        def chunk() -> Iterator[pa.RecordBatch]:
+            nonlocal exhausted
+            rows = 0
+            for b in stream:
+                yield b
+                rows += b.num_rows
+                if rows >= self.commit_rows:
+                    return
+            exhausted = True
+
+        while not exhausted:
+            pending = store.write_files("checks", chunk(), dry_run=self.dry_run)
+            watermark = None  # the last commit says that everything up to traces_version is checked
+            if exhausted:
+                metadata["checked_total"] = plan.previously + result.checked
+                watermark = {plan.app_id: result.traces_version}
+            committed = pending.commit(metadata=metadata, transactions=watermark)
+            if committed.version is not None:
+                result.checks_version = committed.version
+        result.worst = [ex for *_, ex in sorted(heap, reverse=True)]
+
+    def finish(self, seconds: float) -> CheckResult:
+        self.result.elapsed_s = seconds
+        return self.result
 
 
 def _rows_to_check(store: Store, traces_version: int, paths: list[str] | None, done: pa.Array | None) -> int:
@@ -348,16 +378,6 @@ def _rows_to_check(store: Store, traces_version: int, paths: list[str] | None, d
     files, rows = snapshot_turn_files(store, traces_version)
     total = sum(rows.get(p, 0) for p in (files if paths is None else paths))
     return max(0, total - (0 if done is None else len(done)))
-
-
-@dataclass(frozen=True)
-class _Where:
-    """The engine that checks the batches, and the tokenizer and template arguments its workers load."""
-
-    engine: Engine
-    tokenizer: str
-    chat_template: str | None
-    template_timeouts: int = TEMPLATE_TIMEOUTS
 
 
 @dataclass
@@ -373,22 +393,6 @@ class _Counts:
         self.tokens_encoded += batch.tokens_encoded
         for why, n in batch.undetermined.items():
             self.undetermined[why] = self.undetermined.get(why, 0) + n
-
-
-_Checked = tuple[pa.RecordBatch | None, list[RowVerdict], list, int]
-"""One checked batch for the summary: verdict rows (None: every row was sampled out), non-ok rows, prefix
-status per row, rows sampled out."""
-
-
-def _checked(engine: Engine, job: CheckJob, counts: _Counts) -> Iterator[_Checked]:
-    """Check the run's batches on ``engine``; ``counts`` adds up what the batches count besides their rows."""
-    if not job.files:
-        return
-    whole = engine.width(len(job.files) + 1) <= len(job.files)  # no more tasks wanted than there are files
-    cut = pieces(job, whole)
-    for batch in engine.map(functools.partial(check_pieces, job), split(cut, engine.width(len(cut)))):
-        counts.add(batch)
-        yield batch.verdicts, batch.flagged, batch.status, batch.sampled_out
 
 
 def _tally(

@@ -24,14 +24,15 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prl import bounds
 from prl.bounds import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RETRIES, check_int, check_seconds
 from prl.engines import Engine, get_engine
 from prl.errors import ExitCode, UsageError
+from prl.kernel import Work, execute
 from prl.options import ScoreRefOptions
 from prl.progress import Task, task
 from prl.quarantine import new_quarantine_rows, quarantine_batches
@@ -41,7 +42,6 @@ from prl.score.http import public_url
 from prl.score.remote import ScoreJob, release, score_file
 from prl.score.scored import ScoredBatch
 from prl.score.select import Pending, file_batches, pending
-from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import Store
 
@@ -127,6 +127,7 @@ def score_ref(
     check_int("--retries", retries, 0, MAX_RETRIES)
     timeout = check_seconds("--timeout", timeout)
     store = open_store(store, writing=not dry_run)
+    started = time.perf_counter()
     kind = backend_kind(endpoint, backend)
     if kind == "tinker" and not served_model:
         raise UsageError("--backend tinker needs --served-model: a base model name or a tinker:// checkpoint path")
@@ -134,48 +135,70 @@ def score_ref(
     source = public_url(endpoint) if endpoint is not None else os.path.abspath(str(model))
     result = ScoreResult(store.uri, ref_model, kind, source, dry_run=dry_run)
     result.max_quarantine_rate = max_quarantine_rate
-    engine = get_engine(engine)
-    started = time.perf_counter()
-    with running(store, LOCK, enabled=not dry_run), task("score-ref", unit="samples") as meter:
-        todo = pending(store, ref_model)
-        if todo is not None and dry_run:
-            for batch in _batches(store, todo, batch_tokens):
-                result.candidates += len(batch)
-                result.input_tokens += sum(r.tokens for r in batch)
-                result.completion_tokens += sum(len(r.completion_ids) for r in batch)
-        elif todo is not None:
-            missing = todo.count(store)
-            meter.grow(missing)
-            if missing:  # none missing: no task starts, no model loads
-                _score(store, engine, ScoreJob(store.uri, ref_model, spec, todo.paths, todo.where), result, meter)
-        result.version = store.version("ref_logprobs")
-    result.seconds = time.perf_counter() - started
-    scoring = result.seconds - result.load_seconds
-    result.tokens_per_second = result.input_tokens / scoring if scoring > 0 and not dry_run else 0.0
-    return result
+    step = ScoreStep(result, ScoreJob(store.uri, ref_model, spec, [], None), dry_run)
+    return execute(step, store, get_engine(engine), started=started)
+
+
+@dataclass
+class ScoreStep:
+    """``prl score-ref`` as the kernel runs it (:mod:`prl.kernel`): one work, a task per traces file holding
+    samples to score (``score_file``), each scored batch committed as it comes back. ``job``: the backend and
+    the model; the plan fills in the files and the selection."""
+
+    result: ScoreResult
+    job: ScoreJob
+    dry_run: bool
+    lock: str = LOCK
+    meter: Task | None = None
+
+    def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
+        """The samples lacking reference logprobs; a dry run counts them and scores nothing."""
+        result, job = self.result, self.job
+        with task("score-ref", unit="samples") as meter:
+            self.meter = meter
+            todo = pending(store, job.ref_model)
+            if todo is not None and self.dry_run:
+                for batch in _batches(store, todo, job.backend.batch_tokens):
+                    result.candidates += len(batch)
+                    result.input_tokens += sum(r.tokens for r in batch)
+                    result.completion_tokens += sum(len(r.completion_ids) for r in batch)
+            elif todo is not None:
+                missing = todo.count(store)
+                meter.grow(missing)
+                if missing:  # none missing: no task starts, no model loads
+                    job = replace(job, paths=todo.paths, where=todo.where)
+                    try:
+                        tasks = list(range(len(job.paths)))
+                        yield Work(functools.partial(score_file, job), tasks, gpu=job.backend.kind == "local")
+                    finally:
+                        release(job)
+            result.version = store.version("ref_logprobs")
+
+    def commit(self, store: Store, work: Work, outputs: Iterator[ScoredBatch]) -> None:
+        """Commit each scored batch as it comes back (on the local engine, before the next batch is scored); a
+        batch that comes back twice (a task run again) is committed once."""
+        assert self.meter is not None
+        done: set[tuple[int, int]] = set()
+        for scored in outputs:
+            if (scored.file, scored.number) in done:
+                continue
+            done.add((scored.file, scored.number))
+            self.result.load_seconds = max(self.result.load_seconds, scored.load_seconds)
+            self.result.source = scored.source
+            _commit(store, self.job.ref_model, scored, self.result, self.meter)
+
+    def finish(self, seconds: float) -> ScoreResult:
+        result = self.result
+        result.seconds = seconds
+        scoring = result.seconds - result.load_seconds
+        result.tokens_per_second = result.input_tokens / scoring if scoring > 0 and not self.dry_run else 0.0
+        return result
 
 
 def _batches(store: Store, todo: Pending, batch_tokens: int) -> Iterator[list[ScoreRequest]]:
     """Every batch of the run, file after file (see :mod:`prl.score.select`)."""
     for path in todo.paths:
         yield from file_batches(store, path, todo.where, batch_tokens)
-
-
-def _score(store: Store, engine: Engine, job: ScoreJob, result: ScoreResult, meter: Task) -> None:
-    """Score the files on ``engine`` and commit each batch as it comes back (on the local engine, before the next
-    batch is scored); a batch that comes back twice (a task run again) is committed once."""
-    done: set[tuple[int, int]] = set()
-    tasks = list(range(len(job.paths)))
-    try:
-        for scored in engine.map(functools.partial(score_file, job), tasks, gpu=job.backend.kind == "local"):
-            if (scored.file, scored.number) in done:
-                continue
-            done.add((scored.file, scored.number))
-            result.load_seconds = max(result.load_seconds, scored.load_seconds)
-            result.source = scored.source
-            _commit(store, job.ref_model, scored, result, meter)
-    finally:
-        release(job)
 
 
 def _commit(store: Store, ref_model: str, scored: ScoredBatch, result: ScoreResult, meter: Task) -> None:

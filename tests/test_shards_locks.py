@@ -47,7 +47,7 @@ def test_a_build_whose_lock_is_taken_over_before_publishing_publishes_nothing(
     store_uri = s3.url("store") if store_kind == "s3" else str(tmp_path / "store")
     random_store(store_uri, 6, 2)
     out = out_of(out_kind, s3, tmp_path)
-    real_write, thieves = build._write_set, []
+    real_write, thieves = build._manifest, []
 
     def write_then_lose_the_lock(*args, **kwargs):
         manifest = real_write(*args, **kwargs)
@@ -56,13 +56,13 @@ def test_a_build_whose_lock_is_taken_over_before_publishing_publishes_nothing(
         thieves.append(take_over(lock))
         return manifest
 
-    monkeypatch.setattr(build, "_write_set", write_then_lose_the_lock)
+    monkeypatch.setattr(build, "_manifest", write_then_lose_the_lock)
     res = runner.invoke(app, ["build-shards", "--store", store_uri, "--out", out, "--json"])
     assert res.exit_code == 3, res.output
     assert "taken over by another run" in json.loads(res.stdout)["error"]
     assert published(out, s3) == []  # no part, no manifest, no index, no staging
     thieves[0].release()
-    monkeypatch.setattr(build, "_write_set", real_write)
+    monkeypatch.setattr(build, "_manifest", real_write)
     again = runner.invoke(app, ["build-shards", "--store", store_uri, "--out", out, "--json"])
     assert again.exit_code == 0 and json.loads(again.stdout)["rows"] == 12
     assert [s.rows for s in list_sets(out).sets] == [12]

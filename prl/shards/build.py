@@ -45,9 +45,10 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -55,6 +56,7 @@ import pyarrow.compute as pc
 
 from prl.engines import Engine, get_engine, split
 from prl.errors import RetryableIOError, UsageError
+from prl.kernel import Work, execute
 from prl.progress import Task, task
 from prl.runtime import release_free_memory
 from prl.schema import SCHEMA_VERSION, SHARD
@@ -77,7 +79,6 @@ from prl.shards.statistics import build_statistics, heads_info, kl_cap_warning, 
 from prl.shards.target import OutTarget, out_target
 from prl.shards.writer import WRITER, write_sample_ids
 from prl.store import holder
-from prl.store.locks import running
 from prl.store.tables import Store
 
 SIDE_SUMS = ("lp_sum", "lp_simple", "ref_sum", "ref_simple")
@@ -116,8 +117,8 @@ def build_shards(
     target = out_target(out)
     target.check(store.uri)
     locked = lock and not dry_run
-    with running(store, target.lock_step() if locked else "build-shards", enabled=locked):
-        return _build_locked(store, target, options, rebuild, dry_run, engine)
+    step = ShardStep(target, options, rebuild, dry_run, target.lock_step() if locked else "build-shards")
+    return execute(step, store, engine, lock=lock)
 
 
 def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[str]) -> str:
@@ -139,47 +140,153 @@ def _set_id(versions: dict[str, int | None], options: ShardOptions, prior: list[
     return f"v{versions['traces']}-{digest[:12]}"
 
 
-def _build_locked(
-    store: Store, target: OutTarget, options: ShardOptions, rebuild: bool, dry_run: bool, engine: Engine
-) -> ShardResult:
-    """The build under its lock: one turn per set (:mod:`prl.shards.turns`) until nothing is pending."""
-    versions = store.versions()
-    if options.kl != "none" and versions.get("ref_logprobs") is None:
-        raise UsageError(
-            f"KL is requested (kl = {options.kl!r}) but the store has no ref_logprobs table; ingest reference "
-            "logprobs with `prl ingest --kind ref` or set kl = 'none'"
+@dataclass
+class ShardStep:
+    """``prl build-shards`` as the kernel runs it (:mod:`prl.kernel`): one work per turn (:mod:`prl.shards.turns`)
+    until nothing is pending, each the set's parts (``PartJob.write_published``) written into a staging folder,
+    its commit the set's manifest and publication. ``lock``: the OUT's lock (``build-shards-<digest>``)."""
+
+    target: OutTarget
+    options: ShardOptions
+    rebuild: bool
+    dry_run: bool
+    lock: str
+    turns: list[ShardResult] = field(default_factory=list)
+    ended: ShardResult | None = None
+    """The result of a build that ends before its first turn: nothing to read, or a dry run."""
+    versions: dict[str, int | None] = field(default_factory=dict)
+    meter: Task | None = None
+    after: tuple[Frontier, pa.Table] | None = None
+    """The frontier the last turn left (with its backlog), None when it scanned nothing."""
+
+    def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
+        """The build's turns: each plans the next set from the frontier the turn before left."""
+        target, rebuild, dry_run = self.target, self.rebuild, self.dry_run
+        versions = self.versions = store.versions()
+        if self.options.kl != "none" and versions.get("ref_logprobs") is None:
+            raise UsageError(
+                f"KL is requested (kl = {self.options.kl!r}) but the store has no ref_logprobs table; ingest "
+                "reference logprobs with `prl ingest --kind ref` or set kl = 'none'"
+            )
+        traces_version = versions.get("traces")
+        if traces_version is None:
+            if not dry_run:
+                target.clean(keep=None)
+            self.ended = ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
+            return
+        options = self.options = resolve_rewards(store, versions.get("rewards"), self.options)
+        prior = [] if rebuild else target.set_ids()
+        source: TraceSource | None = trace_source(store, target.uri, traces_version, options, prior, rebuild)
+        first_into_out = not prior and not rebuild  # OUT holds no set: nothing was dropped before
+        with task("build-shards", unit="shards", turn=None) as meter:
+            self.meter = meter
+            while source is not None:
+                meter.advance(turn=1)
+                turn = ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
+                shipped = target.shipped_ids([set_id for set_id in prior if set_id not in source.covered_sets])
+                set_id = _set_id(versions, options, prior)
+                sources = _Sources(shipped, prior, source)
+                if dry_run:
+                    self.ended = _dry_run(store, versions, options, sources, set_id, turn)
+                    return
+                target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
+                replaces = [s for s in target.set_ids() if s != set_id] if rebuild else []
+                self.after = None
+                yield from self._turn(store, sources, set_id, turn, replaces, width)
+                if turn.dropped_before is None and first_into_out:
+                    turn.dropped_before = 0
+                self.turns.append(turn)
+                source, after = None, self.after
+                if after is not None and after[0].pending:
+                    source = continued_source(store, traces_version, after[0], after[1], options.max_set_samples)
+                    if turn.status == "built":  # a rebuild goes on rebuilding until a turn has replaced the old sets
+                        prior, rebuild = target.set_ids(), False
+
+    def _turn(
+        self,
+        store: Store,
+        sources: _Sources,
+        set_id: str,
+        result: ShardResult,
+        replaces: list[str],
+        width: Callable[..., int],
+    ) -> Generator[Work, None, None]:
+        """Plan one set with spills in a staging folder and hand its parts to the engine (the commit writes the
+        manifest and publishes it), or, when nothing ships, remove the staging folder and advance the frontier;
+        ``replaces``: the sets a rebuild replaces. The staging folder goes whatever stops the turn."""
+        target, options, versions = self.target, self.options, self.versions
+        staging = target.stage(set_id)
+        try:
+            spill_dir = staging.spill
+            trace_spill = ScanSpill(os.path.join(spill_dir, "traces.arrow"))
+            ref_spill = ScanSpill(os.path.join(spill_dir, "ref_logprobs.arrow")) if options.kl != "none" else None
+            plan = make_plan(store, versions, options, sources.shipped, trace_spill, ref_spill, sources.source)
+            result.count(plan, options)
+            if plan.ship.is_empty():
+                if result.all_dropped:
+                    result.status = "all_dropped"
+                target.discard(staging, nothing_shipped=True)
+                self.after = advance_frontier(
+                    target.uri, versions, options, plan, 0, sources.source, sources.prior, None
+                )
+                _mend_index(store, target)
+                result.statistics = build_statistics(plan, None, options)
+                return
+            staged = _stage(staging, Spills(trace_spill, ref_spill, spill_dir), plan, options)
+            assert self.meter is not None
+            self.meter.grow(staged.job.parts)
+            parts = staged.job.parts
+            with ThreadPoolExecutor(max_workers=1) as io:
+                sealed = io.submit(publish_file, f"{staged.samples_path}.tmp", staged.samples_path)  # beside the shards
+                yield Work(
+                    staged.job.write_published,
+                    split(list(range(parts)), width(parts, threads=WORKERS)),
+                    threads=WORKERS,
+                    state=_Turn(staging, staged, sources, set_id, result, replaces, sealed),
+                )
+        except BaseException:
+            target.discard(staging)
+            raise
+
+    def commit(self, store: Store, work: Work, outputs: Iterator[PartWritten]) -> None:
+        """Fold the parts into the set's manifest, then publish the set: the index made first (an unreadable
+        manifest of OUT stops the build here), the lock checked right before the commit, the sets a rebuild
+        replaces retired, the index written and the frontier advanced."""
+        assert self.meter is not None
+        turn: _Turn = work.state
+        target, result, set_id = self.target, turn.result, turn.set_id
+        parts = []
+        for written in outputs:
+            parts.append(written)
+            self.meter.advance(1)
+        turn.sealed.result()
+        manifest = _manifest(turn.staging, turn.staged, _Written.of(parts), self.options, self.versions, turn)
+        index = target.next_index(manifest, turn.replaces)
+        final = target.publish(turn.staging, set_id, _lock_check(store))
+        target.retire(turn.replaces)
+        target.write_index(index)
+        self.after = advance_frontier(
+            target.uri,
+            self.versions,
+            self.options,
+            turn.staged.plan,
+            turn.staged.shipped,
+            turn.sources.source,
+            turn.sources.prior,
+            set_id,
         )
-    traces_version = versions.get("traces")
-    if traces_version is None:
-        if not dry_run:
-            target.clean(keep=None)
-        return ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
-    options = resolve_rewards(store, versions.get("rewards"), options)
-    prior = [] if rebuild else target.set_ids()
-    source: TraceSource | None = trace_source(store, target.uri, traces_version, options, prior, rebuild)
-    turns: list[ShardResult] = []
-    first_into_out = not prior and not rebuild  # OUT holds no set: nothing was dropped before
-    with task("build-shards", unit="shards", turn=None) as meter:
-        while source is not None:
-            meter.advance(turn=1)
-            result = ShardResult(out=target.uri, status="nothing_new", source_versions=versions)
-            shipped = target.shipped_ids([set_id for set_id in prior if set_id not in source.covered_sets])
-            set_id = _set_id(versions, options, prior)
-            if dry_run:
-                return _dry_run(store, versions, options, _Sources(shipped, prior, source), set_id, result)
-            target.clean(keep=set_id)  # what killed builds left goes first, even when nothing is new
-            replaces = [s for s in target.set_ids() if s != set_id] if rebuild else []
-            sources = _Sources(shipped, prior, source)
-            turn, after = _build(store, target, versions, options, sources, set_id, result, replaces, engine, meter)
-            if turn.dropped_before is None and first_into_out:
-                turn.dropped_before = 0
-            turns.append(turn)
-            source = None
-            if after is not None and after[0].pending:
-                source = continued_source(store, traces_version, after[0], after[1], options.max_set_samples)
-                if turn.status == "built":  # a rebuild goes on rebuilding until a turn has replaced the old sets
-                    prior, rebuild = target.set_ids(), False
-    return ShardResult.of_turns(turns, options)
+        result.status, result.set_id, result.set_dir = "built", set_id, final
+        result.manifest_path = target.manifest_uri(set_id)
+        result.rows, result.tokens = manifest.totals.rows, manifest.totals.tokens
+        result.shipped_samples = turn.staged.shipped
+        result.shards = [e.to_json() for e in manifest.shards]
+        result.statistics = manifest.statistics
+        warning = kl_cap_warning(manifest.statistics.get("kl"))
+        if warning is not None:
+            LOG.warning("set %s: %s", set_id, warning)
+
+    def finish(self, seconds: float) -> ShardResult:
+        return self.ended if self.ended is not None else ShardResult.of_turns(self.turns, self.options)
 
 
 def _dry_run(
@@ -215,59 +322,6 @@ class _Sources:
     source: TraceSource
 
 
-def _build(
-    store: Store,
-    target: OutTarget,
-    versions: dict[str, int | None],
-    options: ShardOptions,
-    sources: _Sources,
-    set_id: str,
-    result: ShardResult,
-    replaces: list[str],
-    engine: Engine,
-    meter: Task,
-) -> tuple[ShardResult, tuple[Frontier, pa.Table] | None]:
-    """Plan with spills in a staging folder, write the set there and publish it (or remove it when nothing ships);
-    then retire the sets in ``replaces`` (those a rebuild replaces). Returns the result and the frontier it left
-    (with its backlog; written to OUT once OUT holds a set), None when it scanned nothing."""
-    staging = target.stage(set_id)
-    try:
-        spill_dir = staging.spill
-        trace_spill = ScanSpill(os.path.join(spill_dir, "traces.arrow"))
-        ref_spill = ScanSpill(os.path.join(spill_dir, "ref_logprobs.arrow")) if options.kl != "none" else None
-        plan = make_plan(store, versions, options, sources.shipped, trace_spill, ref_spill, sources.source)
-        result.count(plan, options)
-        if plan.ship.is_empty():
-            if result.all_dropped:
-                result.status = "all_dropped"
-            target.discard(staging, nothing_shipped=True)
-            after = advance_frontier(target.uri, versions, options, plan, 0, sources.source, sources.prior, None)
-            _mend_index(store, target)
-            result.statistics = build_statistics(plan, None, options)
-            return result, after
-        spills = Spills(trace_spill, ref_spill, spill_dir)
-        shipped = plan.ship.height  # the shipped frame goes while the shards are written
-        manifest = _write_set(staging, spills, plan, options, versions, sources.prior, set_id, engine, meter)
-        index = target.next_index(manifest, replaces)  # an unreadable manifest of OUT stops the build here
-        final = target.publish(staging, set_id, _lock_check(store))
-        target.retire(replaces)
-        target.write_index(index)
-        after = advance_frontier(target.uri, versions, options, plan, shipped, sources.source, sources.prior, set_id)
-    except BaseException:
-        target.discard(staging)
-        raise
-    result.status, result.set_id, result.set_dir = "built", set_id, final
-    result.manifest_path = target.manifest_uri(set_id)
-    result.rows, result.tokens = manifest.totals.rows, manifest.totals.tokens
-    result.shipped_samples = shipped
-    result.shards = [e.to_json() for e in manifest.shards]
-    result.statistics = manifest.statistics
-    warning = kl_cap_warning(manifest.statistics.get("kl"))
-    if warning is not None:
-        LOG.warning("set %s: %s", set_id, warning)
-    return result, after
-
-
 def _mend_index(store: Store, target: OutTarget) -> None:
     """After a build that shipped nothing: mend an ``index.json`` that a build killed between publishing its set
     and writing the index left one set behind (:meth:`OutTarget.refresh_index`), once the build's lock is known
@@ -288,23 +342,43 @@ def _lock_check(store: Store) -> Callable[[], None]:
     return lambda: holder.ensure_held(store.location)
 
 
-def _write_set(
-    staging: Staging,
-    spills: Spills,
-    plan: Plan,
-    options: ShardOptions,
-    versions: dict[str, int | None],
-    prior: list[str],
-    set_id: str,
-    engine: Engine,
-    meter: Task,
-) -> Manifest:
-    """Score, write every shard and the sample-id file into ``staging``, then its manifest; returns the manifest.
+@dataclass
+class _Staged:
+    """A set planned and scored, its sample ids written, ready for its parts: ``job`` writes them."""
 
-    Everything the manifest reads of the shipped rows is taken before the shards are written; the parts' own
-    values go to a file (:class:`prl.shards.shiprows.ShipRows`), and the shipped frame and the spills' row arrays
-    are let go, so that beside the row groups in flight only the backlog of rows not shipped (sample id and file, for
-    the next build's frontier) is held per sample."""
+    plan: Plan
+    job: PartJob
+    statistics: dict[str, Any]
+    shipped: int
+    groups: int
+    heads: dict[str, Any]
+    sampling: dict[str, Any]
+    samples_path: str
+    samples_entry: FileEntry
+    spill_folder: str
+
+
+@dataclass
+class _Turn:
+    """What a turn's commit needs: the staging folder, the staged set, its sources, id and result (filled in),
+    the sets it replaces, and the sample-id file being sealed (fsynced and renamed) beside the parts."""
+
+    staging: Staging
+    staged: _Staged
+    sources: _Sources
+    set_id: str
+    result: ShardResult
+    replaces: list[str]
+    sealed: Future[None]
+
+
+def _stage(staging: Staging, spills: Spills, plan: Plan, options: ShardOptions) -> _Staged:
+    """Score the set and write its sample-id file into ``staging``; the parts' own values go to a file
+    (:class:`prl.shards.shiprows.ShipRows`).
+
+    Everything the manifest reads of the shipped rows is taken before the shards are written, and the shipped
+    frame and the spills' row arrays are let go, so that beside the row groups in flight only the backlog of rows
+    not shipped (sample id and file, for the next build's frontier) is held per sample."""
     ship = plan.ship
     shard_N = ship["shard"].to_numpy()
     bounds = np.searchsorted(shard_N, np.arange(int(shard_N[-1]) + 2))  # shards are runs of the final order
@@ -331,41 +405,51 @@ def _write_set(
         if spill is not None:
             spill.forget_rows()
     release_free_memory()  # what the plan and the scores freed goes back now, not beside the row groups in flight
-    with ThreadPoolExecutor(max_workers=1) as io:
-        sealed = io.submit(publish_file, f"{samples_path}.tmp", samples_path)  # fsynced beside the shards
-        job = PartJob(staging.parts, spills, rows, bounds, mean_d, options, plan.k)
-        written = _write_shards(job, engine, meter)
-        sealed.result()
-    shutil.rmtree(spills.folder, ignore_errors=True)  # every shard is written: the spills are done with
+    job = PartJob(staging.parts, spills, rows, bounds, mean_d, options, plan.k)
+    return _Staged(plan, job, statistics, shipped, groups, heads, sampling, samples_path, samples_entry, spills.folder)
+
+
+def _manifest(
+    staging: Staging,
+    staged: _Staged,
+    written: _Written,
+    options: ShardOptions,
+    versions: dict[str, int | None],
+    turn: _Turn,
+) -> Manifest:
+    """Once every part is written: the set's manifest, written into ``staging`` (the spills are done with)."""
+    shutil.rmtree(staged.spill_folder, ignore_errors=True)
+    statistics, mean_d = staged.statistics, staged.job.mean_d
     if options.kl != "none":
         statistics["kl"] = kl_statistics(options, mean_d, written.kl_sum, written.kl_tokens, written.kl_capped)
     statistics["unsafe_masked"] = {"tokens": written.unsafe_tokens, "samples": written.unsafe_samples}
     if options.merge_turns:
-        statistics["merged_turns"] = merged_statistics(shipped, written.entries, written.unmerged_tokens)
+        statistics["merged_turns"] = merged_statistics(staged.shipped, written.entries, written.unmerged_tokens)
+    plan = staged.plan
     manifest = Manifest(
-        set_id=set_id,
+        set_id=turn.set_id,
         schema_version=SCHEMA_VERSION,
         columns=SHARD.names,
         options=options.to_dict(),
         options_sha256=options.digest(),
         source_versions=versions,
         current_version=plan.current_version,
-        excluded_sets=sorted(prior),
+        excluded_sets=sorted(turn.sources.prior),
         shuffle={"seed": options.seed, "unit": "group", "target_tokens": options.target_tokens},
         shards=written.entries,
-        samples=samples_entry,
+        samples=staged.samples_entry,
         totals=Totals(
             rows=sum(e.rows for e in written.entries),
-            groups=groups,
+            groups=staged.groups,
             tokens=sum(e.tokens or 0 for e in written.entries),
             completion_tokens=sum(e.completion_tokens or 0 for e in written.entries),
             shards=len(written.entries),
         ),
-        heads=heads,
+        heads=staged.heads,
         statistics=statistics,
         drops=plan.drops,
         conventions=_conventions(options),
-        sampling=sampling,
+        sampling=staged.sampling,
         check_reasons=plan.check_reasons,
     )
     write_json(os.path.join(staging.meta, MANIFEST), manifest.to_json())
@@ -440,25 +524,6 @@ class _Written:
             out.unmerged_tokens += p.unmerged_tokens
             out.kl_capped += p.kl_capped
         return out
-
-
-def _write_shards(job: PartJob, engine: Engine, meter: Task) -> _Written:
-    """Assemble and write every shard (:meth:`PartJob.write_published`), each task a run of shards; ``meter``
-    counts the shards.
-
-    On the local engine each shard is its own task and :data:`WORKERS` threads share them: each gathers its
-    shard's rows from the spill files, assembles and writes them a row group at a time, hashed as written, then
-    fsyncs and renames the file into place. numpy, Arrow, zstd, hashlib and the disk release the GIL, so shards
-    proceed side by side, one waiting on the disk while another works, and at most :data:`WORKERS` row groups are
-    in memory at once.
-    """
-    meter.grow(job.parts)
-    tasks = split(list(range(job.parts)), engine.width(job.parts, threads=WORKERS))
-    parts = []
-    for written in engine.map(job.write_published, tasks, threads=WORKERS):
-        parts.append(written)
-        meter.advance(1)
-    return _Written.of(parts)
 
 
 __all__ = ["WORKERS", "ShardResult", "build_shards"]

@@ -24,7 +24,7 @@ from contextlib import AbstractContextManager, closing, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from prl.engines import Engine
+from prl.engines import Engine, get_engine
 from prl.store.locks import running
 from prl.store.tables import Store
 
@@ -63,12 +63,21 @@ class Step(Protocol, Generic[R]):
     def finish(self, seconds: float) -> R: ...
 
 
-def execute(step: Step[R], store: Store, engine: Engine, *, lock: bool = True, started: float | None = None) -> R:
+def execute(
+    step: Step[R],
+    store: Store,
+    engine: Engine | str | None = None,
+    *,
+    lock: bool = True,
+    started: float | None = None,
+) -> R:
     """Run ``step`` on ``store``: hold its lock and run view (none in a dry run, or when not ``lock``), take its
-    plan's works in order, map each work's tasks on ``engine`` and commit the work as its outputs come back.
+    plan's works in order, map each work's tasks on ``engine`` (:func:`prl.engines.get_engine`: an engine, its
+    name, or None for the local engine) and commit the work as its outputs come back.
     Returns the step's result, timed from ``started`` (a :func:`time.perf_counter` reading: when the command
     began, its options checked and its sources listed), else from here."""
     started = time.perf_counter() if started is None else started
+    engine = get_engine(engine)
     with (
         running(store, step.lock, enabled=lock and not step.dry_run),
         closing(step.plan(store, engine.width)) as works,

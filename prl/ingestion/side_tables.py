@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -55,10 +55,10 @@ from prl.ingestion.rewards_columnar import json_block, reward_table
 from prl.ingestion.side_resume import SideStart, open_file, resume_entry
 from prl.io import sources as io_sources
 from prl.io.sources import LineReader, SourceFile, lines_of, scan
+from prl.kernel import Work, execute
 from prl.quarantine import new_quarantine_rows, quarantine_batches, quarantine_row
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.store.index import EVENT_INDEXES, SampleIndex
-from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import Store, filesystem_for
 from prl.store.txns import transactions
@@ -254,23 +254,52 @@ def ingest_side_table(
     files = found.files
     result.problems = [asdict(p) for p in found.problems]
     grace = io_sources.partial_line_grace() if partial_line_grace is None else partial_line_grace
-    with running(store, f"ingest-{table}", enabled=lock and not dry_run):
+    step = SideStep(result, files, grace, dry_run, f"ingest-{table}")
+    return execute(step, store, lock=lock, started=started)
+
+
+@dataclass
+class SideStep:
+    """A side-table ingest as the kernel runs it (:mod:`prl.kernel`): one work per file the ledger does not
+    hold, with no tasks: its commit reads the file (on from its resume point) and commits its new events."""
+
+    result: SideIngestResult
+    files: list[SourceFile]
+    grace: float
+    dry_run: bool
+    lock: str
+    version: int | None = None
+    """The table's version after the last file's commit."""
+    index: SampleIndex | None = None
+
+    def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
+        result, table = self.result, self.result.table
         txns = transactions(store, table, store.latest(table))  # one pass over the log for every file
-        index = SampleIndex(store, write=not dry_run, spec=EVENT_INDEXES[table])
+        self.index = SampleIndex(store, write=not self.dry_run, spec=EVENT_INDEXES[table])
         pending = []
-        for src in files:
+        for src in self.files:
             if txns.lookup(f"prl.source:{src.identity}") is not None:
                 result.unchanged_files += 1
                 continue
             pending.append(src)
         entries = earlier_entries(store, table, txns, [src.uri for src in pending if _is_jsonl(src.uri)])
-        version = txns.table_version
+        self.version = txns.table_version
         for src in pending:
             result.files += 1
-            version = _ingest_one(src, store, table, result, dry_run, index, grace, entries.get(src.uri), version)
+            yield Work(state=(src, entries.get(src.uri)))
         result.version = store.version_seen(table)
-    result.seconds = time.perf_counter() - started
-    return result
+
+    def commit(self, store: Store, work: Work, outputs: Iterator[Any]) -> None:
+        assert self.index is not None
+        src, earlier = work.state
+        result = self.result
+        self.version = _ingest_one(
+            src, store, result.table, result, self.dry_run, self.index, self.grace, earlier, self.version
+        )
+
+    def finish(self, seconds: float) -> SideIngestResult:
+        self.result.seconds = seconds
+        return self.result
 
 
 @dataclass

@@ -333,7 +333,7 @@ def case_cron(work: str, commits: int) -> None:
         return min(r["seconds"] for r in runs)
 
     base, before = scan(fresh), scan(cron)
-    from prl.store.maintain import maintain
+    from prl.maintain import maintain
 
     started = time.perf_counter()
     maintain(cron, retention_hours=1)

@@ -424,9 +424,9 @@ def maintain_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Compact small files, checkpoint the logs, vacuum files no retained version needs (safe beside cron runs)."""
+    from prl.maintain import maintain
+    from prl.maintain import upgrade as upgrade_store
     from prl.report.maintain import render
-    from prl.store.maintain import maintain
-    from prl.store.maintain import upgrade as upgrade_store
 
     def call() -> Any:
         if upgrade:

@@ -356,7 +356,7 @@ class ScoreRefOptions:
 
 @dataclass(frozen=True)
 class MaintainOptions:
-    """``[maintain]``: arguments of :func:`prl.store.maintain.maintain`."""
+    """``[maintain]``: arguments of :func:`prl.maintain.maintain`."""
 
     retention_hours: int = opt(
         bounds.RETENTION_HOURS,

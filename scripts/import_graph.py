@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "prl"
-STAGES = ("ingestion", "checks", "score", "shards")
+STAGES = ("ingestion", "checks", "score", "shards", "maintain")
 # edges that close a circle or cross between stages and are allowed: none
 KNOWN: set[tuple[str, str]] = set()
 

@@ -50,8 +50,8 @@ from typing import Any
 import prl.checks.run
 import prl.ingestion.side_tables
 import prl.ingestion.traces
+import prl.maintain
 import prl.shards.build
-import prl.store.maintain
 from prl.checks.tokenizer import CheckTokenizer
 from prl.io.locations import split_s3
 from prl.schema import TABLES
@@ -331,7 +331,7 @@ class Cycles:
         self.counts["cycles"] += 1
         if self.counts["cycles"] % MAINTAIN_EVERY == 0:
             mark("maintain")
-            if _child(lambda: prl.store.maintain.maintain(self.p.store), self.report, self.cpu, "maintain") != 0:
+            if _child(lambda: prl.maintain.maintain(self.p.store), self.report, self.cpu, "maintain") != 0:
                 return self._fail("maintain failed")
         self._grow()
         if delay is None:  # half the kills aim at a run's end, where build-shards and check-tokens write
@@ -368,7 +368,7 @@ class Cycles:
 
         self.counts["cycles"] += 1
         if self.counts["cycles"] % MAINTAIN_EVERY == 0:
-            if _child(lambda: prl.store.maintain.maintain(self.p.store), self.report, self.cpu, "maintain") != 0:
+            if _child(lambda: prl.maintain.maintain(self.p.store), self.report, self.cpu, "maintain") != 0:
                 return self._fail("maintain failed")
         self._grow()
         if _child(_setup_only(self.command, self.p, self.note, self.known), self.report, self.cpu, "setup") != 0:

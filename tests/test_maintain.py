@@ -13,13 +13,13 @@ from deltalake import DeltaTable
 
 from prl.errors import LockedError, UsageError
 from prl.ingestion.traces import ingest
+from prl.maintain import DATA_ROW_GROUP_ROWS, maintain
 from prl.options import MaintainOptions
 from prl.pipeline.recipe import from_mapping
 from prl.pipeline.runner import run
 from prl.schema import TRACES
 from prl.store.index import INDEX_TABLE, SampleIndex
 from prl.store.locks import holding
-from prl.store.maintain import DATA_ROW_GROUP_ROWS, maintain
 from prl.store.tables import Store, scan_options
 from tests.pipeline_helpers import run_prl
 from tests.records import vllm_chat

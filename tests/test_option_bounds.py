@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from prl import bounds
 from prl.errors import UsageError
+from prl.maintain import maintain
 from prl.pipeline.recipe import load
 from prl.score.run import score_ref
-from prl.store.maintain import maintain
 from tests.pipeline_helpers import GrowingInput, invoke_json, tree, write_recipe
 
 HUGE = ("9223372036854775807", "99999999999999999999", "-9223372036854775809")

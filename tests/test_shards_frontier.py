@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from prl.maintain import maintain
 from prl.schema import REWARDS
 from prl.shards.build import build_shards
 from prl.shards.frontier import frontier_path, read_frontier
@@ -18,7 +19,6 @@ from prl.shards.options import ShardOptions
 from prl.shards.verify import verify_shards
 from prl.shards.writer import read_ipc
 from prl.store.changes import snapshot_files
-from prl.store.maintain import maintain
 from prl.store.tables import Store
 from tests.shards_fixtures import commit_traces, grouped_rows, reward, table
 

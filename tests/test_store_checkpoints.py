@@ -10,9 +10,9 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from prl.ingestion.traces import ingest
+from prl.maintain import maintain, upgrade
 from prl.schema import REWARDS
 from prl.store.index import INDEX_TABLE
-from prl.store.maintain import maintain, upgrade
 from prl.store.tables import TABLE_PROPERTIES, Store
 from tests.records import vllm_chat
 from tests.shards_fixtures import reward, table

@@ -16,10 +16,10 @@ from deltalake import DeltaTable, write_deltalake
 
 from prl.errors import UsageError
 from prl.ingestion.side_tables import ingest_side_table
+from prl.maintain import TableUpgrade, upgrade
 from prl.schema import REF_LOGPROBS, REWARDS
 from prl.store.format import MARKER, STORE_FORMAT, store_format
 from prl.store.index import EVENT_INDEXES
-from prl.store.maintain import TableUpgrade, upgrade
 from prl.store.resolve import open_store
 from prl.store.tables import TABLE_PROPERTIES, Store
 from tests.pipeline_helpers import GrowingInput, invoke_json
@@ -208,7 +208,7 @@ def test_an_upgrade_killed_before_its_marker_is_finished_by_the_next_one(store, 
         "ingested_at": [LATER],
     }
     write_deltalake(store.table_uri("rewards"), pa.table(old_rows, schema=OLD_REWARDS))
-    from prl.store import maintain as maintain_module
+    from prl import maintain as maintain_module
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt

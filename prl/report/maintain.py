@@ -1,12 +1,12 @@
-"""Rendering of a :class:`prl.store.maintain.MaintainResult` (one row per table) or an
-:class:`~prl.store.maintain.UpgradeResult`."""
+"""Rendering of a :class:`prl.maintain.MaintainResult` (one row per table) or an
+:class:`~prl.maintain.UpgradeResult`."""
 
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
-from prl.store.maintain import MaintainResult, UpgradeResult
+from prl.maintain import MaintainResult, UpgradeResult
 
 
 def render(result: MaintainResult | UpgradeResult, console: Console) -> None:

@@ -5,7 +5,7 @@ created: locally as a hidden temporary file renamed into place, on S3 as one PUT
 object or none; two creators write the same body. A store with tables and no marker is of format 1 (stores
 written before the format was recorded). Every command checks the format when it opens the store
 (:func:`prl.store.resolve.open_store`) and refuses another one with exit 2: an older store names the one
-command that upgrades it (``prl maintain --upgrade``, :func:`prl.store.maintain.upgrade`), a newer one says
+command that upgrades it (``prl maintain --upgrade``, :func:`prl.maintain.upgrade`), a newer one says
 it was written by a newer prl.
 
 Formats: 1, the tables as first written (columns added since missing from older tables, side-table rows

@@ -24,7 +24,7 @@ far inside the retention window (at least one hour), so vacuum never takes them.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,10 +37,10 @@ from prl import bounds
 from prl.bounds import MAX_RETENTION_HOURS, MAX_TARGET_MB, MIN_RETENTION_HOURS, MIN_TARGET_MB, check_int
 from prl.errors import ExitCode, RetryableIOError, UsageError
 from prl.event_ids import Occurrences, ref_ids, reward_contents
+from prl.kernel import Work, execute
 from prl.schema import TABLES, TIMESTAMP_MS, float_leaves
 from prl.store.format import STORE_FORMAT, outdated, store_format, write_marker
 from prl.store.index import EVENT_INDEXES, INDEX_TABLES, ROW_GROUP_ROWS, SampleIndex
-from prl.store.locks import running
 from prl.store.resolve import open_store
 from prl.store.tables import TABLE_PROPERTIES, Store, describe_error
 from prl.text import counted
@@ -121,16 +121,36 @@ def maintain(
     store = open_store(store, writing=not dry_run)
     started = time.perf_counter()
     result = MaintainResult(store=store.uri, retention_hours=retention_hours, dry_run=dry_run)
-    with running(store, "maintain", enabled=lock and not dry_run):
-        for name in chosen:
-            try:
-                done = _maintain_table(store, name, retention_hours, target_mb, dry_run)
-            except OSError as exc:
-                raise RetryableIOError(f"maintaining {name} in {store.uri} failed: {describe_error(exc)}") from exc
-            if done is not None:
-                result.tables.append(done)
-    result.seconds = time.perf_counter() - started
-    return result
+    return execute(MaintainStep(result, chosen, target_mb, dry_run), store, lock=lock, started=started)
+
+
+@dataclass
+class MaintainStep:
+    """``prl maintain`` as the kernel runs it (:mod:`prl.kernel`): one work per table, with no tasks; its commit
+    compacts, checkpoints and vacuums the table."""
+
+    result: MaintainResult
+    tables: tuple[str, ...]
+    target_mb: int
+    dry_run: bool
+    lock: str = "maintain"
+
+    def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
+        for name in self.tables:
+            yield Work(state=name)
+
+    def commit(self, store: Store, work: Work, outputs: Iterator[Any]) -> None:
+        name, result = work.state, self.result
+        try:
+            done = _maintain_table(store, name, result.retention_hours, self.target_mb, self.dry_run)
+        except OSError as exc:
+            raise RetryableIOError(f"maintaining {name} in {store.uri} failed: {describe_error(exc)}") from exc
+        if done is not None:
+            result.tables.append(done)
+
+    def finish(self, seconds: float) -> MaintainResult:
+        self.result.seconds = seconds
+        return self.result
 
 
 def _compact(table: DeltaTable, name: str, target_mb: int, props: CommitProperties) -> dict[str, Any]:
@@ -252,30 +272,54 @@ def upgrade(store: Store | str, *, dry_run: bool = False, lock: bool = True) -> 
     store or a store of a newer format, :class:`RetryableIOError` for storage trouble."""
     store = open_store(store, writing=not dry_run, upgrading=True)
     started = time.perf_counter()
-    with running(store, "maintain", enabled=lock and not dry_run):
+    result = UpgradeResult(store=store.uri, format_before=0, format_after=0, dry_run=dry_run)
+    return execute(UpgradeStep(result, dry_run), store, lock=lock, started=started)
+
+
+@dataclass
+class UpgradeStep:
+    """``prl maintain --upgrade`` as the kernel runs it (:mod:`prl.kernel`): the store's format read under the
+    lock, then one work per table (none for a store of this format), with no tasks, and a last work whose commit
+    writes the marker of the new format."""
+
+    result: UpgradeResult
+    dry_run: bool
+    lock: str = "maintain"
+    rebuilt: set[str] = field(default_factory=set)
+    """Event indexes just written again from their table's rows (not upgraded again)."""
+
+    def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
         before = store_format(store) or STORE_FORMAT
         if before > STORE_FORMAT:
             raise outdated(store.uri, before)
-        result = UpgradeResult(store=store.uri, format_before=before, format_after=before, dry_run=dry_run)
-        if before < STORE_FORMAT:
-            props = CommitProperties(custom_metadata={"prl.operation": '"upgrade"'}, max_commit_retries=50)
-            rebuilt: set[str] = set()
-            for name in MAINTAINED:
-                if name in rebuilt:  # an event index written again from its table's rows just now
-                    continue
-                try:
-                    done = _upgrade_table(store, name, props, dry_run)
-                except OSError as exc:
-                    raise RetryableIOError(f"upgrading {name} in {store.uri} failed: {describe_error(exc)}") from exc
-                if done is not None:
-                    result.tables.append(done)
-                    if done.index_rebuilt:
-                        rebuilt.add(EVENT_INDEXES[name].index_table)
-            if not dry_run:
-                write_marker(store, STORE_FORMAT)
-                result.format_after = STORE_FORMAT
-    result.seconds = time.perf_counter() - started
-    return result
+        self.result.format_before = self.result.format_after = before
+        if before == STORE_FORMAT:
+            return
+        for name in MAINTAINED:
+            if name not in self.rebuilt:
+                yield Work(state=name)
+        if not self.dry_run:
+            yield Work(state=None)
+
+    def commit(self, store: Store, work: Work, outputs: Iterator[Any]) -> None:
+        name, result = work.state, self.result
+        if name is None:  # every table done: the marker goes last
+            write_marker(store, STORE_FORMAT)
+            result.format_after = STORE_FORMAT
+            return
+        props = CommitProperties(custom_metadata={"prl.operation": '"upgrade"'}, max_commit_retries=50)
+        try:
+            done = _upgrade_table(store, name, props, self.dry_run)
+        except OSError as exc:
+            raise RetryableIOError(f"upgrading {name} in {store.uri} failed: {describe_error(exc)}") from exc
+        if done is not None:
+            result.tables.append(done)
+            if done.index_rebuilt:
+                self.rebuilt.add(EVENT_INDEXES[name].index_table)
+
+    def finish(self, seconds: float) -> UpgradeResult:
+        self.result.seconds = seconds
+        return self.result
 
 
 def _upgrade_table(store: Store, name: str, props: CommitProperties, dry_run: bool) -> TableUpgrade | None:

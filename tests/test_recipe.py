@@ -181,7 +181,7 @@ def test_step_selection(tmp_path):
 
 
 def test_every_step_has_its_recipe_table():
-    """A Step's name is a typed table of Recipe (in run order), and its table's model is the Step's."""
+    """A RecipeStep's name is a typed table of Recipe (in run order), and its table's model is the RecipeStep's."""
     from dataclasses import fields
 
     from prl import options as o
@@ -211,7 +211,7 @@ def test_docs_name_every_recipe_key():
 
 
 def test_prl_run_names_every_step_in_its_help():
-    """``prl run``'s help and docstring list the steps in run order (a new Step fails here until they name it)."""
+    """``prl run``'s help and docstring list the steps in run order (a new RecipeStep fails here until they name it)."""
     import inspect
 
     from prl import cli

@@ -26,7 +26,7 @@ from typing import Any
 from prl.errors import ExitCode, PrlError, RetryableIOError, UsageError
 from prl.pipeline import recipe as recipes
 from prl.pipeline.recipe import Recipe
-from prl.pipeline.steps import BY_NAME, Step
+from prl.pipeline.steps import BY_NAME, RecipeStep
 from prl.results import CommandResult, one_line
 from prl.store.locks import holding
 from prl.store.resolve import open_store
@@ -117,8 +117,8 @@ class RunResult:
 
 
 # --- the steps -----------------------------------------------------------------------------------------------
-def call_step(step: Step, recipe: Recipe, store: Store, dry_run: bool) -> CommandResult:
-    """Run ``step`` of ``recipe`` on ``store``: its library call (:attr:`Step.function`, imported here, so a recipe
+def call_step(step: RecipeStep, recipe: Recipe, store: Store, dry_run: bool) -> CommandResult:
+    """Run ``step`` of ``recipe`` on ``store``: its library call (:attr:`RecipeStep.function`, imported here, so a recipe
     loads nothing a step it lacks needs) with the store, ``dry_run``, its table's fields as keywords (or, for a
     ``whole`` step, the table as ``options`` and the ``[store]`` out as ``out``), the ``[store]`` engine where the
     step takes one, and its fixed keywords."""

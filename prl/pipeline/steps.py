@@ -1,10 +1,11 @@
-"""The steps of a pipeline, one :class:`Step` each, in the order ``prl run`` takes them.
+"""The steps of a pipeline, one :class:`RecipeStep` each, in the order ``prl run`` takes them.
 
 A step names its recipe table, its options model (the table's keys, the CLI options and the docs are written from
 it: :mod:`prl.options`) and the library call that runs it. :mod:`prl.pipeline.recipe` loads a recipe's tables by
 these models, ``prl run`` (:mod:`prl.pipeline.runner`) calls the functions in this order, and ``--only`` takes the
-names and the aliases. Adding a stage is one options model, its library call, and one line of :data:`STEPS` (and
-the typed field of :class:`prl.pipeline.recipe.Recipe` that holds its table).
+names and the aliases. Adding a stage is one options model, its library call (which builds the stage's
+:class:`prl.kernel.Step` and runs it with :func:`prl.kernel.execute`), and one line of :data:`STEPS` (and the typed
+field of :class:`prl.pipeline.recipe.Recipe` that holds its table).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from prl.shards.options import ShardOptions
 
 
 @dataclass(frozen=True)
-class Step:
+class RecipeStep:
     """One step of ``prl run``.
 
     ``name``: its recipe table and what ``--only`` calls it (``aliases`` too: its command's name);
@@ -39,31 +40,33 @@ class Step:
     fixed: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
-STEPS: tuple[Step, ...] = (
-    Step("ingest", IngestOptions, "prl.ingestion.traces:ingest", ("traces",)),
-    Step(
+STEPS: tuple[RecipeStep, ...] = (
+    RecipeStep("ingest", IngestOptions, "prl.ingestion.traces:ingest", ("traces",)),
+    RecipeStep(
         "rewards",
         SideOptions,
         "prl.ingestion.side_tables:ingest_side_table",
         engine=False,
         fixed=MappingProxyType({"kind": "rewards"}),
     ),
-    Step(
+    RecipeStep(
         "ref",
         SideOptions,
         "prl.ingestion.side_tables:ingest_side_table",
         engine=False,
         fixed=MappingProxyType({"kind": "ref"}),
     ),
-    Step("check", CheckTokensOptions, "prl.checks:check_tokens", ("check-tokens",)),
-    Step("score_ref", ScoreRefOptions, "prl.score.run:score_ref", ("score-ref",)),
-    Step("shards", ShardOptions, "prl.shards.build:build_shards", ("build-shards",), whole=True),
-    Step("maintain", MaintainOptions, "prl.store.maintain:maintain", engine=False),
+    RecipeStep("check", CheckTokensOptions, "prl.checks:check_tokens", ("check-tokens",)),
+    RecipeStep("score_ref", ScoreRefOptions, "prl.score.run:score_ref", ("score-ref",)),
+    RecipeStep("shards", ShardOptions, "prl.shards.build:build_shards", ("build-shards",), whole=True),
+    RecipeStep("maintain", MaintainOptions, "prl.maintain:maintain", engine=False),
 )
 """Every step, in run order."""
 
-BY_NAME: Mapping[str, Step] = MappingProxyType({name: step for step in STEPS for name in (step.name, *step.aliases)})
+BY_NAME: Mapping[str, RecipeStep] = MappingProxyType(
+    {name: step for step in STEPS for name in (step.name, *step.aliases)}
+)
 """Each step by its name and by each of its aliases."""
 assert len(BY_NAME) == sum(1 + len(step.aliases) for step in STEPS), "a step name or alias is used twice"
 
-__all__ = ["BY_NAME", "STEPS", "Step"]
+__all__ = ["BY_NAME", "STEPS", "RecipeStep"]

@@ -90,6 +90,7 @@ def execute(
                     else iter(())
                 )
                 step.commit(store, work, outputs)
+            del work, outputs  # the next work is planned without this one's state held
     return step.finish(time.perf_counter() - started)
 
 

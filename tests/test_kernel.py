@@ -4,7 +4,9 @@ committed with its own outputs, the plan closed on any error, the result timed."
 from __future__ import annotations
 
 import functools
+import gc
 import time
+import weakref
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,3 +131,33 @@ def test_a_step_whose_lock_is_held_does_not_plan(store):
 def test_the_result_is_timed_from_started_when_given(store):
     started = time.perf_counter() - 100.0
     assert execute(_Toy(), store, started=started).seconds >= 100.0
+
+
+class _Big:
+    """A work's state that the next work must not find held."""
+
+
+@dataclass
+class _Turns:
+    dry_run: bool = False
+    lock: str = "turns"
+    held: list[bool] = field(default_factory=list)
+
+    def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
+        for _ in range(3):
+            state = _Big()
+            ref = weakref.ref(state)
+            yield Work(functools.partial(_squares, 1), [[1]], state=state)
+            del state
+            gc.collect()
+            self.held.append(ref() is not None)
+
+    def commit(self, store: Store, work: Work, outputs: Iterator[int]) -> None:
+        assert list(outputs) == [1]
+
+    def finish(self, seconds: float) -> _Turns:
+        return self
+
+
+def test_a_work_is_let_go_before_the_next_is_planned(store):
+    assert execute(_Turns(), store).held == [False, False, False]

@@ -148,6 +148,7 @@ class IngestStep:
                 self.meter = meter
                 for group in _groups(pending):
                     index.refresh()
+                    now_ms = int(time.time() * 1000)  # the group's clock: its quarantine and ingest times
                     if not self.dry_run:
                         store.ensure("traces")  # created here, not by each task
                     job = IngestJob(
@@ -159,7 +160,7 @@ class IngestStep:
                         self.grace,
                         {src.uri: points[src.uri] for src in group if src.uri in points},
                         self.dry_run,
-                        now_ms=int(time.time() * 1000),
+                        now_ms=now_ms,
                         index=index.view(),
                     )
                     yield Work(

@@ -127,7 +127,6 @@ def score_ref(
     check_int("--retries", retries, 0, MAX_RETRIES)
     timeout = check_seconds("--timeout", timeout)
     store = open_store(store, writing=not dry_run)
-    started = time.perf_counter()
     kind = backend_kind(endpoint, backend)
     if kind == "tinker" and not served_model:
         raise UsageError("--backend tinker needs --served-model: a base model name or a tinker:// checkpoint path")
@@ -135,6 +134,7 @@ def score_ref(
     source = public_url(endpoint) if endpoint is not None else os.path.abspath(str(model))
     result = ScoreResult(store.uri, ref_model, kind, source, dry_run=dry_run)
     result.max_quarantine_rate = max_quarantine_rate
+    started = time.perf_counter()
     step = ScoreStep(result, ScoreJob(store.uri, ref_model, spec, [], None), dry_run)
     return execute(step, store, get_engine(engine), started=started)
 

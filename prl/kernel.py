@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, closing, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from prl.engines import Engine, get_engine
@@ -44,7 +44,7 @@ class Work:
     gpu: bool = False
     threads: int = 1
     around: Callable[[], AbstractContextManager[object]] = nullcontext
-    state: Any = field(default=None)
+    state: Any = None
 
 
 class Step(Protocol, Generic[R]):

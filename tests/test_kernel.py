@@ -8,6 +8,7 @@ import gc
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,3 +162,44 @@ class _Turns:
 
 def test_a_work_is_let_go_before_the_next_is_planned(store):
     assert execute(_Turns(), store).held == [False, False, False]
+
+
+@dataclass
+class _Around:
+    dry_run: bool = False
+    lock: str = "around"
+    log: list[str] = field(default_factory=list)
+
+    @contextmanager
+    def lent(self) -> Iterator[None]:
+        self.log.append("enter")
+        yield
+        self.log.append("exit")
+
+    def _task(self, task: int) -> Iterator[str]:
+        self.log.append(f"task {task}")
+        yield f"out {task}"
+
+    def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
+        yield Work(self._task, [1, 2], around=self.lent)
+        self.log.append("planned")
+
+    def commit(self, store: Store, work: Work, outputs: Iterator[str]) -> None:
+        self.log.extend(outputs)
+        self.log.append("commit")
+
+    def finish(self, seconds: float) -> _Around:
+        return self
+
+
+def test_the_tasks_run_and_the_work_commits_inside_its_around_context(store):
+    assert execute(_Around(), store).log == [
+        "enter",
+        "task 1",
+        "out 1",
+        "task 2",
+        "out 2",
+        "commit",
+        "exit",
+        "planned",
+    ]

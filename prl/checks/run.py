@@ -43,7 +43,7 @@ from prl.checks.template import TemplateChecker
 from prl.checks.tokenizer import CheckTokenizer
 from prl.checks.verdict import RowVerdict, assemble
 from prl.checks.vocab import check_vocab, max_id
-from prl.engines import Engine, get_engine, split
+from prl.engines import Engine, split
 from prl.errors import UsageError
 from prl.kernel import Work, execute
 from prl.options import CheckTokensOptions, checked
@@ -240,7 +240,22 @@ def check_tokens(
         chat_template,
         max_template_timeouts,
     )
-    return execute(step, store, get_engine(engine), lock=lock, started=started)
+    return execute(step, store, engine, lock=lock, started=started)
+
+
+@dataclass
+class _Counts:
+    """Run totals that come from the checker rather than from the verdict rows."""
+
+    tokens: int = 0
+    tokens_encoded: int = 0
+    undetermined: dict[str, int] = field(default_factory=dict)
+
+    def add(self, batch: CheckedBatch) -> None:
+        self.tokens += batch.tokens
+        self.tokens_encoded += batch.tokens_encoded
+        for why, n in batch.undetermined.items():
+            self.undetermined[why] = self.undetermined.get(why, 0) + n
 
 
 @dataclass
@@ -262,7 +277,7 @@ class CheckStep:
     chat_template: str | None
     template_timeouts: int
     lock: str = "check-tokens"
-    counts: _Counts = field(default_factory=lambda: _Counts())
+    counts: _Counts = field(default_factory=_Counts)
     meter: Task | None = None
 
     def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
@@ -378,21 +393,6 @@ def _rows_to_check(store: Store, traces_version: int, paths: list[str] | None, d
     files, rows = snapshot_turn_files(store, traces_version)
     total = sum(rows.get(p, 0) for p in (files if paths is None else paths))
     return max(0, total - (0 if done is None else len(done)))
-
-
-@dataclass
-class _Counts:
-    """Run totals that come from the checker rather than from the verdict rows."""
-
-    tokens: int = 0
-    tokens_encoded: int = 0
-    undetermined: dict[str, int] = field(default_factory=dict)
-
-    def add(self, batch: CheckedBatch) -> None:
-        self.tokens += batch.tokens
-        self.tokens_encoded += batch.tokens_encoded
-        for why, n in batch.undetermined.items():
-            self.undetermined[why] = self.undetermined.get(why, 0) + n
 
 
 def _tally(

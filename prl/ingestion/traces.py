@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 
-from prl.engines import Engine, get_engine
+from prl.engines import Engine
 from prl.errors import UsageError
 from prl.formats import registry
 from prl.formats.base import ParseOptions, Sample
@@ -107,7 +107,7 @@ def ingest(
         policy_version=policy_version, group_field=group_field, finish_reason=finish_reason, agent_field=agent_field
     )
     step = IngestStep(result, files, format, options, batch_tokens, grace, dry_run, progress)
-    return execute(step, store, get_engine(engine), lock=lock, started=started)
+    return execute(step, store, engine, lock=lock, started=started)
 
 
 @dataclass

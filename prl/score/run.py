@@ -25,12 +25,12 @@ import functools
 import os
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prl import bounds
 from prl.bounds import MAX_BATCH_TOKENS, MAX_CONCURRENCY, MAX_RETRIES, check_int, check_seconds
-from prl.engines import Engine, get_engine
+from prl.engines import Engine
 from prl.errors import ExitCode, UsageError
 from prl.kernel import Work, execute
 from prl.options import ScoreRefOptions
@@ -135,30 +135,29 @@ def score_ref(
     result = ScoreResult(store.uri, ref_model, kind, source, dry_run=dry_run)
     result.max_quarantine_rate = max_quarantine_rate
     started = time.perf_counter()
-    step = ScoreStep(result, ScoreJob(store.uri, ref_model, spec, [], None), dry_run)
-    return execute(step, store, get_engine(engine), started=started)
+    return execute(ScoreStep(result, spec, dry_run), store, engine, started=started)
 
 
 @dataclass
 class ScoreStep:
     """``prl score-ref`` as the kernel runs it (:mod:`prl.kernel`): one work, a task per traces file holding
-    samples to score (``score_file``), each scored batch committed as it comes back. ``job``: the backend and
-    the model; the plan fills in the files and the selection."""
+    samples to score (``score_file``), each scored batch committed as it comes back. ``backend``: what scores
+    them."""
 
     result: ScoreResult
-    job: ScoreJob
+    backend: BackendSpec
     dry_run: bool
     lock: str = LOCK
     meter: Task | None = None
 
     def plan(self, store: Store, width: Callable[..., int]) -> Generator[Work, None, None]:
         """The samples lacking reference logprobs; a dry run counts them and scores nothing."""
-        result, job = self.result, self.job
+        result = self.result
         with task("score-ref", unit="samples") as meter:
             self.meter = meter
-            todo = pending(store, job.ref_model)
+            todo = pending(store, result.ref_model)
             if todo is not None and self.dry_run:
-                for batch in _batches(store, todo, job.backend.batch_tokens):
+                for batch in _batches(store, todo, self.backend.batch_tokens):
                     result.candidates += len(batch)
                     result.input_tokens += sum(r.tokens for r in batch)
                     result.completion_tokens += sum(len(r.completion_ids) for r in batch)
@@ -166,7 +165,7 @@ class ScoreStep:
                 missing = todo.count(store)
                 meter.grow(missing)
                 if missing:  # none missing: no task starts, no model loads
-                    job = replace(job, paths=todo.paths, where=todo.where)
+                    job = ScoreJob(store.uri, result.ref_model, self.backend, todo.paths, todo.where)
                     try:
                         tasks = list(range(len(job.paths)))
                         yield Work(functools.partial(score_file, job), tasks, gpu=job.backend.kind == "local")
@@ -185,7 +184,7 @@ class ScoreStep:
             done.add((scored.file, scored.number))
             self.result.load_seconds = max(self.result.load_seconds, scored.load_seconds)
             self.result.source = scored.source
-            _commit(store, self.job.ref_model, scored, self.result, self.meter)
+            _commit(store, self.result.ref_model, scored, self.result, self.meter)
 
     def finish(self, seconds: float) -> ScoreResult:
         result = self.result

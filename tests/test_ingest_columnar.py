@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from prl.formats import base, registry
 from prl.formats.base import ParseOptions
 from prl.ingestion import reading
-from prl.ingestion.chat_block import MAX_LINE_BYTES, parse_block
+from prl.ingestion.chat_block import MAX_DEPTH, MAX_LINE_BYTES, _depths, _line_bounds, parse_block
 from prl.ingestion.columnar import ColumnarRun, framed_items, takes
 from prl.ingestion.traces import ingest
 from prl.store.tables import Store
@@ -193,6 +193,8 @@ def test_a_file_ending_mid_line_and_one_with_crlf(tmp_path, monkeypatch):
 @given(data=st.data())
 def test_mutated_records_store_the_same_on_both_roads(tmp_path_factory, monkeypatch, data):
     records: list[Any] = [_record(i, choices=1 + i % 2) for i in range(6)]
+    records[1] |= {"session_id": "s-1", "turn": 1, "metadata": {"weight_version": 3, "user": "u"}}
+    records[4] |= {"messages": [{"role": "user", "content": "hi"}], "agent_name": "critic"}
     for _ in range(data.draw(st.integers(1, 4))):
         i = data.draw(st.integers(0, 5))
         record = copy.deepcopy(records[i])
@@ -245,8 +247,9 @@ def test_a_source_of_records_the_road_does_not_take_is_framed_line_by_line_after
     parsed = []
     real = columnar.parse_block
     monkeypatch.setattr(columnar, "parse_block", lambda data: parsed.append(data) or real(data))
-    with_metadata = [_text(vllm_chat(f"m{i}", PROMPT, [([5], [-0.5])], metadata={"turn": i})) for i in range(40)]
-    blocks = [(1 + 10 * k, b"".join(line + b"\n" for line in with_metadata[10 * k : 10 * k + 10])) for k in range(4)]
+    heads = [[[(5, -0.5), (9, -1.0)]]]  # a top-k head: the chat reader's rules, the per-record road
+    with_heads = [_text(vllm_chat(f"m{i}", PROMPT, [([5], [-0.5])], heads=heads)) for i in range(40)]
+    blocks = [(1 + 10 * k, b"".join(line + b"\n" for line in with_heads[10 * k : 10 * k + 10])) for k in range(4)]
     chat = registry.per_record(registry.by_name("openai_chat"))
     items = list(framed_items(chat, blocks, ParseOptions(), "u", 0))
     assert [(item.line, item.obj["id"]) for item in items] == [(1 + i, f"m{i}") for i in range(40)]
@@ -261,3 +264,101 @@ def test_genuine_vllm_chat_with_heads_stores_the_same_exact_heads_on_both_roads(
     stored = _both_roads(tmp_path, lines, monkeypatch)
     assert len(stored["traces"]) == 5 and stored["quarantine"] == []
     assert {len(h) for row in stored["traces"] for h in row["topk_ids"]} == {2}
+
+
+def test_records_naming_a_session_metadata_messages_a_version_or_an_agent_take_the_road_with_those_fields(
+    tmp_path, monkeypatch
+):
+    records = [_record(i, choices=1 + i % 2) for i in range(7)]
+    records[1] |= {"session_id": "s-1", "turn": 2}
+    records[2]["metadata"] = {"session_id": 7, "turn": 1, "weight_version": 12}
+    records[3] |= {"messages": [{"role": "user", "content": "hi"}], "agent_id": "planner"}
+    records[4]["sglext"] = {"weight_version": "w-sgl"}
+    records[4]["choices"][0]["weight_version"] = "w-3"  # the choice's version first
+    records[5]["metadata"] = {"agent_name": "critic"}
+    records[6] |= {"metadata": None, "session_id": None}  # present, null: a bare response
+    lines = [_text(record) for record in records]
+    assert _taken(lines) == 7
+    stored = _both_roads(tmp_path, lines, monkeypatch, policy_version="fallback")
+    fields = [
+        (row["source_line"], row["session_id"], row["turn"], row["policy_version"], row["agent_id"], row["messages"])
+        for row in stored["traces"]
+    ]
+    assert fields == [
+        (1, None, None, "fallback", None, None),
+        (2, "s-1", 2, "fallback", None, None),
+        (2, "s-1", 2, "fallback", None, None),
+        (3, "7", 1, "12", None, None),
+        (4, None, None, "fallback", "planner", '[{"role":"user","content":"hi"}]'),
+        (4, None, None, "fallback", "planner", '[{"role":"user","content":"hi"}]'),
+        (5, None, None, "w-3", None, None),
+        (6, None, None, "fallback", "critic", None),
+        (6, None, None, "fallback", "critic", None),
+        (7, None, None, "fallback", None, None),
+    ]
+
+
+def test_marked_records_the_reader_would_not_keep_as_they_are_go_to_the_per_record_road(tmp_path, monkeypatch):
+    surrogate, wide, deep_turn, listed, enveloped = (_record(i) for i in range(5))
+    surrogate["session_id"] = "\ud83d"  # valid JSON, not valid Unicode: bad_string
+    wide["turn"] = 2**31  # beyond int32: out_of_range
+    deep_turn["metadata"] = {"turn": 2**70}  # beyond 64 bits: the standard library's decoder, out_of_range
+    listed["choices"][0]["weight_version"] = True  # not a version: the record's next candidate
+    enveloped |= {"request": {"body": {"model": "m"}}, "response": None}  # an HTTP envelope claims it
+    lines = [_text(record) for record in (surrogate, wide, deep_turn, listed, enveloped)]
+    assert [_taken([line]) for line in lines] == [0, 0, 0, 1, 0]
+    stored = _both_roads(tmp_path, lines, monkeypatch)
+    assert [(row["source_line"], row["reason"]) for row in stored["quarantine"]] == [
+        (1, "bad_string"),
+        (2, "out_of_range"),
+        (3, "out_of_range"),
+        (5, "bad_shape"),
+    ]
+    assert [(row["source_line"], row["policy_version"]) for row in stored["traces"]] == [(4, None)]
+
+
+def _nesting(line: bytes) -> int:
+    """The deepest nesting of a JSON text, read byte by byte."""
+    depth = deepest = 0
+    inside = escaped = False
+    for byte in line:
+        if inside:
+            escaped, inside = (False, True) if escaped else (byte == 0x5C, byte != 0x22)
+        elif byte == 0x22:
+            inside = True
+        elif byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.integers() | st.text(alphabet='[]{}"\\ax', max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(alphabet='[]{}"\\k', max_size=3), inner, max_size=3)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(JSON_VALUES, min_size=1, max_size=5), junk=st.binary(max_size=12))
+def test_nesting_is_counted_outside_strings(values, junk):
+    lines = [json.dumps({"v": value}).encode() for value in values]
+    data = b"\n".join([junk.replace(b"\n", b""), *lines]) + b"\n"  # a line of junk first: its quotes count not
+    starts, ends = _line_bounds(data)
+    bytes_ = np.frombuffer(data, dtype=np.uint8)
+    assert _depths(bytes_, bytes_ | 0x20, starts, ends)[1:].tolist() == [_nesting(line) for line in lines]
+
+
+def test_long_records_take_the_road_unless_nested_too_deep(tmp_path, monkeypatch):
+    ids = list(range(1, 601))
+    long = vllm_chat("long", PROMPT, [(ids, [-0.5] * 600)])  # 600 logprob entries: over MAX_DEPTH openers
+    bracketed = copy.deepcopy(long) | {"id": "bracketed", "note": "[{" * 600 + '\\"' + "[" * 3}
+    deep = copy.deepcopy(long) | {"id": "deep", "extra": json.loads("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1))}
+    lines = [_text(long), _text(bracketed), _text(deep)]
+    assert lines[0].count(b"{") > MAX_DEPTH and [_taken([line]) for line in lines] == [1, 1, 0]
+    stored = _both_roads(tmp_path, lines, monkeypatch)
+    assert [row["request_id"] for row in stored["traces"]] == ["long", "bracketed", "deep"]

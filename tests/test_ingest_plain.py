@@ -1,5 +1,5 @@
-"""The plain walk and its token blocks give exactly what ``parse`` gives: the same rows, the same quarantine
-reasons and messages, record by record, on chat completions mutated at random."""
+"""The plain walk of text completions and its token blocks give exactly what ``parse`` gives: the same rows,
+the same quarantine reasons and messages, record by record, on records mutated at random."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from prl.formats import registry
 from prl.formats.base import ParseOptions, Quarantined, decode_json_line
-from prl.formats.guard import read_record, source_position
+from prl.formats.guard import apply_options, read_record, source_position
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.batch import check_and_assemble
-from prl.ingestion.collect import Collector, apply_options
+from prl.ingestion.collect import Collector
 from prl.ingestion.token_block import TokenBlock
 from tests.formats_helpers import json_paths, mutate
 from tests.records import vllm_chat, vllm_completion
@@ -29,14 +29,18 @@ SCALARS = st.sampled_from(
 )
 
 
-def _base(i: int) -> dict[str, Any]:
-    completions = [([5, 6, 7], [-0.5, -0.25, -9999.0]), ([8, 1], [-1.5, None])]
-    return vllm_chat(f"req-{i}", [0, 128803, 3085, 128804], completions[: 1 + i % 2], metadata={"turn": i})
-
-
 def _text_completion(i: int) -> dict[str, Any]:
     record = vllm_completion(f"cmpl-{i}", [0, 128803, 3085], [5, 6, 1], [-0.5, -9999.0, None])
     record["choices"].append({**copy.deepcopy(record["choices"][0]), "index": 1, "finish_reason": None})
+    return record
+
+
+def _base(i: int) -> dict[str, Any]:
+    """A text completion of one or two choices (both with a finish reason), with metadata."""
+    record = _text_completion(i)
+    record["choices"] = record["choices"][: 1 + i % 2]
+    record["choices"][-1]["finish_reason"] = "stop"
+    record["metadata"] = {"turn": i}
     return record
 
 
@@ -105,7 +109,7 @@ def _same(records: list[Any], options: ParseOptions | None = None) -> list[Locat
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_mutated_chat_records_read_as_parse_reads_them(data):
+def test_mutated_text_completions_read_as_parse_reads_them(data):
     records = [_base(i) for i in range(4)]
     for _ in range(data.draw(st.integers(1, 3))):
         i = data.draw(st.integers(0, 3))
@@ -118,7 +122,8 @@ def test_mutated_chat_records_read_as_parse_reads_them(data):
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_mutated_text_completions_among_chat_records_read_as_parse_reads_them(data):
-    records = [_text_completion(0), _base(1), _text_completion(2), _text_completion(3)]
+    chat = vllm_chat("req-1", [0, 128803, 3085, 128804], [([5, 6, 7], [-0.5, -0.25, -9999.0])], metadata={"turn": 1})
+    records = [_text_completion(0), chat, _text_completion(2), _text_completion(3)]
     for _ in range(data.draw(st.integers(1, 3))):
         i = data.draw(st.integers(0, 3))
         record = copy.deepcopy(records[i])
@@ -145,8 +150,8 @@ def test_text_completions_take_the_block():
 
 def test_clean_records_take_the_block_and_a_bad_one_alone_goes_to_parse():
     records = [_base(i) for i in range(6)]
-    records[2]["prompt_token_ids"][1] = 1.5  # bad_token_id, found only when the block converts
-    records[4]["choices"][0]["logprobs"]["content"][0]["token"] = "token_id:9"  # disagrees with token_ids
+    records[2]["choices"][0]["prompt_token_ids"][1] = 1.5  # bad_token_id, found only when the block converts
+    records[4]["choices"][0]["logprobs"]["tokens"][0] = "token_id:9"  # disagrees with token_ids
     rows = _same(records)
     assert [(r.source_line, r.block is not None) for r in rows] == [
         (1, True),
@@ -159,17 +164,6 @@ def test_clean_records_take_the_block_and_a_bad_one_alone_goes_to_parse():
     ]
     blocks = {id(r.block) for r in rows}
     assert len(blocks) == 1 and isinstance(rows[0].block, TokenBlock)
-
-
-def test_text_tokens_booleans_and_heads():
-    text = _base(0)
-    for entry in text["choices"][0]["logprobs"]["content"]:
-        entry["token"] = "the"  # token text: parse compares nothing, the block neither
-    boolean = _base(1)
-    boolean["choices"][1]["logprobs"]["content"][1]["logprob"] = False
-    heads = vllm_chat("req-h", [1, 2], [([5, 6], [-0.5, -0.25])], heads=[[[(5, -0.5), (9, -1.0)], [(6, -0.25)]]])
-    rows = _same([text, boolean, heads])
-    assert [(r.source_line, r.block is not None) for r in rows] == [(1, True), (2, False), (3, False)]
 
 
 def test_options_apply_to_plain_samples():
@@ -190,7 +184,7 @@ def test_strings_that_are_not_unicode_and_out_of_range_scalars():
     surrogate, wide, accented = _base(0), _base(1), _base(2)
     surrogate["model"] = "\ud83d"  # valid JSON, not valid Unicode: bad_string
     wide["metadata"]["turn"] = 2**31  # beyond int32: out_of_range
-    accented["choices"][0]["message"]["content"] = "café"
+    accented["choices"][0]["text"] = "café"
     rows = _same([surrogate, wide, accented])
     assert [(r.source_line, r.block is not None) for r in rows] == [(3, True)]
     _, quarantined = _collected(_lines([surrogate, wide, accented]), ParseOptions())
@@ -206,8 +200,8 @@ def test_ingest_of_plain_and_refused_records_restores_the_collector(tmp_path):
 
     records = [_base(i) for i in range(200)]
     for record in records[3:]:
-        record["choices"][0]["logprobs"]["content"][0]["token"] = "token_id:9"  # token_mismatch, read by parse
-    source = tmp_path / "chat.jsonl"
+        record["choices"][0]["logprobs"]["tokens"][0] = "token_id:9"  # token_mismatch, read by parse
+    source = tmp_path / "completions.jsonl"
     source.write_bytes(b"\n".join(_lines(records)) + b"\n")
     result = ingest([str(source)], str(tmp_path / "store"))
     assert gc.isenabled()

@@ -2,8 +2,8 @@
 converters from decoded JSON values to Arrow arrays.
 
 A format reader sees one decoded record (a dict) at a time and returns one :class:`Sample` per choice, or a
-:class:`Quarantined` for a choice (or record) it must not keep. A reader may also have a plain walk
-(:meth:`Format.plain`, :mod:`prl.formats.plain`) that ingest tries first: the same record in its common
+:class:`Quarantined` for a choice (or record) it must not keep. The text completions reader also has a plain
+walk (:meth:`Format.plain`, :mod:`prl.formats.plain`) that ingest tries first: the same record in its common
 shape, its token lists handed over unconverted so that many records' lists convert in one call. Per-token values are never touched in Python:
 lists decoded from JSON go to Arrow in one C++ conversion each, and every per-token operation after that is an
 Arrow or numpy kernel.

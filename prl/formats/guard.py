@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
 from prl.formats.fields import DERIVED_ID_PREFIX
 from prl.formats.plain import Plain, holds_booleans
@@ -97,6 +98,22 @@ def read_plain(fmt: Format, obj: Any, options: ParseOptions) -> tuple[str, list[
     except Exception:
         return None
     return reader.name, plains
+
+
+def apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:
+    """What the run's options say about a parsed sample: ``--finish-reason`` fills a missing finish reason;
+    a named ``--group-field`` the record lacks is ``missing_group_field`` (its group is unknown, and falling
+    back to the prompt digest would silently put it in the wrong group). The agent comes from the record
+    (:func:`prl.formats.agents.agent_of`, ``--agent-field`` when named) where the reader set none."""
+    if sample.finish_reason is None:
+        sample.finish_reason = options.finish_reason
+    if sample.agent_id is None:
+        sample.agent_id = agent_of(obj, options.agent_field)
+        if sample.agent_id is not None and not sample.agent_id.isascii() and not is_unicode(sample.agent_id):
+            raise Quarantined("bad_string", "agent_id holds a lone UTF-16 surrogate: not valid Unicode")
+    if options.group_field and sample.group_key is None:
+        raise Quarantined("missing_group_field", f"the record has no {options.group_field!r} field (--group-field)")
+    return sample
 
 
 def source_key(first_record: bytes) -> str:

@@ -262,30 +262,25 @@ class VllmChat(_OpenAIReader):
         exact_chat_heads(items)
         return items
 
-    def plain(self, obj: Any, options: ParseOptions) -> list[Any] | None:
-        """:meth:`parse`'s walk for a record whose every choice carries prompt IDs, a ``token_ids`` list and
-        ``logprobs.content`` objects (see :mod:`prl.formats.plain`); None for any other shape."""
+    def scalars(self, obj: Any, options: ParseOptions) -> list[Sample] | None:
+        """:meth:`parse`'s samples of a record whose token columns are read elsewhere (the columnar road of
+        ingest), every field but the token arrays set (those are placeholders); None where ``parse`` would
+        read it otherwise: no ID or one that looks derived, no choices, a choice that is not an object or
+        whose fields ``parse`` would refuse."""
         request_id, choices = _plain_header(obj)
         if request_id is None:
             return None
-        top_prompt = obj.get("prompt_token_ids")
-        out: list[Any] = []
+        out: list[Sample] = []
         for position, choice in enumerate(choices):
             if type(choice) is not dict:
                 return None
             index = opt_int(choice.get("index"))
-            prompt = top_prompt if top_prompt is not None else choice.get("prompt_token_ids")
-            ids = choice.get("token_ids")
-            logprobs_obj = choice.get("logprobs")
-            entries = logprobs_obj.get("content") if type(logprobs_obj) is dict else None
-            if type(prompt) is not list or type(ids) is not list or type(entries) is not list:
-                return None
             message = choice.get("message")
             text = message.get("content") if type(message) is dict else None
             sample = _plain_sample(obj, request_id, position if index is None else index, choice, text, options)
             if sample is None:
                 return None
-            out.append(Plain(sample, prompt, ids, entries, 0 < len(ids) == len(entries)))
+            out.append(sample)
         return out
 
 
@@ -348,7 +343,7 @@ class VllmCompletions(_OpenAIReader):
             )
             if sample is None:
                 return None
-            out.append(Plain(sample, prompt, ids, None, check, logprobs, tokens if check else None))
+            out.append(Plain(sample, prompt, ids, logprobs, tokens if check else None))
         return out
 
     def _choice(

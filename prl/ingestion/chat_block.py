@@ -7,20 +7,26 @@ library's ``json`` for what orjson refuses) and the record's reader see; every o
 per-record road, which reads it as always:
 
 - the line starts with ``{`` and ends with ``}`` (no blank line, no other top-level value, no BOM, no ``\\r``);
-- it is at most :data:`MAX_LINE_BYTES` long (longer records are the per-record road's, which bounds a line's
-  memory and quarantines one over its record limit as ``line_too_long``);
-- it holds at most :data:`MAX_OPENERS` ``[`` / ``{`` bytes, so its nesting is within what both JSON decoders
-  take (orjson refuses depth > 1024 as ``too_deep``; Arrow does not);
+- it is at most :data:`MAX_LINE_BYTES` long, and within the record limit
+  (:data:`prl.formats.base.MAX_RECORD_BYTES`): longer records are the per-record road's, which bounds a
+  line's memory and quarantines one over the limit as ``line_too_long``;
+- its nesting is at most :data:`MAX_DEPTH` deep (orjson refuses depth > 1024 as ``too_deep``; Arrow does not):
+  a line of at most that many ``[`` / ``{`` bytes is, and the nesting of a longer one is counted outside its
+  strings;
 - it is valid UTF-8 (Arrow does not check; the decoders refuse it as ``malformed_json``);
 - Arrow reads it alone as one row: a parse error, a value of another type than the schema's (a boolean
-  logprob, a float token ID, a string model), a key given twice, two documents on one line all make Arrow refuse it (of a block that fails, the line the parser names goes
-  to the per-record road and the lines around it are read again; should they fail again, they go too);
-- none of the top-level keys of :data:`ABSENT_KEYS` holds a value other than null (their fields are
-  ``null`` typed, so any value fails the read): a record with a session, metadata, an agent, messages or a
-  version is read by the per-record road, as is one an envelope format would claim. Two of those formats
-  claim a record by a key's presence alone, even with a null value, which Arrow cannot tell from absence:
-  a line whose text holds ``custom_id`` or ``response`` anywhere is left to the per-record road, and so is
-  one holding a ``\\u00XX`` escape of an ASCII character (which could spell such a key).
+  logprob, a float token ID, a string model), a key given twice, two documents on one line all make Arrow refuse
+  it (of a block that fails, the line the parser names goes to the per-record road and the lines around it are
+  read again; should they fail again, they go too);
+- none of the top-level keys of :data:`ABSENT_KEYS` (what envelope formats detect a record by) holds a value
+  other than null (their fields are ``null`` typed, so any value fails the read). Two of those formats claim a
+  record by a key's presence alone, even with a null value, which Arrow cannot tell from absence: a line whose
+  text holds ``custom_id`` or ``response`` anywhere is left to the per-record road, and so is one holding a
+  ``\\u00XX`` escape of an ASCII character (which could spell such a key).
+
+A line whose text names one of :data:`RECORD_KEYS` (a session, a turn, metadata, messages, a version, an
+agent) is read by Arrow all the same, and marked: the columnar road reads its record's own fields from the
+decoded record (:mod:`prl.ingestion.columnar`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pj
+
+from prl.formats import base
 
 HEAD = pa.struct([("token", pa.string()), ("logprob", pa.float64())])
 ENTRY = pa.struct([("token", pa.string()), ("logprob", pa.float64()), ("top_logprobs", pa.list_(HEAD))])
@@ -41,10 +50,9 @@ CHOICE = pa.struct(
         ("finish_reason", pa.string()),
         ("token_ids", pa.list_(pa.int64())),
         ("logprobs", pa.struct([("content", pa.list_(ENTRY))])),
-        ("weight_version", pa.null()),
     ]
 )
-ABSENT_KEYS = (
+RECORD_KEYS = (
     # read by the chat reader beyond a bare response (session, turn, versions, messages)
     "session_id",
     "turn",
@@ -62,6 +70,9 @@ ABSENT_KEYS = (
     "request",
     "headers",
     "request_headers",
+)
+"""Keys of a record (or its choices) whose fields the chat reader takes from the decoded record."""
+ABSENT_KEYS = (
     # what envelope formats detect a record by
     "custom_id",
     "response",
@@ -82,9 +93,10 @@ CHAT_BLOCK_SCHEMA = pa.schema(
 )
 """What the columnar road reads of a chat completion; every other field is skipped (still parsed)."""
 
-MAX_OPENERS = 512
-"""``[`` and ``{`` bytes a line may hold: its nesting depth is at most that, well within both decoders'."""
+MAX_DEPTH = 512
+"""Nesting a line may have: well within both decoders'."""
 PRESENCE_NEEDLES = (b"custom_id", b"response")
+_RECORD_KEY = '"(' + "|".join(RECORD_KEYS) + ')"'
 _ASCII_ESCAPE = re.compile(rb"\\u00[2-7][0-9a-fA-F]")
 _ERROR_ROW = re.compile(r" in row (\d+)")
 
@@ -111,11 +123,13 @@ class BlockLines:
 @dataclass(slots=True)
 class ParsedBlock:
     """The lines of one block and what Arrow read of them: ``lines`` int64[T] are the indices of the lines
-    Arrow read, in order, row ``i`` of ``table`` being line ``lines[i]``."""
+    Arrow read, in order, row ``i`` of ``table`` being line ``lines[i]``; ``marked`` bool[T]: the lines whose
+    text names one of :data:`RECORD_KEYS`."""
 
     text: BlockLines
     lines: np.ndarray
     table: pa.Table
+    marked: np.ndarray
 
 
 def _line_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -134,9 +148,13 @@ def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     nonempty = ends > starts
     first = bytes_[np.where(nonempty, starts, 0)]
     last = bytes_[np.where(nonempty, ends - 1, 0)]
-    ok = nonempty & (first == 0x7B) & (last == 0x7D) & (ends - starts <= MAX_LINE_BYTES)
-    openers = np.flatnonzero((bytes_ | 0x20) == 0x7B)  # "[" (0x5B) and "{" (0x7B)
-    ok &= np.bincount(np.searchsorted(ends, openers), minlength=len(ends))[: len(ends)] <= MAX_OPENERS
+    longest = min(MAX_LINE_BYTES, base.MAX_RECORD_BYTES)  # a longer record is the per-record road's limit's
+    ok = nonempty & (first == 0x7B) & (last == 0x7D) & (ends - starts <= longest)
+    low = bytes_ | 0x20
+    openers = np.flatnonzero(low == 0x7B)  # "[" (0x5B) and "{" (0x7B)
+    many = np.bincount(np.searchsorted(ends, openers), minlength=len(ends))[: len(ends)] > MAX_DEPTH
+    if (ok & many).any():
+        ok &= ~many | (_depths(bytes_, low, starts, ends) <= MAX_DEPTH)
     needles = [n for n in PRESENCE_NEEDLES if n in data]
     escapes = b"\\" in data and _ASCII_ESCAPE.search(data) is not None
     if needles or escapes:
@@ -145,6 +163,30 @@ def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
             if any(n in line for n in needles) or (escapes and _ASCII_ESCAPE.search(line) is not None):
                 ok[i] = False
     return ok
+
+
+def _depths(bytes_: np.ndarray, low: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """int64[L]: each line's deepest nesting of ``[`` / ``{``, counted outside its strings (a quote preceded
+    by an odd run of backslashes is inside one). ``low``: the bytes with bit 0x20 set."""
+    quotes = np.flatnonzero(bytes_ == 0x22)
+    escaped = quotes[(quotes > 0) & (bytes_[quotes - 1] == 0x5C)]
+    if len(escaped):
+        slashes = np.flatnonzero(bytes_ == 0x5C)
+        run_starts = slashes[np.r_[True, np.diff(slashes) != 1]]
+        run = escaped - run_starts[np.searchsorted(run_starts, escaped - 1, side="right") - 1]
+        quotes = np.setdiff1d(quotes, escaped[run % 2 == 1], assume_unique=True)
+    brackets = np.flatnonzero((low == 0x7B) | (low == 0x7D))
+    line = np.searchsorted(ends, brackets)
+    line_quotes = np.searchsorted(quotes, np.append(starts, len(bytes_)))  # quotes before each line
+    outside = ((np.searchsorted(quotes, brackets) - line_quotes[line]) & 1) == 0
+    brackets, line = brackets[outside], line[outside]
+    deepest = np.zeros(len(ends) + 1, dtype=np.int64)
+    if len(brackets):
+        step = np.where(low[brackets] == 0x7B, 1, -1)
+        depth = np.cumsum(step)
+        first = np.r_[0, np.flatnonzero(line[1:] != line[:-1]) + 1]  # each line's first bracket
+        deepest[line[first]] = np.maximum.reduceat(depth, first) - (depth[first] - step[first])
+    return deepest[: len(ends)]
 
 
 def _read(buffer: bytes | memoryview) -> pa.Table | None:
@@ -203,8 +245,8 @@ def _read_lines(
 
 
 def _without_absent_keys(data: bytes, starts: np.ndarray, ends: np.ndarray, lines: np.ndarray) -> np.ndarray:
-    """``lines`` less those whose text holds an :data:`ABSENT_KEYS` key in quotes (a record with metadata, a
-    session, an agent... : Arrow refuses its non-null value); searched only in a block Arrow refused."""
+    """``lines`` less those whose text holds an :data:`ABSENT_KEYS` key in quotes (an envelope: Arrow refuses
+    its non-null value); searched only in a block Arrow refused."""
     needles = [needle for key in ABSENT_KEYS if (needle := f'"{key}"'.encode()) in data]
     if not needles:
         return lines
@@ -231,7 +273,7 @@ def parse_block(data: bytes) -> ParsedBlock:
     pieces = _read_lines(data, starts, ends, lines) if len(lines) else []
     if not pieces:
         empty = CHAT_BLOCK_SCHEMA.empty_table()
-        return ParsedBlock(BlockLines(data, starts, ends), np.zeros(0, np.int64), empty)
+        return ParsedBlock(BlockLines(data, starts, ends), np.zeros(0, np.int64), empty, np.zeros(0, bool))
     read = np.concatenate([piece[0] for piece in pieces])
     table = pa.concat_tables([piece[1] for piece in pieces]) if len(pieces) > 1 else pieces[0][1]
     if not data.isascii() and not _valid_utf8(data):  # line by line only in a block holding invalid UTF-8
@@ -240,14 +282,24 @@ def parse_block(data: bytes) -> ParsedBlock:
         )
         if not valid.all():
             read, table = read[valid], table.filter(pa.array(valid))
-    return ParsedBlock(BlockLines(data, starts, ends), read, table)
+    return ParsedBlock(BlockLines(data, starts, ends), read, table, _marked(data, starts, read))
+
+
+def _marked(data: bytes, starts: np.ndarray, lines: np.ndarray) -> np.ndarray:
+    """bool[len(lines)]: the lines whose text holds a :data:`RECORD_KEYS` key in quotes (one pass of RE2 over
+    the block, all keys at once)."""
+    offsets = pa.py_buffer(np.r_[starts, len(data)].astype(np.int64))
+    text = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts), [None, offsets, pa.py_buffer(data)])
+    found = pc.match_substring_regex(text, _RECORD_KEY)
+    return found.to_numpy(zero_copy_only=False)[lines]
 
 
 __all__ = [
     "ABSENT_KEYS",
     "CHAT_BLOCK_SCHEMA",
+    "MAX_DEPTH",
     "MAX_LINE_BYTES",
-    "MAX_OPENERS",
+    "RECORD_KEYS",
     "BlockLines",
     "ParsedBlock",
     "parse_block",

@@ -1,5 +1,7 @@
 """The ``traces`` rows of chat completions read by Arrow (:mod:`prl.ingestion.chat_block`), computed as
-vectorized operations over the whole block: the reader's fields, validation and the digests.
+vectorized operations over the whole block: the reader's fields, validation and the digests. A record that
+names a session, metadata, messages, a version or an agent (one the block marked) is also decoded, and the
+chat reader reads those fields from it as the per-record road does (its token lists stay Arrow's).
 
 A record is taken only where every step of the per-record road (the chat reader's ``parse``, the ingest
 options, the scalar guard, batch validation) would keep all its choices and give exactly these values; a
@@ -14,18 +16,22 @@ per-record road, which gives its rows or reasons as always. A record is refused 
   completion IDs; an entry is null, has a null token or a top-k head (whose rules ``parse`` applies);
 - the entry tokens are all ``"token_id:N"`` but not exactly the completion IDs so spelled;
 - a logprob is not finite, positive, a negative zero (Arrow reads the integer ``-0`` as -0.0, the decoders
-  as 0), or at most -2^53 (an integer beyond 2^53 is exact for the decoders, not for a double).
+  as 0), or at most -2^53 (an integer beyond 2^53 is exact for the decoders, not for a double);
+- it is marked and its fields would not be kept as they are: another format claims it, or the chat reader,
+  the run's options or the scalar guard would refuse a choice (a session that is not valid Unicode, a turn
+  beyond int32, any value one of them raises on).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prl.formats.base import TOKEN_ID_PREFIX, ParseOptions
+from prl.formats.base import TOKEN_ID_PREFIX, ParseOptions, Sample
 from prl.formats.fields import DERIVED_ID_PREFIX, FINISH_REASON_MAP, MS_LIMIT, MS_THRESHOLD
 from prl.ingestion.assemble import INT32_MAX
 from prl.ingestion.batch import _digests, _Flat, _floored, _list
@@ -107,9 +113,20 @@ def _spelled_wrong(tokens: pa.Array, t_len: np.ndarray, ids: pa.Array, c_len: np
     return check & any_per_row(differs, offsets_of(np.where(check, t_len, 0)))
 
 
-def chat_rows(table: pa.Table, lines: np.ndarray, options: ParseOptions, uri: str, now_ms: int) -> ChatRows:
+def chat_rows(
+    table: pa.Table,
+    lines: np.ndarray,
+    marked: np.ndarray,
+    samples_of: Callable[[int], list[Sample] | None],
+    options: ParseOptions,
+    uri: str,
+    now_ms: int,
+) -> ChatRows:
     """The rows of the records of ``table`` (read with :data:`prl.ingestion.chat_block.CHAT_BLOCK_SCHEMA`;
-    ``lines``: int64[T] their source line numbers) that the per-record road would keep as they are."""
+    ``lines``: int64[T] their source line numbers) that the per-record road would keep as they are. The
+    fields of a ``marked`` record beyond a bare response (session, turn, version, messages, agent) are those
+    of the samples ``samples_of(row)`` reads from it; a record it gives None for, or samples that do not
+    match its choices, is refused."""
     records = table.num_rows
     choices = _column(table, "choices")
     flat = pc.list_flatten(choices)
@@ -149,6 +166,7 @@ def chat_rows(table: pa.Table, lines: np.ndarray, options: ParseOptions, uri: st
 
     accepted = _records_ok(table)
     accepted &= np.bincount(parent[~ok], minlength=records)[:records] == 0
+    fields = _record_fields(accepted, marked, first, choice_index, samples_of)
     keep = accepted[parent]
     record = parent[keep]
     message = flat.field("message")
@@ -158,8 +176,58 @@ def chat_rows(table: pa.Table, lines: np.ndarray, options: ParseOptions, uri: st
         "finish_reason": finish.filter(pa.array(keep)),
         "completion_text": text.filter(pa.array(keep)),
     }
+    if fields:
+        columns |= _field_columns(fields, record, first, choice_index, keep, options)
     batch = _assemble(table, columns, record, (ids, c_len), (values, t_len), keep, lines, options, uri, now_ms)
     return ChatRows(accepted, batch, record)
+
+
+RECORD_FIELDS = {"session_id": pa.string(), "turn": pa.int32(), "agent_id": pa.string(), "messages": pa.string()}
+"""Sample fields a marked record may set, besides ``policy_version``, with their column types."""
+
+
+def _record_fields(
+    accepted: np.ndarray,
+    marked: np.ndarray,
+    first: np.ndarray,
+    choice_index: np.ndarray,
+    samples_of: Callable[[int], list[Sample] | None],
+) -> dict[int, list[Sample]]:
+    """The samples of the accepted marked records, by table row; a record whose samples are None or are not
+    its choices (their count and indices) is no longer accepted."""
+    fields: dict[int, list[Sample]] = {}
+    ends = np.r_[first[1:], len(choice_index)] if len(first) else first
+    for row in np.flatnonzero(accepted & marked).tolist():
+        samples = samples_of(row)
+        indices = choice_index[first[row] : ends[row]].tolist()
+        if samples is None or [sample.choice_index for sample in samples] != indices:
+            accepted[row] = False
+        else:
+            fields[row] = samples
+    return fields
+
+
+def _field_columns(
+    fields: dict[int, list[Sample]],
+    record: np.ndarray,
+    first: np.ndarray,
+    choice_index: np.ndarray,
+    keep: np.ndarray,
+    options: ParseOptions,
+) -> dict[str, pa.Array]:
+    """The kept rows' session, turn, agent, messages and version columns: a marked record's from its
+    samples, every other row's as a bare response has them."""
+    position = (np.flatnonzero(keep) - first[record]).tolist()  # each kept row's place among its choices
+    samples = [fields.get(row) for row in record.tolist()]
+    picked = [None if found is None else found[k] for found, k in zip(samples, position, strict=True)]
+    columns = {
+        name: pa.array([None if s is None else getattr(s, name) for s in picked], kind)
+        for name, kind in RECORD_FIELDS.items()
+    }
+    columns["policy_version"] = pa.array(
+        [options.policy_version if s is None else s.policy_version for s in picked], pa.string()
+    )
+    return columns
 
 
 def _assemble(
@@ -197,7 +265,7 @@ def _assemble(
         "sample_id": pc.binary_join_element_wise(request_id, pc.cast(columns["choice_index"], pa.string()), "#"),
         "request_id": request_id,
         "group_id": pa.array(prompt_digests, pa.string()),
-        "policy_version": pa.array([options.policy_version] * rows, pa.string()),
+        "policy_version": columns.get("policy_version", pa.array([options.policy_version] * rows, pa.string())),
         "model": pc.take(_column(table, "model"), take),
         "created_at": pc.take(_created_us(_column(table, "created")), take),
         "prompt_token_ids": _list(prompt, prompt.values.cast(pa.int32(), safe=False)),

@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
-from prl.formats.guard import as_quarantined, is_unicode, read_plain, read_record
+from prl.formats.guard import apply_options, as_quarantined, read_plain, read_record
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.columnar import ColumnarRun
 from prl.ingestion.token_block import BLOCK_VALUES, Converted, PendingRecord, convert
@@ -31,22 +30,6 @@ holding whole SSE streams would cost hundreds of MB per batch."""
 
 Quarantine = Callable[..., None]
 """``quarantine(line, raw, signal, sample_id=None, name=...)``: one quarantine row for the source."""
-
-
-def apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:
-    """What the run's options say about a parsed sample: ``--finish-reason`` fills a missing finish reason;
-    a named ``--group-field`` the record lacks is ``missing_group_field`` (its group is unknown, and falling
-    back to the prompt digest would silently put it in the wrong group). The agent comes from the record
-    (:func:`prl.formats.agents.agent_of`, ``--agent-field`` when named) where the reader set none."""
-    if sample.finish_reason is None:
-        sample.finish_reason = options.finish_reason
-    if sample.agent_id is None:
-        sample.agent_id = agent_of(obj, options.agent_field)
-        if sample.agent_id is not None and not sample.agent_id.isascii() and not is_unicode(sample.agent_id):
-            raise Quarantined("bad_string", "agent_id holds a lone UTF-16 surrogate: not valid Unicode")
-    if options.group_field and sample.group_key is None:
-        raise Quarantined("missing_group_field", f"the record has no {options.group_field!r} field (--group-field)")
-    return sample
 
 
 @dataclass
@@ -74,8 +57,6 @@ class Collector:
         name of the format that read it."""
         pending = self._plain(record, position)
         if pending is not None:
-            if self.pending and (self.pending[0].plains[0].entries is None) != (pending.plains[0].entries is None):
-                self.drain()  # a block holds one shape of logprobs
             self.pending.append(pending)
             for plain in pending.plains:
                 self.pending_tokens += plain.tokens
@@ -191,4 +172,4 @@ def _converted(pending: list[PendingRecord]) -> list[Converted]:
         return [Converted(record, None) for record in pending]
 
 
-__all__ = ["RAW_KEEP", "Collector", "apply_options"]
+__all__ = ["RAW_KEEP", "Collector"]

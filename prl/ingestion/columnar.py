@@ -1,5 +1,6 @@
 """The columnar road of ``prl ingest``: chat completions of the common shape read a block at a time, with no
-Python object per record.
+Python object per record (a record naming a session, metadata, messages, a version or an agent is decoded for
+those fields alone; its token lists stay Arrow's).
 
 :func:`framed_items` frames a JSON-lines source as its format would, block by block: each block is read by one
 Arrow call (:mod:`prl.ingestion.chat_block`), its records' rows computed and validated over the whole block
@@ -19,16 +20,17 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from prl.formats.base import Format, ParseOptions, RawRecord
+from prl.formats.base import Format, ParseOptions, RawRecord, Sample, decode_json
+from prl.formats.guard import apply_options, check_sample
 from prl.formats.registry import PerRecord
 from prl.formats.vllm import VllmChat
-from prl.ingestion.chat_block import MAX_OPENERS, BlockLines, ParsedBlock, parse_block
+from prl.ingestion.chat_block import BlockLines, ParsedBlock, parse_block
 from prl.ingestion.chat_rows import CHAT_FORMAT, ChatRows, chat_rows
 from prl.io.sources import lines_of
 
 POOR_BLOCKS = 2
 """Blocks in a row of which Arrow reads less than half the lines after which the rest of the source is framed
-line by line (records of a shape the road does not take, such as records with metadata)."""
+line by line (records of a shape the road does not take, such as records with top-k heads)."""
 
 
 @dataclass(slots=True)
@@ -130,18 +132,31 @@ def _block_items(
         done += count
 
 
-def _worth_reading(data: bytes) -> bool:
-    """Whether a block of whole lines may hold records the road takes: its first line is not one it refuses
-    for its nesting (long records, thousands of tokens, are read faster by the per-record road)."""
-    first = data[: data.find(b"\n")]
-    return len(first) < 2 * MAX_OPENERS or first.count(b"[") + first.count(b"{") <= MAX_OPENERS
+def _record_samples(fmt: Format, raw: bytes, options: ParseOptions) -> list[Sample] | None:
+    """The samples of a marked record (token arrays left as placeholders) as the per-record road reads its
+    own fields: decoded, read by the chat reader, the run's options applied, its scalars checked; None where
+    any step would not keep every choice as it is (the per-record road reads it then)."""
+    try:
+        obj = decode_json(raw)
+        reader = fmt.reader(obj)
+        samples = reader.scalars(obj, options) if isinstance(reader, VllmChat) else None
+        for sample in samples or ():
+            if check_sample(apply_options(sample, options, obj)) is not sample:
+                return None
+    except Exception:  # whatever would quarantine it, the per-record road says
+        return None
+    return samples
 
 
 def _taken_items(
     fmt: Format, first_line: int, parsed: ParsedBlock, options: ParseOptions, uri: str, now_ms: int
 ) -> Generator[RawRecord | ColumnarRun, None, int]:
     """The items of a parsed block; returns how many records the road took."""
-    rows = chat_rows(parsed.table, first_line + parsed.lines, options, uri, now_ms)
+
+    def samples(row: int) -> list[Sample] | None:
+        return _record_samples(fmt, parsed.text.raw(int(parsed.lines[row])), options)
+
+    rows = chat_rows(parsed.table, first_line + parsed.lines, parsed.marked, samples, options, uri, now_ms)
     lines = parsed.lines[rows.accepted]
     yield from _block_items(fmt, first_line, parsed.text, lines, rows)
     return len(lines)
@@ -152,14 +167,14 @@ def framed_items(
 ) -> Iterator[RawRecord | ColumnarRun]:
     """The records of a source given as :meth:`prl.io.sources.LineReader.blocks` yields it, in order: runs the
     columnar road takes, and the format's framed records of all other lines (``fmt`` must be one that
-    :func:`takes`). A block with a ``\\r``, without a final newline, or of long records is framed line by
+    :func:`takes`). A block with a ``\\r`` or without a final newline is framed line by
     line. Arrow parses each block on a worker thread (outside the GIL) while the rows of the block before it
     are built, validated and written."""
     poor = 0  # blocks in a row of which the road took less than half the lines
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prl-columnar") as pool:
         ahead: tuple[int, Future[ParsedBlock]] | None = None
         for first_line, data in blocks:
-            framed = poor >= POOR_BLOCKS or not data.endswith(b"\n") or b"\r" in data or not _worth_reading(data)
+            framed = poor >= POOR_BLOCKS or not data.endswith(b"\n") or b"\r" in data
             read = None if framed else (first_line, pool.submit(parse_block, data))
             if ahead is not None:
                 taken = yield from _taken_items(fmt, ahead[0], ahead[1].result(), options, uri, now_ms)

@@ -2,11 +2,10 @@
 
 The plain walk hands over each choice's JSON lists; :func:`convert` joins the lists of a run of records and
 converts each column once: prompt and completion IDs (inferred: they must come out int64 with no nulls, as
-``parse`` requires integers), and the ``logprobs.content`` objects as the ``CHAT_CONTENT_ENTRY`` struct that
-``parse`` converts each record's entries to. A row is then refused where ``parse`` would not read it the same
-way: null entries or tokens, a top-k head (heads have their own rules: ``parse`` reads them), or
-``"token_id:N"`` tokens that are not exactly the completion IDs. Only when a column fails to convert are its
-lists converted one row at a time, to find the rows that fail; the rest convert again without them.
+``parse`` requires integers), the ``token_logprobs`` as float64 and the spelled ``"token_id:N"`` tokens as
+strings. A row is then refused where ``parse`` would not read it the same way: spelled tokens that are not
+exactly the completion IDs. Only when a column fails to convert are its lists converted one row at a time, to
+find the rows that fail; the rest convert again without them.
 
 A refused row's record goes back whole to ``parse`` (its JSON text decoded again), so its samples and
 reasons are those ``parse`` gives.
@@ -25,7 +24,6 @@ import pyarrow.compute as pc
 
 from prl.formats.base import TOKEN_ID_PREFIX
 from prl.formats.plain import Plain
-from prl.formats.vllm import CHAT_CONTENT_ENTRY
 from prl.numerics.ragged import any_per_row, offsets_of
 
 CONVERSION_ERRORS = (ValueError, TypeError, OverflowError)
@@ -35,7 +33,7 @@ CONVERSION_ERRORS = (ValueError, TypeError, OverflowError)
 names its reason."""
 
 BLOCK_VALUES = 1 << 17
-"""Token values (prompt and completion IDs, logprob entries) pending before a conversion: the records'
+"""Token values (prompt and completion IDs, logprobs) pending before a conversion: the records'
 JSON text and lists are held until then."""
 
 
@@ -89,14 +87,6 @@ def _as_ids(values: list[Any]) -> pa.Array | None:
     return array if pa.types.is_int64(array.type) and array.null_count == 0 else None
 
 
-def _as_entries(values: list[Any]) -> pa.Array | None:
-    """``logprobs.content`` objects as ``CHAT_CONTENT_ENTRY`` (the conversion ``parse`` makes), else None."""
-    try:
-        return pa.array(values, CHAT_CONTENT_ENTRY)
-    except CONVERSION_ERRORS:
-        return None
-
-
 def _column(lists: list[list[Any]], bad: np.ndarray, as_arrow: Callable[[list[Any]], pa.Array | None]) -> pa.Array:
     """Every row's list joined and converted by one ``as_arrow`` call, the rows in ``bad`` left out. Should
     that fail, each row is converted alone and the ones that fail are added to ``bad``."""
@@ -121,37 +111,6 @@ def _lengths(lists: list[list[Any]], bad: np.ndarray) -> np.ndarray:
     lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
     lengths[bad] = 0
     return lengths
-
-
-def _refused(
-    plains: list[Plain],
-    entries: pa.StructArray,
-    entry_offsets: np.ndarray,
-    completion: pa.Array,
-    completion_offsets: np.ndarray,
-) -> np.ndarray:
-    """bool[R]: rows ``parse`` would read otherwise than the block: null entries or tokens, top-k heads,
-    ``"token_id:N"`` tokens that are not the completion IDs spelled so."""
-    tokens = entries.field("token")
-    odd = ~np.asarray(entries.is_valid()) if entries.null_count else np.zeros(len(entries), bool)
-    if tokens.null_count:
-        odd |= ~np.asarray(tokens.is_valid())
-    heads = pc.fill_null(pc.list_value_length(entries.field("top_logprobs")), 0).to_numpy(zero_copy_only=False)
-    odd |= heads > 0
-    refused = any_per_row(odd, entry_offsets)
-    check = np.fromiter((p.check_tokens for p in plains), dtype=bool, count=len(plains)) & ~refused
-    if check.any():
-        entry_lengths, completion_lengths = np.diff(entry_offsets), np.diff(completion_offsets)
-        spelled = tokens.filter(pa.array(np.repeat(check, entry_lengths)))
-        ids = completion.filter(pa.array(np.repeat(check, completion_lengths)))
-        expected = pc.binary_join_element_wise(TOKEN_ID_PREFIX, pc.cast(ids, pa.string()), "")
-        differs = np.asarray(pc.invert(pc.equal(spelled, expected)))
-        prefixed = np.asarray(pc.starts_with(spelled, TOKEN_ID_PREFIX))
-        checked = offsets_of(np.where(check, entry_lengths, 0))
-        # parse compares only where every token is spelled "token_id:N"; text tokens are not compared
-        mismatch = any_per_row(differs, checked) & ~any_per_row(~prefixed, checked)
-        refused |= mismatch
-    return refused
 
 
 def _as_logprobs(values: list[Any]) -> pa.Array | None:
@@ -190,32 +149,25 @@ def _misspelled(
 
 
 def convert(records: list[PendingRecord]) -> list[Converted]:
-    """Convert the token lists of ``records`` (in source order, their logprobs all of one shape) into one
-    :class:`TokenBlock`."""
+    """Convert the token lists of ``records`` (in source order) into one :class:`TokenBlock`."""
     plains = [plain for record in records for plain in record.plains]
     bad = np.zeros(len(plains), dtype=bool)
-    chat = plains[0].entries is not None
     prompts, completions = [p.prompt for p in plains], [p.completion for p in plains]
-    values: list[list[Any]] = [(p.entries if chat else p.logprobs) or [] for p in plains]
-    spelled = [p.spelled or [] if p.check_tokens and not chat else [] for p in plains]
+    values = [p.logprobs for p in plains]
+    spelled = [p.spelled or [] for p in plains]
     while True:  # a row found bad in one column is left out of the others too
         before = bad.copy()
         prompt = _column(prompts, bad, _as_ids)
         completion = _column(completions, bad, _as_ids)
-        entries = _column(values, bad, _as_entries if chat else _as_logprobs)
-        spelled_tokens = None if chat else _column(spelled, bad, _as_strings)
+        logprobs = _column(values, bad, _as_logprobs)
+        spelled_tokens = _column(spelled, bad, _as_strings)
         if (bad == before).all():
             break
     prompt_offsets = offsets_of(_lengths(prompts, bad))
     completion_offsets = offsets_of(_lengths(completions, bad))
     value_offsets = offsets_of(_lengths(values, bad))
-    if chat:
-        bad |= _refused(plains, entries, value_offsets, completion, completion_offsets)
-        logprobs = entries.field("logprob")
-    else:
-        spelled_offsets = offsets_of(_lengths(spelled, bad))
-        bad |= _misspelled(spelled_tokens, spelled_offsets, completion, completion_offsets)
-        logprobs = entries
+    spelled_offsets = offsets_of(_lengths(spelled, bad))
+    bad |= _misspelled(spelled_tokens, spelled_offsets, completion, completion_offsets)
     block = TokenBlock(
         {
             "prompt_token_ids": (prompt, prompt_offsets),

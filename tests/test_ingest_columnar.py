@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from prl.formats import base, registry
 from prl.formats.base import ParseOptions
 from prl.ingestion import reading
-from prl.ingestion.chat_block import MAX_DEPTH, MAX_LINE_BYTES, _depths, _line_bounds, parse_block
+from prl.ingestion.chat_block import MAX_DEPTH, MAX_LINE_BYTES, Nesting, _line_bounds, parse_block
 from prl.ingestion.columnar import ColumnarRun, framed_items, takes
 from prl.ingestion.traces import ingest
 from prl.store.tables import Store
@@ -350,7 +350,8 @@ def test_nesting_is_counted_outside_strings(values, junk):
     data = b"\n".join([junk.replace(b"\n", b""), *lines]) + b"\n"  # a line of junk first: its quotes count not
     starts, ends = _line_bounds(data)
     bytes_ = np.frombuffer(data, dtype=np.uint8)
-    assert _depths(bytes_, bytes_ | 0x20, starts, ends)[1:].tolist() == [_nesting(line) for line in lines]
+    nesting = Nesting.of(bytes_, bytes_ | 0x20, starts, ends)
+    assert nesting.deepest(len(starts))[1:].tolist() == [_nesting(line) for line in lines]
 
 
 def test_long_records_take_the_road_unless_nested_too_deep(tmp_path, monkeypatch):
@@ -362,3 +363,31 @@ def test_long_records_take_the_road_unless_nested_too_deep(tmp_path, monkeypatch
     assert lines[0].count(b"{") > MAX_DEPTH and [_taken([line]) for line in lines] == [1, 1, 0]
     stored = _both_roads(tmp_path, lines, monkeypatch)
     assert [row["request_id"] for row in stored["traces"]] == ["long", "bracketed", "deep"]
+
+
+KEYS = st.sampled_from(["choices", "token_ids", "logprobs", "prompt_token_ids", "metadata", "x", 'a"b', "c\\d"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    extras=st.dictionaries(KEYS, JSON_VALUES, max_size=3),
+    choice_extras=st.dictionaries(KEYS.filter(lambda k: k not in ("token_ids", "logprobs")), JSON_VALUES, max_size=2),
+    indent=st.sampled_from([None, 1]),
+    first=st.booleans(),
+)
+def test_a_record_without_its_token_lists_decodes_to_every_other_field_as_it_is(extras, choice_extras, indent, first):
+    record = vllm_chat("r", PROMPT, [([5, 6], [-0.5, -0.25]), ([7], [-1.0])])
+    extras = {k: v for k, v in extras.items() if k not in record}
+    record = extras | record if first else record | extras
+    record["choices"][1] |= {**choice_extras, "extra": {"token_ids": [1, 2], "logprobs": {"content": []}}}
+    line = json.dumps(record, indent=indent).replace("\n", " ").encode()
+    data = b'{"junk": "\\"[" }\n' + line + b"\n"
+    starts, ends = _line_bounds(data)
+    bytes_ = np.frombuffer(data, dtype=np.uint8)
+    text = Nesting.of(bytes_, bytes_ | 0x20, starts, ends).without_tokens(data, int(starts[1]), int(ends[1]), 1)
+    assert text is not None
+    expected = json.loads(line)
+    expected["prompt_token_ids"] = []
+    for choice in expected["choices"]:
+        choice |= {"token_ids": [], "logprobs": {}}
+    assert orjson.loads(text) == expected

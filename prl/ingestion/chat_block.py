@@ -124,12 +124,14 @@ class BlockLines:
 class ParsedBlock:
     """The lines of one block and what Arrow read of them: ``lines`` int64[T] are the indices of the lines
     Arrow read, in order, row ``i`` of ``table`` being line ``lines[i]``; ``marked`` bool[T]: the lines whose
-    text names one of :data:`RECORD_KEYS`."""
+    text names one of :data:`RECORD_KEYS`; ``texts``: by row, the JSON text a marked record of many brackets is
+    decoded from (:meth:`Nesting.without_tokens`)."""
 
     text: BlockLines
     lines: np.ndarray
     table: pa.Table
     marked: np.ndarray
+    texts: dict[int, bytes]
 
 
 def _line_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -142,8 +144,9 @@ def _line_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
-def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """bool[L]: lines Arrow may read (see the module docstring), judged on their bytes."""
+def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, Nesting | None]:
+    """bool[L]: lines Arrow may read (see the module docstring), judged on their bytes; and the block's
+    :class:`Nesting` where a line holds more than :data:`MAX_DEPTH` openers (else None)."""
     bytes_ = np.frombuffer(data, dtype=np.uint8)
     nonempty = ends > starts
     first = bytes_[np.where(nonempty, starts, 0)]
@@ -153,8 +156,10 @@ def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     low = bytes_ | 0x20
     openers = np.flatnonzero(low == 0x7B)  # "[" (0x5B) and "{" (0x7B)
     many = np.bincount(np.searchsorted(ends, openers), minlength=len(ends))[: len(ends)] > MAX_DEPTH
+    nesting = None
     if (ok & many).any():
-        ok &= ~many | (_depths(bytes_, low, starts, ends) <= MAX_DEPTH)
+        nesting = Nesting.of(bytes_, low, starts, ends)
+        ok &= ~many | (nesting.deepest(len(ends)) <= MAX_DEPTH)
     needles = [n for n in PRESENCE_NEEDLES if n in data]
     escapes = b"\\" in data and _ASCII_ESCAPE.search(data) is not None
     if needles or escapes:
@@ -162,31 +167,106 @@ def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
             line = data[starts[i] : ends[i]]
             if any(n in line for n in needles) or (escapes and _ASCII_ESCAPE.search(line) is not None):
                 ok[i] = False
-    return ok
+    return ok, nesting
 
 
-def _depths(bytes_: np.ndarray, low: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """int64[L]: each line's deepest nesting of ``[`` / ``{``, counted outside its strings (a quote preceded
-    by an odd run of backslashes is inside one). ``low``: the bytes with bit 0x20 set."""
-    quotes = np.flatnonzero(bytes_ == 0x22)
-    escaped = quotes[(quotes > 0) & (bytes_[quotes - 1] == 0x5C)]
-    if len(escaped):
-        slashes = np.flatnonzero(bytes_ == 0x5C)
-        run_starts = slashes[np.r_[True, np.diff(slashes) != 1]]
-        run = escaped - run_starts[np.searchsorted(run_starts, escaped - 1, side="right") - 1]
-        quotes = np.setdiff1d(quotes, escaped[run % 2 == 1], assume_unique=True)
-    brackets = np.flatnonzero((low == 0x7B) | (low == 0x7D))
-    line = np.searchsorted(ends, brackets)
-    line_quotes = np.searchsorted(quotes, np.append(starts, len(bytes_)))  # quotes before each line
-    outside = ((np.searchsorted(quotes, brackets) - line_quotes[line]) & 1) == 0
-    brackets, line = brackets[outside], line[outside]
-    deepest = np.zeros(len(ends) + 1, dtype=np.int64)
-    if len(brackets):
-        step = np.where(low[brackets] == 0x7B, 1, -1)
+_BLANKS = b" \t\n\r"
+
+
+@dataclass(slots=True)
+class Nesting:
+    """The brackets of a block that stand outside strings: ``at`` int64[B] their offsets, ``line`` their
+    line, ``depth`` the nesting after each (1 after a line's first ``{``, 0 after its last ``}``), ``opens``
+    whether each opens; ``quotes``: the offsets of the quotes that open or close a string (a quote preceded by
+    an odd run of backslashes is inside one)."""
+
+    at: np.ndarray
+    line: np.ndarray
+    depth: np.ndarray
+    opens: np.ndarray
+    quotes: np.ndarray
+
+    @classmethod
+    def of(cls, bytes_: np.ndarray, low: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Nesting:
+        """``low``: the bytes with bit 0x20 set."""
+        quotes = np.flatnonzero(bytes_ == 0x22)
+        escaped = quotes[(quotes > 0) & (bytes_[quotes - 1] == 0x5C)]
+        if len(escaped):
+            slashes = np.flatnonzero(bytes_ == 0x5C)
+            run_starts = slashes[np.r_[True, np.diff(slashes) != 1]]
+            run = escaped - run_starts[np.searchsorted(run_starts, escaped - 1, side="right") - 1]
+            quotes = np.setdiff1d(quotes, escaped[run % 2 == 1], assume_unique=True)
+        at = np.flatnonzero((low == 0x7B) | (low == 0x7D))
+        line = np.searchsorted(ends, at)
+        line_quotes = np.searchsorted(quotes, np.append(starts, len(bytes_)))  # quotes before each line
+        outside = ((np.searchsorted(quotes, at) - line_quotes[line]) & 1) == 0
+        at, line = at[outside], line[outside]
+        opens = low[at] == 0x7B
+        step = np.where(opens, 1, -1)
         depth = np.cumsum(step)
-        first = np.r_[0, np.flatnonzero(line[1:] != line[:-1]) + 1]  # each line's first bracket
-        deepest[line[first]] = np.maximum.reduceat(depth, first) - (depth[first] - step[first])
-    return deepest[: len(ends)]
+        if len(at):  # each line counted from its own start
+            first = np.r_[0, np.flatnonzero(line[1:] != line[:-1]) + 1]
+            depth -= np.repeat(depth[first] - step[first], np.diff(np.r_[first, len(at)]))
+        return cls(at, line, depth, opens, quotes)
+
+    def deepest(self, lines: int) -> np.ndarray:
+        """int64[lines]: each line's deepest nesting."""
+        deepest = np.zeros(lines + 1, dtype=np.int64)
+        if len(self.at):
+            first = np.r_[0, np.flatnonzero(self.line[1:] != self.line[:-1]) + 1]
+            deepest[self.line[first]] = np.maximum.reduceat(self.depth, first)
+        return deepest[:lines]
+
+    def without_tokens(self, data: bytes, start: int, end: int, line: int) -> bytes | None:
+        """Line ``line`` (``data[start:end]``, a chat completion Arrow read) with its token lists emptied: the
+        value of its ``prompt_token_ids`` and of each choice's ``token_ids`` made ``[]``, of each choice's
+        ``logprobs`` ``{}``. Decoding that costs a fraction of the whole line, and gives every other field
+        as it is; None where the keys are not where a chat completion has them."""
+        a, b = np.searchsorted(self.line, [line, line + 1])
+        at, depth, opens = self.at[a:b], self.depth[a:b], self.opens[a:b]
+        cuts: list[tuple[int, int, bytes]] = []
+        choices = None
+        for k in np.flatnonzero(opens & (depth == 2)).tolist():  # the values of the record's keys
+            key, where = self._key(data, int(at[k])), int(at[k])
+            if key == b"prompt_token_ids" and data[where] == 0x5B:
+                cuts.append((where, self._closer(at, depth, k), b"[]"))
+            elif key == b"choices" and data[where] == 0x5B:
+                choices = (where, self._closer(at, depth, k))
+        if choices is None or not cuts:
+            return None
+        inside = (at > choices[0]) & (at < choices[1])
+        for k in np.flatnonzero(opens & (depth == 4) & inside).tolist():  # the values of each choice's keys
+            key, where = self._key(data, int(at[k])), int(at[k])
+            if key == b"token_ids" and data[where] == 0x5B:
+                cuts.append((where, self._closer(at, depth, k), b"[]"))
+            elif key == b"logprobs" and data[where] == 0x7B:
+                cuts.append((where, self._closer(at, depth, k), b"{}"))
+        pieces, done = [], start
+        for cut_start, cut_end, empty in sorted(cuts):
+            pieces += [data[done:cut_start], empty]
+            done = cut_end + 1
+        pieces.append(data[done:end])
+        return b"".join(pieces)
+
+    @staticmethod
+    def _closer(at: np.ndarray, depth: np.ndarray, k: int) -> int:
+        """The offset of the bracket that closes bracket ``k``."""
+        return int(at[k + 1 + int(np.argmax(depth[k + 1 :] == depth[k] - 1))])
+
+    def _key(self, data: bytes, at: int) -> bytes | None:
+        """The key of the object member whose value opens at ``at``; None for an array element."""
+        j = at - 1
+        while data[j] in _BLANKS:
+            j -= 1
+        if data[j] != 0x3A:  # ":"
+            return None
+        j -= 1
+        while data[j] in _BLANKS:
+            j -= 1
+        closing = int(np.searchsorted(self.quotes, j))
+        if closing == 0 or closing >= len(self.quotes) or self.quotes[closing] != j:
+            return None
+        return data[int(self.quotes[closing - 1]) + 1 : j]
 
 
 def _read(buffer: bytes | memoryview) -> pa.Table | None:
@@ -269,11 +349,12 @@ def parse_block(data: bytes) -> ParsedBlock:
     """Arrow's reading of a block of whole lines (``data`` ends with ``\\n``); the lines it leaves out are for
     the per-record road."""
     starts, ends = _line_bounds(data)
-    lines = np.flatnonzero(_candidates(data, starts, ends))
+    ok, nesting = _candidates(data, starts, ends)
+    lines = np.flatnonzero(ok)
     pieces = _read_lines(data, starts, ends, lines) if len(lines) else []
     if not pieces:
         empty = CHAT_BLOCK_SCHEMA.empty_table()
-        return ParsedBlock(BlockLines(data, starts, ends), np.zeros(0, np.int64), empty, np.zeros(0, bool))
+        return ParsedBlock(BlockLines(data, starts, ends), np.zeros(0, np.int64), empty, np.zeros(0, bool), {})
     read = np.concatenate([piece[0] for piece in pieces])
     table = pa.concat_tables([piece[1] for piece in pieces]) if len(pieces) > 1 else pieces[0][1]
     if not data.isascii() and not _valid_utf8(data):  # line by line only in a block holding invalid UTF-8
@@ -282,7 +363,14 @@ def parse_block(data: bytes) -> ParsedBlock:
         )
         if not valid.all():
             read, table = read[valid], table.filter(pa.array(valid))
-    return ParsedBlock(BlockLines(data, starts, ends), read, table, _marked(data, starts, read))
+    marked = _marked(data, starts, read)
+    texts = {}
+    if nesting is not None:  # long records: decoded without their token lists
+        for row in np.flatnonzero(marked).tolist():
+            i = int(read[row])
+            if (text := nesting.without_tokens(data, int(starts[i]), int(ends[i]), i)) is not None:
+                texts[row] = text
+    return ParsedBlock(BlockLines(data, starts, ends), read, table, marked, texts)
 
 
 def _marked(data: bytes, starts: np.ndarray, lines: np.ndarray) -> np.ndarray:

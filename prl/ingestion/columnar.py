@@ -154,7 +154,8 @@ def _taken_items(
     """The items of a parsed block; returns how many records the road took."""
 
     def samples(row: int) -> list[Sample] | None:
-        return _record_samples(fmt, parsed.text.raw(int(parsed.lines[row])), options)
+        text = parsed.texts.get(row)
+        return _record_samples(fmt, parsed.text.raw(int(parsed.lines[row])) if text is None else text, options)
 
     rows = chat_rows(parsed.table, first_line + parsed.lines, parsed.marked, samples, options, uri, now_ms)
     lines = parsed.lines[rows.accepted]

@@ -25,7 +25,7 @@ from prl.ingestion.traces import ingest
 from prl.store.tables import Store
 from tests.delta_log import commit_infos
 from tests.formats_helpers import json_paths, mutate
-from tests.records import vllm_chat
+from tests.records import vllm_chat, vllm_completion
 
 PROMPT = [0, 128803, 3085, 128804]
 NUMBERS: list[Any] = [None, True, False, 0, 1, -1, 1.5, 2.0, 2**31, 2**53 + 1, 2**63, 2**70, -0.5, 0.0, -9999.0, 3.5e38]
@@ -208,13 +208,13 @@ def test_mutated_records_store_the_same_on_both_roads(tmp_path_factory, monkeypa
     _both_roads(tmp_path_factory.mktemp("fuzz"), lines, monkeypatch)
 
 
-def test_road_takes_only_chat_files_without_field_options():
-
+def test_road_takes_only_completion_files_without_field_options():
     chat = registry.per_record(registry.by_name("openai_chat"))
     assert takes(chat, ParseOptions()) and takes(registry.by_name("openai_chat"), ParseOptions(policy_version="x"))
     assert not takes(chat, ParseOptions(group_field="g")) and not takes(chat, ParseOptions(agent_field="a"))
-    assert not takes(registry.by_name("openai_completions"), ParseOptions())
+    assert takes(registry.by_name("openai_completions"), ParseOptions())
     assert not takes(registry.by_name("sse"), ParseOptions())
+    assert not takes(registry.by_name("sglang_generate"), ParseOptions())
 
 
 def test_arrow_reads_logprobs_bit_for_bit_as_the_decoders_do():
@@ -390,4 +390,74 @@ def test_a_record_without_its_token_lists_decodes_to_every_other_field_as_it_is(
     expected["prompt_token_ids"] = []
     for choice in expected["choices"]:
         choice |= {"token_ids": [], "logprobs": {}}
+        if isinstance(choice.get("prompt_token_ids"), list):  # a text completion's own prompt
+            choice["prompt_token_ids"] = []
     assert orjson.loads(text) == expected
+
+
+def _completion(i: int, choices: int = 1) -> dict[str, Any]:
+    """A vLLM text completion of one or two choices, each with its own prompt IDs."""
+    record = vllm_completion(f"cmpl-{i}", [0, 128803, 3085], [5, 6, 1], [-0.5, -9999.0, None])
+    if choices > 1:
+        second = copy.deepcopy(record["choices"][0]) | {"index": 1, "token_ids": [8, 1], "finish_reason": "stop"}
+        second["logprobs"] |= {"token_logprobs": [-1.5, -0.25], "tokens": ["token_id:8", "token_id:1"]}
+        record["choices"].append(second)
+    return record
+
+
+def test_text_completions_take_the_road_and_store_what_the_per_record_road_stores(tmp_path, monkeypatch):
+    records = [_completion(i, choices=1 + i % 2) for i in range(14)]
+    records[1]["metadata"] = {"turn": 3, "session_id": "s"}
+    records[2]["prompt_token_ids"] = records[2]["choices"][0].pop("prompt_token_ids")  # the record's prompt
+    records[3]["choices"][0]["logprobs"]["tokens"] = ["a", "b", "c"]  # text tokens: nothing to compare
+    records[4]["choices"][0]["logprobs"]["top_logprobs"] = [None, None, None]  # no head at the first position
+    records[5]["choices"][0]["logprobs"]["tokens"][2] = "token_id:2"  # token_mismatch
+    records[6]["choices"][0]["logprobs"]["top_logprobs"] = [{"token_id:5": -0.5}, {}, {}]  # heads: the reader's
+    records[7]["choices"][0]["logprobs"]["token_logprobs"][0] = True  # bad_logprob
+    records[8]["choices"][0]["logprobs"]["tokens"][1] = "b"  # the first spelled, a later one not
+    records[9]["choices"][0]["prompt_token_ids"] = None  # present and null: no prompt for its reader
+    records[9]["prompt_token_ids"] = [0, 1]
+    records[10]["choices"][0]["token_ids"] = None  # the IDs only in the spelled tokens
+    records[11]["choices"][0]["finish_reason"] = None
+    records[12]["choices"][0]["logprobs"]["token_logprobs"] = [-0.5, -0.25]  # fewer logprobs than IDs
+    records[13]["choices"][0]["logprobs"]["top_logprobs"] = []
+    lines = [_text(record) for record in records]
+    assert [_taken([line]) for line in lines] == [1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    stored = _both_roads(tmp_path, lines, monkeypatch)
+    assert [(row["source_line"], row["reason"]) for row in stored["quarantine"]] == [
+        (6, "token_mismatch"),
+        (8, "bad_logprob"),
+        (9, "no_token_ids"),
+        (10, "no_token_ids"),
+        (12, "missing_finish_reason"),
+        (13, "length_mismatch"),
+    ]
+    assert {row["source_format"] for row in stored["traces"]} == {"openai_completions"}
+    assert stored["summary"]["files"][0]["formats"] == {"openai_completions": 14}
+    first = stored["traces"][0]
+    assert (first["prompt_token_ids"], first["completion_token_ids"], first["completion_logprobs"]) == (
+        [0, 128803, 3085],
+        [5, 6, 1],
+        [-0.5, None, None],
+    )
+    assert [(row["source_line"], row["session_id"], row["turn"]) for row in stored["traces"][1:4]] == [
+        (2, "s", 3),
+        (2, "s", 3),
+        (3, None, None),
+    ]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_mutated_text_completions_among_chat_records_store_the_same_on_both_roads(tmp_path_factory, monkeypatch, data):
+    records: list[Any] = [_completion(0, 2), _record(1, choices=2), _completion(2), _completion(3, 2)]
+    records[3]["metadata"] = {"turn": 1, "policy_version": 4}
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, 3))
+        record = copy.deepcopy(records[i])
+        path = data.draw(st.sampled_from(json_paths(record)))
+        records[i] = mutate(record, path, data.draw(SCALARS), data.draw(st.booleans()))
+    options = data.draw(st.sampled_from([{}, {"finish_reason": "stop"}, {"policy_version": "p"}]))
+    _both_roads(tmp_path_factory.mktemp("fuzz"), [_text(r) for r in records], monkeypatch, **options)

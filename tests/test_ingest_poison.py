@@ -1,6 +1,6 @@
 """Poison values: a lone surrogate in any string, a setting that is not finite, an integer beyond 2^53, a
 boolean where a logprob belongs. Each is quarantined with its own reason (or kept exactly) while the rest of
-its file lands, on every road a record may take (the columnar road, the plain walk's token blocks, ``parse``),
+its file lands, on every road a record may take (the columnar road, ``parse``),
 and a value already in a store never stops a build."""
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def with_token(record: dict[str, Any], token: str, head: bool) -> dict[str, Any]
 @pytest.mark.parametrize("spelling", ["escaped", "raw"])
 @pytest.mark.parametrize("place", ["token", "head_token"])
 def test_a_surrogate_in_a_logprob_token_is_quarantined_and_the_file_lands(tmp_path, spelling, place):
-    """Failed before: the token block's conversion raised UnicodeEncodeError, the run died with nothing
-    committed, and every rerun died the same way."""
+    """Failed once: a block conversion of many records' tokens raised UnicodeEncodeError, the run died with
+    nothing committed, and every rerun died the same way."""
     bad = with_token(good(1), SURROGATE, head=place == "head_token")
     lines = [line(good(0)), line(bad) if spelling == "escaped" else raw_line(bad), line(good(2))]
     result, traces, quarantine = run(tmp_path, lines)
@@ -89,7 +89,7 @@ def test_the_raw_bytes_of_a_quarantined_line_are_kept_escaped(tmp_path):
 
 
 def test_many_surrogate_records_in_one_block_leave_the_good_ones(tmp_path):
-    """A block of plain records where every other token is poisoned: the good rows still convert together."""
+    """A block of records where every other token is poisoned: the good rows are still read together."""
     lines = []
     for i in range(200):
         record = good(i)

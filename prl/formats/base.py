@@ -2,9 +2,7 @@
 converters from decoded JSON values to Arrow arrays.
 
 A format reader sees one decoded record (a dict) at a time and returns one :class:`Sample` per choice, or a
-:class:`Quarantined` for a choice (or record) it must not keep. The text completions reader also has a plain
-walk (:meth:`Format.plain`, :mod:`prl.formats.plain`) that ingest tries first: the same record in its common
-shape, its token lists handed over unconverted so that many records' lists convert in one call. Per-token values are never touched in Python:
+:class:`Quarantined` for a choice (or record) it must not keep. Per-token values are never touched in Python:
 lists decoded from JSON go to Arrow in one C++ conversion each, and every per-token operation after that is an
 Arrow or numpy kernel.
 """
@@ -143,12 +141,6 @@ class Format:
     def parse(self, obj: Any, options: ParseOptions) -> list[Sample | Quarantined]:
         """Samples (one per choice) or quarantine signals for one decoded record."""
         raise NotImplementedError
-
-    def plain(self, obj: Any, options: ParseOptions) -> list[Any] | None:
-        """The record's choices as :class:`prl.formats.plain.Plain` (token values left as JSON lists, converted
-        with many other records' at once), or None when the record is not in the shape this walk reads, or
-        this format has none: then :meth:`parse` reads it."""
-        return None
 
 
 MAX_RECORD_BYTES = 64 * 1024 * 1024

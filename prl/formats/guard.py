@@ -27,7 +27,6 @@ import pyarrow as pa
 from prl.formats.agents import agent_of
 from prl.formats.base import Format, ParseOptions, Quarantined, Sample
 from prl.formats.fields import DERIVED_ID_PREFIX
-from prl.formats.plain import Plain, holds_booleans
 from prl.schema import VERSION_SPAN
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -80,24 +79,6 @@ def read_record(
                 salted = hashlib.sha256(f"{item.request_id}|{position}".encode()).hexdigest()
                 item.request_id = DERIVED_ID_PREFIX + salted[:32]
     return reader.name, out
-
-
-def read_plain(fmt: Format, obj: Any, options: ParseOptions) -> tuple[str, list[Plain]] | None:
-    """(name of the format that read it, its choices) for a record the reader's plain walk takes
-    (:mod:`prl.formats.plain`), or None for a record :func:`read_record` must read: one the walk declines,
-    whose scalars :func:`check_sample` refuses, whose logprobs hold booleans, or on which anything raises.
-    Never raises either."""
-    try:
-        reader = fmt.reader(obj)
-        plains = reader.plain(obj, options)
-        if not plains:
-            return None
-        for plain in plains:
-            if check_sample(plain.sample) is not plain.sample or holds_booleans(plain):
-                return None
-    except Exception:
-        return None
-    return reader.name, plains
 
 
 def apply_options(sample: Sample, options: ParseOptions, obj: Any = None) -> Sample:

@@ -25,7 +25,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prl.formats.base import (
-    TOKEN_ID_PREFIX,
     Format,
     ParseOptions,
     Quarantined,
@@ -55,13 +54,15 @@ from prl.formats.fields import (
     session_of,
     timestamp_us,
 )
-from prl.formats.plain import NO_IDS, NO_LOGPROBS, Plain
 
 HEAD_ENTRY = pa.struct([("token", pa.string()), ("logprob", pa.float64())])
 CHAT_CONTENT_ENTRY = pa.struct(
     [("token", pa.string()), ("logprob", pa.float64()), ("top_logprobs", pa.list_(HEAD_ENTRY))]
 )
 HEAD_MAP = pa.map_(pa.string(), pa.float64())
+NO_IDS = pa.array([], pa.int64())
+NO_LOGPROBS = pa.array([], pa.float64())
+"""Placeholders for the token arrays of a sample :meth:`_OpenAIReader.scalars` reads (read elsewhere)."""
 
 
 def _version_candidates(obj: dict[str, Any], choice: dict[str, Any]) -> list[Any]:
@@ -133,6 +134,31 @@ class _OpenAIReader(Format):
     ) -> Sample:
         raise NotImplementedError
 
+    def scalars(self, obj: Any, options: ParseOptions) -> list[Sample] | None:
+        """:meth:`parse`'s samples of a record whose token columns are read elsewhere (the columnar road of
+        ingest), every field but the token arrays set (those are placeholders); None where ``parse`` would
+        read it otherwise: no ID or one that looks derived, no choices, a choice that is not an object or
+        whose fields ``parse`` would refuse."""
+        request_id, choices = _plain_header(obj)
+        if request_id is None:
+            return None
+        out: list[Sample] = []
+        for position, choice in enumerate(choices):
+            if type(choice) is not dict:
+                return None
+            index = opt_int(choice.get("index"))
+            index = position if index is None else index
+            sample = _plain_sample(obj, request_id, index, choice, self._text(choice), options)
+            if sample is None:
+                return None
+            out.append(sample)
+        return out
+
+    @staticmethod
+    def _text(choice: dict[str, Any]) -> Any:
+        """The choice's text as the record holds it."""
+        return choice.get("text")
+
 
 def _record_fields(sample: Sample, obj: dict[str, Any], choice: dict[str, Any], options: ParseOptions) -> Sample:
     """Set the sample fields that come from the record rather than the tokens: session, group, version, model,
@@ -157,8 +183,8 @@ responses carry none of them, and then session, turn and messages are None and t
 
 
 def _plain_header(obj: Any) -> tuple[str | None, list[Any]]:
-    """The request ID and choices of a record the plain walks read (None, [] for one ``parse`` must read: no
-    ID, an ID that looks derived, which read_record salts by position, or no choices)."""
+    """The request ID and choices of a record :meth:`_OpenAIReader.scalars` reads (None, [] for one ``parse``
+    must read: no ID, an ID that looks derived, which read_record salts by position, or no choices)."""
     request_id = obj.get("id") if type(obj) is dict else None
     choices = obj.get("choices") if type(obj) is dict else None
     if type(request_id) is not str or not request_id or request_id.startswith(DERIVED_ID_PREFIX):
@@ -171,7 +197,7 @@ def _plain_header(obj: Any) -> tuple[str | None, list[Any]]:
 def _plain_sample(
     obj: dict[str, Any], request_id: str, index: int, choice: dict[str, Any], text: Any, options: ParseOptions
 ) -> Sample | None:
-    """A plain choice's sample (token arrays left as placeholders), or None where ``parse`` would raise."""
+    """A choice's sample with its token arrays left as placeholders, or None where ``parse`` would raise."""
     try:
         sample = Sample(request_id, index, NO_IDS, NO_IDS, NO_LOGPROBS, finish_reason(choice.get("finish_reason")))
         sample.completion_text = text if type(text) is str else None
@@ -262,26 +288,10 @@ class VllmChat(_OpenAIReader):
         exact_chat_heads(items)
         return items
 
-    def scalars(self, obj: Any, options: ParseOptions) -> list[Sample] | None:
-        """:meth:`parse`'s samples of a record whose token columns are read elsewhere (the columnar road of
-        ingest), every field but the token arrays set (those are placeholders); None where ``parse`` would
-        read it otherwise: no ID or one that looks derived, no choices, a choice that is not an object or
-        whose fields ``parse`` would refuse."""
-        request_id, choices = _plain_header(obj)
-        if request_id is None:
-            return None
-        out: list[Sample] = []
-        for position, choice in enumerate(choices):
-            if type(choice) is not dict:
-                return None
-            index = opt_int(choice.get("index"))
-            message = choice.get("message")
-            text = message.get("content") if type(message) is dict else None
-            sample = _plain_sample(obj, request_id, position if index is None else index, choice, text, options)
-            if sample is None:
-                return None
-            out.append(sample)
-        return out
+    @staticmethod
+    def _text(choice: dict[str, Any]) -> Any:
+        message = choice.get("message")
+        return message.get("content") if type(message) is dict else None
 
 
 def _drop_extras(samples: list[Sample | Quarantined]) -> None:
@@ -316,35 +326,6 @@ class VllmCompletions(_OpenAIReader):
         items = super().parse(obj, options)
         _drop_extras(items)
         return items
-
-    def plain(self, obj: Any, options: ParseOptions) -> list[Any] | None:
-        """:meth:`parse`'s walk for a record whose every choice carries prompt IDs, a ``token_ids`` list and
-        ``logprobs.token_logprobs`` with no top-k heads (see :mod:`prl.formats.plain`); None otherwise."""
-        request_id, choices = _plain_header(obj)
-        if request_id is None:
-            return None
-        out: list[Any] = []
-        for position, choice in enumerate(choices):
-            if type(choice) is not dict:
-                return None
-            index = opt_int(choice.get("index"))
-            prompt = choice.get("prompt_token_ids", obj.get("prompt_token_ids"))
-            ids = choice.get("token_ids")
-            lp = choice.get("logprobs")
-            if type(prompt) is not list or type(ids) is not list or type(lp) is not dict:
-                return None
-            logprobs, tokens, heads = lp.get("token_logprobs"), lp.get("tokens"), lp.get("top_logprobs")
-            if type(logprobs) is not list or (isinstance(heads, list) and heads and heads[0]):
-                return None  # heads (parse reads them when the first position has one)
-            check = type(tokens) is list and 0 < len(tokens) == len(ids) and type(tokens[0]) is str
-            check = check and tokens[0].startswith(TOKEN_ID_PREFIX)  # type: ignore[index]
-            sample = _plain_sample(
-                obj, request_id, position if index is None else index, choice, choice.get("text"), options
-            )
-            if sample is None:
-                return None
-            out.append(Plain(sample, prompt, ids, logprobs, tokens if check else None))
-        return out
 
     def _choice(
         self, obj: dict[str, Any], request_id: str, index: int, choice: dict[str, Any], options: ParseOptions

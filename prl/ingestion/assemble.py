@@ -28,7 +28,6 @@ import pyarrow.compute as pc
 
 from prl.formats.base import ParseOptions, Quarantined, Sample
 from prl.formats.guard import FLOAT32_MAX
-from prl.ingestion.token_block import TokenBlock
 
 VLLM_LOGPROB_FLOOR = -9999.0
 INT32_MAX = 2**31 - 1
@@ -36,25 +35,12 @@ INT32_MAX = 2**31 - 1
 
 @dataclass(slots=True)
 class Located:
-    """A parsed sample with where it came from. A sample of a plain record (:mod:`prl.formats.plain`) has its
-    token arrays in ``block`` (row ``block_row``), not in the sample."""
+    """A parsed sample with where it came from."""
 
     sample: Sample
     source_uri: str
     source_line: int
     source_format: str
-    block: TokenBlock | None = None
-    block_row: int = 0
-
-    def materialize(self) -> Sample:
-        """The sample with its token arrays, taken from its block when it has one."""
-        if self.block is not None:
-            sample, block, row = self.sample, self.block, self.block_row
-            sample.prompt_token_ids = block.array("prompt_token_ids", row)
-            sample.completion_token_ids = block.array("completion_token_ids", row)
-            sample.completion_logprobs = block.array("completion_logprobs", row)
-            self.block = None
-        return self.sample
 
 
 def _floor_to_null(logprobs: pa.Array) -> pa.Array:

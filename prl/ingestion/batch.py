@@ -1,8 +1,6 @@
 """Columnar validation and assembly of one batch of parsed samples into a ``traces`` record batch.
 
-Each token column is built by one concatenation: of the samples' arrays, and of one slice per run of rows
-from a token block (:mod:`prl.ingestion.token_block`: plain records' tokens, converted many records at once,
-so such a row has no arrays of its own until it must be explained); validation (lengths, ID ranges,
+Each token column is built by one concatenation of the samples' arrays; validation (lengths, ID ranges,
 finite and non-positive logprobs, top-k shapes) runs as numpy operations over the concatenated values with
 per-row reductions over the offsets; the vLLM ``-9999.0`` floor becomes null in one pass. Only a row that fails
 goes through :func:`prl.ingestion.assemble.validate`, which explains it (reason code and message); the only
@@ -52,49 +50,16 @@ class _Flat:
         return np.diff(self.offsets)
 
 
-def _runs(rows: Sequence[Located]) -> list[tuple[int, int]]:
-    """``[start, stop)`` runs of rows whose token arrays lie side by side: consecutive rows of one token block,
-    or a run of rows holding their own arrays."""
-    runs: list[tuple[int, int]] = []
-    start = 0
-    for i in range(1, len(rows)):
-        before, row = rows[i - 1], rows[i]
-        if row.block is not before.block or (row.block is not None and row.block_row != before.block_row + 1):
-            runs.append((start, i))
-            start = i
-    if rows:
-        runs.append((start, len(rows)))
-    return runs
-
-
-def _flatten(rows: Sequence[Located], runs: list[tuple[int, int]], name: str, wide: pa.DataType) -> _Flat:
-    """Column ``name`` of every row concatenated: a block's run as one slice of its values, other rows' arrays
-    as they are."""
-    lengths: list[np.ndarray] = []
-    nulls: list[np.ndarray] = []
-    present: list[pa.Array] = []
-    for start, stop in runs:
-        block = rows[start].block
-        if block is None:
-            arrays = [getattr(r.sample, name) for r in rows[start:stop]]
-            lengths.append(np.fromiter((0 if a is None else len(a) for a in arrays), dtype=np.int64, count=len(arrays)))
-            nulls.append(np.fromiter((a is None for a in arrays), dtype=bool, count=len(arrays)))
-            present.extend(a for a in arrays if a is not None)
-        elif name in block.columns:
-            values, offsets = block.columns[name]
-            first, last = rows[start].block_row, rows[start].block_row + stop - start
-            lengths.append(np.diff(offsets[first : last + 1]))
-            nulls.append(np.zeros(stop - start, dtype=bool))
-            present.append(values.slice(int(offsets[first]), int(offsets[last] - offsets[first])))
-        else:
-            lengths.append(np.zeros(stop - start, dtype=np.int64))
-            nulls.append(np.ones(stop - start, dtype=bool))
-    n = len(rows)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    if lengths:
-        np.cumsum(np.concatenate(lengths), out=offsets[1:])
-    null_rows = np.concatenate(nulls) if nulls else np.zeros(0, dtype=bool)
+def _flatten(rows: Sequence[Located], name: str, wide: pa.DataType) -> _Flat:
+    """Column ``name`` of every row concatenated."""
+    arrays = [getattr(r.sample, name) for r in rows]
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(
+        np.fromiter((0 if a is None else len(a) for a in arrays), dtype=np.int64, count=len(arrays)), out=offsets[1:]
+    )
+    null_rows = np.fromiter((a is None for a in arrays), dtype=bool, count=len(arrays))
     null = null_rows if null_rows.any() else None
+    present = [a for a in arrays if a is not None]
     if not present:
         return _Flat(offsets, pa.array([], wide), null)
     if any(a.type != present[0].type for a in present):
@@ -204,20 +169,19 @@ def _digests(flats: dict[str, _Flat], lp32: np.ndarray, keep: np.ndarray) -> tup
 def check_and_assemble(rows: Sequence[Located], ingested_at_ms: int) -> Checked:
     """Validate parsed samples and build the ``traces`` batch of the good ones (with their ``record_digest``)."""
     samples = [r.sample for r in rows]
-    runs = _runs(rows)
     flats = {
-        "prompt": _flatten(rows, runs, "prompt_token_ids", pa.int64()),
-        "completion": _flatten(rows, runs, "completion_token_ids", pa.int64()),
-        "logprobs": _flatten(rows, runs, "completion_logprobs", pa.float64()),
-        "mask": _flatten(rows, runs, "completion_mask", pa.bool_()),
-        "topk_ids": _flatten(rows, runs, "topk_ids", pa.list_(pa.int64())),
-        "topk_logprobs": _flatten(rows, runs, "topk_logprobs", pa.list_(pa.float64())),
+        "prompt": _flatten(rows, "prompt_token_ids", pa.int64()),
+        "completion": _flatten(rows, "completion_token_ids", pa.int64()),
+        "logprobs": _flatten(rows, "completion_logprobs", pa.float64()),
+        "mask": _flatten(rows, "completion_mask", pa.bool_()),
+        "topk_ids": _flatten(rows, "topk_ids", pa.list_(pa.int64())),
+        "topk_logprobs": _flatten(rows, "topk_logprobs", pa.list_(pa.float64())),
     }
     suspects = _suspects(rows, flats)
     rejected: list[tuple[int, Quarantined]] = []
     for i in np.flatnonzero(suspects).tolist():
         try:
-            validate(rows[i].materialize())
+            validate(rows[i].sample)
             suspects[i] = False  # the explainer finds nothing wrong: the row stays, as it always did
         except Quarantined as q:
             rejected.append((i, q))

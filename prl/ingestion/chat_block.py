@@ -1,4 +1,4 @@
-"""A block of JSON lines parsed by one Arrow call into the columns of OpenAI chat completions.
+"""A block of JSON lines parsed by one Arrow call into the columns of OpenAI chat and text completions.
 
 The columnar road (:mod:`prl.ingestion.columnar`) reads a source block of whole lines with
 ``pyarrow.json.read_json`` and :data:`CHAT_BLOCK_SCHEMA`, so that no Python object is built per record.
@@ -43,13 +43,23 @@ from prl.formats import base
 
 HEAD = pa.struct([("token", pa.string()), ("logprob", pa.float64())])
 ENTRY = pa.struct([("token", pa.string()), ("logprob", pa.float64()), ("top_logprobs", pa.list_(HEAD))])
+LOGPROBS = pa.struct(
+    [
+        ("content", pa.list_(ENTRY)),  # a chat completion's
+        ("tokens", pa.list_(pa.string())),  # a text completion's
+        ("token_logprobs", pa.list_(pa.float64())),
+        ("top_logprobs", pa.list_(pa.null())),  # a text completion's heads are its reader's (any value fails)
+    ]
+)
 CHOICE = pa.struct(
     [
         ("index", pa.int64()),
         ("message", pa.struct([("content", pa.string())])),
+        ("text", pa.string()),
         ("finish_reason", pa.string()),
         ("token_ids", pa.list_(pa.int64())),
-        ("logprobs", pa.struct([("content", pa.list_(ENTRY))])),
+        ("prompt_token_ids", pa.list_(pa.int64())),
+        ("logprobs", LOGPROBS),
     ]
 )
 RECORD_KEYS = (
@@ -91,13 +101,16 @@ CHAT_BLOCK_SCHEMA = pa.schema(
         *[(key, pa.null()) for key in ABSENT_KEYS],
     ]
 )
-"""What the columnar road reads of a chat completion; every other field is skipped (still parsed)."""
+"""What the columnar road reads of a chat or text completion; every other field is skipped (still parsed)."""
 
 MAX_DEPTH = 512
 """Nesting a line may have: well within both decoders'."""
 PRESENCE_NEEDLES = (b"custom_id", b"response")
 _RECORD_KEY = '"(' + "|".join(RECORD_KEYS) + ')"'
 _ASCII_ESCAPE = re.compile(rb"\\u00[2-7][0-9a-fA-F]")
+_NULL_PROMPT = r'"prompt_token_ids"\s*:\s*null'
+"""A text completion's choice whose ``prompt_token_ids`` is null has no prompt for its reader (which takes the
+record's only where the choice has none): Arrow cannot tell null from absent, so such lines are left out."""
 _ERROR_ROW = re.compile(r" in row (\d+)")
 
 _PARSE = pj.ParseOptions(explicit_schema=CHAT_BLOCK_SCHEMA, unexpected_field_behavior="ignore")
@@ -218,9 +231,9 @@ class Nesting:
         return deepest[:lines]
 
     def without_tokens(self, data: bytes, start: int, end: int, line: int) -> bytes | None:
-        """Line ``line`` (``data[start:end]``, a chat completion Arrow read) with its token lists emptied: the
-        value of its ``prompt_token_ids`` and of each choice's ``token_ids`` made ``[]``, of each choice's
-        ``logprobs`` ``{}``. Decoding that costs a fraction of the whole line, and gives every other field
+        """Line ``line`` (``data[start:end]``, a completion Arrow read) with its token lists emptied: the value
+        of its ``prompt_token_ids`` and of each choice's ``token_ids`` and ``prompt_token_ids`` made ``[]``, of
+        each choice's ``logprobs`` ``{}``. Decoding that costs a fraction of the whole line, and gives every other field
         as it is; None where the keys are not where a chat completion has them."""
         a, b = np.searchsorted(self.line, [line, line + 1])
         at, depth, opens = self.at[a:b], self.depth[a:b], self.opens[a:b]
@@ -232,12 +245,12 @@ class Nesting:
                 cuts.append((where, self._closer(at, depth, k), b"[]"))
             elif key == b"choices" and data[where] == 0x5B:
                 choices = (where, self._closer(at, depth, k))
-        if choices is None or not cuts:
+        if choices is None:
             return None
         inside = (at > choices[0]) & (at < choices[1])
         for k in np.flatnonzero(opens & (depth == 4) & inside).tolist():  # the values of each choice's keys
             key, where = self._key(data, int(at[k])), int(at[k])
-            if key == b"token_ids" and data[where] == 0x5B:
+            if key in (b"token_ids", b"prompt_token_ids") and data[where] == 0x5B:
                 cuts.append((where, self._closer(at, depth, k), b"[]"))
             elif key == b"logprobs" and data[where] == 0x7B:
                 cuts.append((where, self._closer(at, depth, k), b"{}"))
@@ -363,7 +376,11 @@ def parse_block(data: bytes) -> ParsedBlock:
         )
         if not valid.all():
             read, table = read[valid], table.filter(pa.array(valid))
-    marked = _marked(data, starts, read)
+    if b"text_completion" in data:
+        prompted = ~_matching(data, starts, read, _NULL_PROMPT)
+        if not prompted.all():
+            read, table = read[prompted], table.filter(pa.array(prompted))
+    marked = _matching(data, starts, read, _RECORD_KEY)
     texts = {}
     if nesting is not None:  # long records: decoded without their token lists
         for row in np.flatnonzero(marked).tolist():
@@ -373,12 +390,11 @@ def parse_block(data: bytes) -> ParsedBlock:
     return ParsedBlock(BlockLines(data, starts, ends), read, table, marked, texts)
 
 
-def _marked(data: bytes, starts: np.ndarray, lines: np.ndarray) -> np.ndarray:
-    """bool[len(lines)]: the lines whose text holds a :data:`RECORD_KEYS` key in quotes (one pass of RE2 over
-    the block, all keys at once)."""
+def _matching(data: bytes, starts: np.ndarray, lines: np.ndarray, pattern: str) -> np.ndarray:
+    """bool[len(lines)]: the lines whose text matches ``pattern`` (one pass of RE2 over the block)."""
     offsets = pa.py_buffer(np.r_[starts, len(data)].astype(np.int64))
     text = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(starts), [None, offsets, pa.py_buffer(data)])
-    found = pc.match_substring_regex(text, _RECORD_KEY)
+    found = pc.match_substring_regex(text, pattern)
     return found.to_numpy(zero_copy_only=False)[lines]
 
 

@@ -1,4 +1,4 @@
-"""The ``traces`` rows of chat completions read by Arrow (:mod:`prl.ingestion.chat_block`), computed as
+"""The ``traces`` rows of chat and text completions read by Arrow (:mod:`prl.ingestion.chat_block`), computed as
 vectorized operations over the whole block: the reader's fields, validation and the digests. A record that
 names a session, metadata, messages, a version or an agent (one the block marked) is also decoded, and the
 chat reader reads those fields from it as the per-record road does (its token lists stay Arrow's).
@@ -8,13 +8,17 @@ options, the scalar guard, batch validation) would keep all its choices and give
 record any step would quarantine, or read otherwise, is refused (``accepted`` false) and read by the
 per-record road, which gives its rows or reasons as always. A record is refused where:
 
-- it is not an ``object: "chat.completion"``, has no string ``id`` (or an empty one, or one that looks
-  derived), no top-level ``prompt_token_ids`` list, no choices;
+- it is not an ``object: "chat.completion"`` or ``"text_completion"``, has no string ``id`` (or an empty one,
+  or one that looks derived), no choices;
+- a choice has no prompt IDs where its reader takes them (a chat completion's top-level ``prompt_token_ids``;
+  a text completion's own, else the record's);
 - a choice is null, its ``index`` is beyond int32, its finish reason is unknown or missing (with no
-  ``--finish-reason``), it has no ``token_ids`` list or no ``logprobs.content`` list;
+  ``--finish-reason``), it has no ``token_ids`` list or no logprobs list (``logprobs.content`` of a chat
+  completion, ``logprobs.token_logprobs`` of a text completion);
 - a token list holds nulls, an ID outside [0, 2^31), is empty, or the logprob entries are not as many as the
   completion IDs; an entry is null, has a null token or a top-k head (whose rules ``parse`` applies);
-- the entry tokens are all ``"token_id:N"`` but not exactly the completion IDs so spelled;
+- a chat completion's entry tokens are all ``"token_id:N"`` but not exactly the completion IDs so spelled, or
+  a text completion's ``logprobs.tokens`` (as many as the IDs) begin so and are not all exactly those;
 - a logprob is not finite, positive, a negative zero (Arrow reads the integer ``-0`` as -0.0, the decoders
   as 0), or at most -2^53 (an integer beyond 2^53 is exact for the decoders, not for a double);
 - it is marked and its fields would not be kept as they are: another format claims it, or the chat reader,
@@ -39,6 +43,7 @@ from prl.numerics.ragged import any_per_row, offsets_of
 from prl.schema import TIMESTAMP_MS, TIMESTAMP_US, TRACES
 
 CHAT_FORMAT = "openai_chat"
+TEXT_FORMAT = "openai_completions"
 INT32_MIN = -(2**31)
 EXACT_DOUBLE = 2.0**53
 _REASONS = pa.array(list(FINISH_REASON_MAP))
@@ -86,31 +91,50 @@ def _created_us(created: pa.Array) -> pa.Array:
     return pa.array(us, pa.int64(), mask=~valid).cast(TIMESTAMP_US)
 
 
-def _records_ok(table: pa.Table) -> np.ndarray:
+def _records_ok(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(bool[T] records the road may take, bool[T] which of them are chat completions)."""
     ids = _column(table, "id")
-    ok = _np(pc.equal(_column(table, "object"), "chat.completion"), False)
+    kind = _column(table, "object")
+    chat = _np(pc.equal(kind, "chat.completion"), False)
+    ok = chat | _np(pc.equal(kind, "text_completion"), False)
     ok &= _np(pc.greater(pc.binary_length(ids), 0), False)
     ok &= ~_np(pc.starts_with(ids, DERIVED_ID_PREFIX), True)
-    prompt = _column(table, "prompt_token_ids")
-    lengths = _lengths(prompt)
-    ok &= np.asarray(prompt.is_valid()) & (lengths > 0) & ~_bad_ids(prompt, lengths)
     ok &= _lengths(_column(table, "choices")) > 0
-    return ok
+    return ok, chat
 
 
-def _spelled_wrong(tokens: pa.Array, t_len: np.ndarray, ids: pa.Array, c_len: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """bool[C]: choices whose entry tokens are all ``"token_id:N"`` (as many as the IDs) and not exactly the
-    IDs so spelled; ``parse`` compares only those."""
-    prefixed = _np(pc.starts_with(tokens, TOKEN_ID_PREFIX), False)
-    check = ok & (t_len == c_len) & (c_len > 0) & ~any_per_row(~prefixed, offsets_of(t_len))
+def _listed(lists: pa.ListArray, name: str) -> pa.ListArray:
+    """Field ``name`` of each list's structs, as lists of their own."""
+    return pa.ListArray.from_arrays(lists.offsets, lists.values.field(name), mask=pc.invert(lists.is_valid()))
+
+
+def _prefixed(lists: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(bool[C] lists whose every string is ``"token_id:N"``-prefixed, bool[C] lists whose first one is)."""
+    lengths = _lengths(lists)
+    prefixed = _np(pc.starts_with(pc.list_flatten(lists), TOKEN_ID_PREFIX), False)
+    offsets = offsets_of(lengths)
+    first = np.zeros(len(lengths), dtype=bool)
+    first[lengths > 0] = prefixed[offsets[:-1][lengths > 0]]
+    return ~any_per_row(~prefixed, offsets), first
+
+
+def _spelled_wrong(tokens: pa.Array, ids: pa.Array, c_len: np.ndarray, ok: np.ndarray, chat: np.ndarray) -> np.ndarray:
+    """bool[C]: choices whose spelled tokens the reader compares with the IDs and finds otherwise: a chat
+    completion's where every entry token is ``"token_id:N"`` (as many as the IDs), a text completion's where
+    the first is (every one must then be, and be the ID so spelled)."""
+    t_len = _lengths(tokens)
+    every, first = _prefixed(tokens)
+    compared = ok & (t_len == c_len) & (c_len > 0) & np.where(chat, every, first)
+    check = compared & every
+    wrong = compared & ~every
     if not check.any():
-        return np.zeros(len(ok), dtype=bool)
-    spelled = tokens.filter(pa.array(np.repeat(check, t_len)))
+        return wrong
+    spelled = pc.list_flatten(tokens).filter(pa.array(np.repeat(check, t_len)))
     expected = pc.binary_join_element_wise(
         TOKEN_ID_PREFIX, pc.cast(pc.list_flatten(ids).filter(pa.array(np.repeat(check, c_len))), pa.string()), ""
     )
     differs = ~_np(pc.equal(spelled, expected), False)
-    return check & any_per_row(differs, offsets_of(np.where(check, t_len, 0)))
+    return wrong | (check & any_per_row(differs, offsets_of(np.where(check, t_len, 0))))
 
 
 def chat_rows(
@@ -132,6 +156,8 @@ def chat_rows(
     flat = pc.list_flatten(choices)
     parent = _np(pc.list_parent_indices(choices), 0).astype(np.int64)
     first = offsets_of(_lengths(choices))[:-1]
+    accepted, chat_record = _records_ok(table)
+    chat = chat_record[parent]
     ok = np.asarray(flat.is_valid()).copy()
 
     index = flat.field("index")
@@ -147,38 +173,50 @@ def chat_rows(
         finish = pc.if_else(reason.is_valid(), finish, options.finish_reason)
     ok &= np.asarray(finish.is_valid())
 
+    top_prompt = pc.take(_column(table, "prompt_token_ids"), pa.array(parent))
+    own_prompt = flat.field("prompt_token_ids")  # a text completion's, where it has one
+    prompts = pc.if_else(pa.array(chat | ~np.asarray(own_prompt.is_valid())), top_prompt, own_prompt)
+    p_len = _lengths(prompts)
+    ok &= np.asarray(prompts.is_valid()) & (p_len > 0) & ~_bad_ids(prompts, p_len)
     ids = flat.field("token_ids")
     c_len = _lengths(ids)
     ok &= np.asarray(ids.is_valid()) & (c_len > 0) & ~_bad_ids(ids, c_len)
+
     logprobs = flat.field("logprobs")
     content = logprobs.field("content")
-    t_len = _lengths(content)
-    ok &= np.asarray(logprobs.is_valid()) & np.asarray(content.is_valid()) & (t_len == c_len)
     entries = pc.list_flatten(content)
-    tokens, values = entries.field("token"), entries.field("logprob")
-    odd = ~np.asarray(entries.is_valid()) | ~np.asarray(tokens.is_valid())
-    odd |= _np(pc.list_value_length(entries.field("top_logprobs")), 0) > 0
+    odd = ~np.asarray(entries.is_valid()) | ~np.asarray(entries.field("token").is_valid())
+    odd |= _np(pc.list_value_length(entries.field("top_logprobs")), 0) > 0  # heads: the chat reader's rules
+    ok &= ~(chat & any_per_row(odd, offsets_of(_lengths(content))))
+    is_chat = pa.array(chat)
+    value_lists = pc.if_else(is_chat, _listed(content, "logprob"), logprobs.field("token_logprobs"))
+    token_lists = pc.if_else(is_chat, _listed(content, "token"), logprobs.field("tokens"))
+    t_len = _lengths(value_lists)
+    ok &= np.asarray(logprobs.is_valid()) & np.asarray(value_lists.is_valid()) & (t_len == c_len)
+    values = pc.list_flatten(value_lists)
     lp = _np(values, -1.0)
-    odd |= ~np.isfinite(lp) | (lp > 0) | (lp <= -EXACT_DOUBLE) | ((lp == 0) & np.signbit(lp))
-    t_offsets = offsets_of(t_len)
-    ok &= ~any_per_row(odd, t_offsets)
-    ok &= ~_spelled_wrong(tokens, t_len, ids, c_len, ok)
+    odd = ~np.isfinite(lp) | (lp > 0) | (lp <= -EXACT_DOUBLE) | ((lp == 0) & np.signbit(lp))
+    ok &= ~any_per_row(odd, offsets_of(t_len))
+    ok &= ~_spelled_wrong(token_lists, ids, c_len, ok, chat)
 
-    accepted = _records_ok(table)
     accepted &= np.bincount(parent[~ok], minlength=records)[:records] == 0
-    fields = _record_fields(accepted, marked, first, choice_index, samples_of)
+    fields = _marked_samples(accepted, marked, first, choice_index, samples_of)
     keep = accepted[parent]
     record = parent[keep]
+    kept = pa.array(keep)
     message = flat.field("message")
     text = pc.if_else(message.is_valid(), message.field("content"), pa.scalar(None, pa.string()))
     columns = {
         "choice_index": pa.array(choice_index[keep], pa.int32()),
-        "finish_reason": finish.filter(pa.array(keep)),
-        "completion_text": text.filter(pa.array(keep)),
+        "finish_reason": finish.filter(kept),
+        "completion_text": pc.if_else(is_chat, text, flat.field("text")).filter(kept),
+        "source_format": pc.if_else(is_chat, CHAT_FORMAT, TEXT_FORMAT).filter(kept),
     }
     if fields:
         columns |= _field_columns(fields, record, first, choice_index, keep, options)
-    batch = _assemble(table, columns, record, (ids, c_len), (values, t_len), keep, lines, options, uri, now_ms)
+    batch = _assemble(
+        table, columns, record, prompts.filter(kept), (ids, c_len), (values, t_len), keep, lines, options, uri, now_ms
+    )
     return ChatRows(accepted, batch, record)
 
 
@@ -186,7 +224,7 @@ RECORD_FIELDS = {"session_id": pa.string(), "turn": pa.int32(), "agent_id": pa.s
 """Sample fields a marked record may set, besides ``policy_version``, with their column types."""
 
 
-def _record_fields(
+def _marked_samples(
     accepted: np.ndarray,
     marked: np.ndarray,
     first: np.ndarray,
@@ -234,6 +272,7 @@ def _assemble(
     table: pa.Table,
     columns: dict[str, pa.Array],
     record: np.ndarray,
+    prompt_lists: pa.Array,
     ids: tuple[pa.Array, np.ndarray],
     logprobs: tuple[pa.Array, np.ndarray],
     keep: np.ndarray,
@@ -242,11 +281,10 @@ def _assemble(
     uri: str,
     now_ms: int,
 ) -> pa.RecordBatch:
-    """The traces batch of the kept choices (``record``: their table rows), as
+    """The traces batch of the kept choices (``record``: their table rows; ``prompt_lists``: their prompts), as
     :func:`prl.ingestion.batch.check_and_assemble` builds it."""
     rows = len(record)
     take = pa.array(record)
-    prompt_lists = pc.take(_column(table, "prompt_token_ids"), take)
     prompt_len = _lengths(prompt_lists)
     prompt = _Flat(offsets_of(prompt_len), pc.list_flatten(prompt_lists), None)
     id_lists, c_len = ids
@@ -274,11 +312,10 @@ def _assemble(
         "record_digest": pa.array(digests, pa.string()),
         "source_uri": pa.array([uri] * rows, pa.string()),
         "source_line": pa.array(lines[record], pa.int64()),
-        "source_format": pa.array([CHAT_FORMAT] * rows, pa.string()),
         "ingested_at": pa.array(np.full(rows, now_ms, dtype=np.int64)).cast(TIMESTAMP_MS),
     }
     arrays = [columns[f.name] if f.name in columns else pa.nulls(rows, f.type) for f in TRACES]
     return pa.RecordBatch.from_arrays(arrays, schema=TRACES)
 
 
-__all__ = ["CHAT_FORMAT", "ChatRows", "chat_rows"]
+__all__ = ["CHAT_FORMAT", "TEXT_FORMAT", "ChatRows", "chat_rows"]

@@ -1,9 +1,5 @@
-"""The rows of one source, record by record: a plain record (:mod:`prl.formats.plain`) waits for its token
-block, any other goes through its format's ``parse`` at once; either way rows and quarantine signals come out
-in source order.
-
-Converting a block before every record ``parse`` reads, and before each batch is taken, keeps the order (and
-so the batches) what reading every record by ``parse`` gives. Runs of records the columnar road took
+"""The rows of one source, record by record: each record goes through its format's ``parse``, and its rows and
+quarantine signals come out in source order. Runs of records the columnar road took
 (:mod:`prl.ingestion.columnar`) join the batch as they come, as parts of their own between the rows of the
 per-record road, and are cut where a batch fills as their records one by one would be.
 """
@@ -16,11 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample, decode_json
-from prl.formats.guard import apply_options, as_quarantined, read_plain, read_record
+from prl.formats.base import Format, ParseOptions, Quarantined, RawRecord, Sample
+from prl.formats.guard import apply_options, as_quarantined, read_record
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.columnar import ColumnarRun
-from prl.ingestion.token_block import BLOCK_VALUES, Converted, PendingRecord, convert
 from prl.schema import RAW_LIMIT
 
 RAW_KEEP = 4 * RAW_LIMIT + 4
@@ -35,8 +30,7 @@ Quarantine = Callable[..., None]
 @dataclass
 class Collector:
     """Rows of the source ``uri`` read by ``fmt``, in source order. ``rows`` / ``raws`` / ``tokens``: the
-    batch so far (samples, their raw text up to :data:`RAW_KEEP` bytes, prompt + completion tokens);
-    ``pending``: plain records waiting for their block (``pending_tokens`` tokens)."""
+    batch so far (samples, their raw text up to :data:`RAW_KEEP` bytes, prompt + completion tokens)."""
 
     fmt: Format
     options: ParseOptions
@@ -45,9 +39,6 @@ class Collector:
     rows: list[Located] = field(default_factory=list)
     raws: list[bytes] = field(default_factory=list)
     tokens: int = 0
-    pending: list[PendingRecord] = field(default_factory=list)
-    pending_tokens: int = 0
-    pending_values: int = 0
     parts: list[tuple[list[Located], list[bytes]] | ColumnarRun] = field(default_factory=list)
     """The batch's earlier parts, before ``rows``: runs of the columnar road (:mod:`prl.ingestion.columnar`)
     and the per-record rows read before each."""
@@ -55,49 +46,14 @@ class Collector:
     def add(self, record: RawRecord, position: str | None) -> str:
         """Read one decoded record (``position``: see :func:`prl.formats.guard.source_position`); returns the
         name of the format that read it."""
-        pending = self._plain(record, position)
-        if pending is not None:
-            self.pending.append(pending)
-            for plain in pending.plains:
-                self.pending_tokens += plain.tokens
-                self.pending_values += plain.values
-            return pending.name
-        self.drain()
         name, parsed = read_record(self.fmt, record.obj, self.options, position)
         self._take(record.line, record.raw, record.obj, name, parsed)
         return name
 
-    def due(self, batch_tokens: int) -> bool:
-        """Whether the pending records should be converted now: a full block, or a full batch with them."""
-        return self.pending_values >= BLOCK_VALUES or self.tokens + self.pending_tokens >= batch_tokens
-
-    def drain(self) -> None:
-        """Convert the pending records' block and take their rows (a record the block refuses: ``parse``)."""
-        if not self.pending:
-            return
-        pending, self.pending = self.pending, []
-        self.pending_tokens = self.pending_values = 0
-        for done in _converted(pending):
-            record = done.record
-            if done.block is None:
-                obj = decode_json(record.raw)
-                name, parsed = read_record(self.fmt, obj, self.options, record.position)
-                self._take(record.line, record.raw, obj, name, parsed)
-                continue
-            raw = record.raw[:RAW_KEEP]
-            for k, plain in enumerate(record.plains):
-                self.rows.append(
-                    Located(plain.sample, self.uri, record.line, record.name, done.block, done.first_row + k)
-                )
-                self.raws.append(raw)
-                self.tokens += plain.tokens
-
     def add_run(self, run: ColumnarRun, batch_tokens: int) -> Iterator[None]:
-        """Add a run of records the columnar road took (after the pending records, converted first) as adding
-        its records one by one would: yields each time the batch is full (``batch_tokens``), after the record
-        that fills it, for the caller to take it."""
+        """Add a run of records the columnar road took as adding its records one by one would: yields each
+        time the batch is full (``batch_tokens``), after the record that fills it, for the caller to take it."""
         while run.records:
-            self.drain()
             filled = self.tokens + np.cumsum(run.tokens)
             cut = int(np.searchsorted(filled, batch_tokens))  # the first record with the batch full
             if cut >= run.records:
@@ -115,10 +71,8 @@ class Collector:
         self.tokens += int(run.tokens.sum())
 
     def take(self) -> tuple[list[Located], list[bytes]]:
-        """The batch so far (pending records converted first) of a collector given no columnar run; the
-        collector starts a new one."""
+        """The batch so far of a collector given no columnar run; the collector starts a new one."""
         assert not self.parts, "a batch with columnar runs is taken by take_parts"
-        self.drain()
         rows, raws = self.rows, self.raws
         self.rows, self.raws, self.tokens = [], [], 0
         return rows, raws
@@ -126,24 +80,11 @@ class Collector:
     def take_parts(self) -> list[tuple[list[Located], list[bytes]] | ColumnarRun]:
         """The batch so far as its parts in source order: columnar runs, and (rows, raws) of the per-record
         road between them; the collector starts a new one."""
-        self.drain()
         parts = self.parts
         if self.rows:
             parts.append((self.rows, self.raws))
         self.parts, self.rows, self.raws, self.tokens = [], [], [], 0
         return parts
-
-    def _plain(self, record: RawRecord, position: str | None) -> PendingRecord | None:
-        read = read_plain(self.fmt, record.obj, self.options)
-        if read is None:
-            return None
-        name, plains = read
-        try:
-            for plain in plains:
-                apply_options(plain.sample, self.options, record.obj)
-        except Exception:  # parse's road quarantines it with its reason
-            return None
-        return PendingRecord(record.line, record.raw, name, position, plains)
 
     def _take(self, line: int, raw: bytes, obj: Any, name: str, parsed: list[Sample | Quarantined]) -> None:
         for item in parsed:
@@ -160,16 +101,6 @@ class Collector:
             self.rows.append(Located(sample, self.uri, line, name))
             self.raws.append(raw[:RAW_KEEP])
             self.tokens += len(sample.prompt_token_ids) + len(sample.completion_token_ids)
-
-
-def _converted(pending: list[PendingRecord]) -> list[Converted]:
-    """The pending records' block (:func:`prl.ingestion.token_block.convert`); should the conversion itself fail
-    (values no check foresaw), every record goes to ``parse``, which gives its samples or reasons, so no value
-    in one record can stop its source."""
-    try:
-        return convert(pending)
-    except Exception:
-        return [Converted(record, None) for record in pending]
 
 
 __all__ = ["RAW_KEEP", "Collector"]

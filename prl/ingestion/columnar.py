@@ -1,4 +1,4 @@
-"""The columnar road of ``prl ingest``: chat completions of the common shape read a block at a time, with no
+"""The columnar road of ``prl ingest``: chat and text completions of the common shape read a block at a time, with no
 Python object per record (a record naming a session, metadata, messages, a version or an agent is decoded for
 those fields alone; its token lists stay Arrow's).
 
@@ -13,6 +13,7 @@ batches are those of reading every record on the per-record road.
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,9 +24,9 @@ import pyarrow as pa
 from prl.formats.base import Format, ParseOptions, RawRecord, Sample, decode_json
 from prl.formats.guard import apply_options, check_sample
 from prl.formats.registry import PerRecord
-from prl.formats.vllm import VllmChat
+from prl.formats.vllm import VllmChat, VllmCompletions
 from prl.ingestion.chat_block import BlockLines, ParsedBlock, parse_block
-from prl.ingestion.chat_rows import CHAT_FORMAT, ChatRows, chat_rows
+from prl.ingestion.chat_rows import ChatRows, chat_rows
 from prl.io.sources import lines_of
 
 POOR_BLOCKS = 2
@@ -59,6 +60,11 @@ class ColumnarRun:
         """Record ``record``'s source line number."""
         return self.first_line + int(self.lines[record])
 
+    def formats(self) -> Counter[str]:
+        """Records by the format that read them."""
+        firsts = np.flatnonzero(np.diff(self.record, prepend=-1))  # each record's first row
+        return Counter(self.batch.column("source_format").take(pa.array(firsts, pa.int64())).to_pylist())
+
     def split(self, records: int) -> tuple[ColumnarRun, ColumnarRun]:
         """The first ``records`` records and the rest."""
         cut = int(np.searchsorted(self.record, records))
@@ -82,11 +88,11 @@ class ColumnarRun:
 
 
 def takes(fmt: Format, options: ParseOptions) -> bool:
-    """Whether the columnar road reads records of a source read by ``fmt`` with ``options``: chat completions
-    named by their format or detected per record, with no ``--group-field`` or ``--agent-field`` (which read
-    fields of the record the road does not)."""
+    """Whether the columnar road reads records of a source read by ``fmt`` with ``options``: chat or text
+    completions named by their format or detected per record, with no ``--group-field`` or ``--agent-field``
+    (which read fields of the record the road does not)."""
     framed = type(fmt).frame is Format.frame
-    per_record = isinstance(fmt, PerRecord | VllmChat)
+    per_record = isinstance(fmt, PerRecord | VllmChat | VllmCompletions)
     return framed and per_record and not options.group_field and not options.agent_field
 
 
@@ -139,7 +145,7 @@ def _record_samples(fmt: Format, raw: bytes, options: ParseOptions) -> list[Samp
     try:
         obj = decode_json(raw)
         reader = fmt.reader(obj)
-        samples = reader.scalars(obj, options) if isinstance(reader, VllmChat) else None
+        samples = reader.scalars(obj, options) if isinstance(reader, VllmChat | VllmCompletions) else None
         for sample in samples or ():
             if check_sample(apply_options(sample, options, obj)) is not sample:
                 return None
@@ -187,4 +193,4 @@ def framed_items(
             yield from _taken_items(fmt, ahead[0], ahead[1].result(), options, uri, now_ms)
 
 
-__all__ = ["CHAT_FORMAT", "ColumnarRun", "framed_items", "takes"]
+__all__ = ["ColumnarRun", "framed_items", "takes"]

@@ -4,8 +4,8 @@
 reader, validates and assembles its samples in batches (memory bounded by ``batch_tokens``), and yields the rows
 not yet in the store; what it quarantines, the inline rewards of the rows it keeps and the file's ledger entry go
 into a :class:`ReadState`. The same function runs on every engine: on the local engine's driver for each file of a
-commit group in turn, on a Ray worker for a run of consecutive files (:mod:`prl.ingestion.remote`). Chat
-completions of the common shape are read a block at a time by the columnar road (:mod:`prl.ingestion.columnar`),
+commit group in turn, on a Ray worker for a run of consecutive files (:mod:`prl.ingestion.remote`). Chat and
+text completions of the common shape are read a block at a time by the columnar road (:mod:`prl.ingestion.columnar`),
 every other record by its format's reader; both give the same rows and quarantine rows in the same order.
 """
 
@@ -27,7 +27,7 @@ from prl.formats.guard import as_quarantined, source_key, source_position
 from prl.ingestion.assemble import Located, sample_id_of
 from prl.ingestion.batch import Checked, check_and_assemble
 from prl.ingestion.collect import RAW_KEEP, Collector
-from prl.ingestion.columnar import CHAT_FORMAT, ColumnarRun, framed_items, takes
+from prl.ingestion.columnar import ColumnarRun, framed_items, takes
 from prl.ingestion.inline_rewards import inline_reward_rows
 from prl.ingestion.ledger import ledger_entry
 from prl.ingestion.result import FileReport
@@ -160,7 +160,7 @@ def read_file(
         if isinstance(record, ColumnarRun):
             first_record = source_key(record.raw(0)) if first_record is None else first_record
             report.records += record.records
-            formats[CHAT_FORMAT] += record.records
+            formats.update(record.formats())
             for _ in collector.add_run(record, batch_tokens):  # each time the batch is full
                 yield from flush()
             if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
@@ -178,14 +178,11 @@ def read_file(
         if record.error is not None:
             if reader.unterminated_line == record.line:
                 record.error = Quarantined("truncated_line", "the file's last line is incomplete")
-            collector.drain()  # quarantine rows in source order
             quarantine(record.line, record.raw, record.error)
             continue
         first_record = source_key(record.raw) if first_record is None else first_record
         position = source_position(first_record, record.line)  # identity of records without a request id
         formats[collector.add(record, position)] += 1  # never raises: poison is quarantined
-        if collector.due(batch_tokens):
-            collector.drain()
         if collector.tokens >= batch_tokens:
             yield from flush()
         if progress is not None and reader.bytes_read - last_progress >= 1 << 20:
@@ -263,8 +260,8 @@ class _Assembled:
         """Batch row ``j``'s source line, raw text (up to :data:`RAW_KEEP` bytes), choice index and format."""
         if self.run is not None:
             record = int(self.run.record[j])
-            index = self.batch.column("choice_index")[j].as_py()
-            return self.run.line(record), self.run.raw(record)[:RAW_KEEP], index, CHAT_FORMAT
+            index, name = self.batch.column("choice_index")[j].as_py(), self.batch.column("source_format")[j].as_py()
+            return self.run.line(record), self.run.raw(record)[:RAW_KEEP], index, name
         assert self.at is not None
         row = self.rows[int(self.at[j])]
         return row.source_line, self.raws[int(self.at[j])], row.sample.choice_index, row.source_format

@@ -461,3 +461,17 @@ def test_mutated_text_completions_among_chat_records_store_the_same_on_both_road
         records[i] = mutate(record, path, data.draw(SCALARS), data.draw(st.booleans()))
     options = data.draw(st.sampled_from([{}, {"finish_reason": "stop"}, {"policy_version": "p"}]))
     _both_roads(tmp_path_factory.mktemp("fuzz"), [_text(r) for r in records], monkeypatch, **options)
+
+
+@pytest.mark.parametrize("forced", ["openai_chat", "openai_completions"])
+def test_a_named_format_reads_records_of_the_other_kind_as_its_own_on_both_roads(tmp_path, monkeypatch, forced):
+    chat, text = _record(0), _completion(1)
+    chat["metadata"] = {"session_id": "s"}
+    text["metadata"] = {"session_id": "t"}
+    lines = [_text(chat), _text(text), _text(_record(2)), _text(_completion(3))]
+    stored = _both_roads(tmp_path, lines, monkeypatch, format=forced)
+    own = [1, 3] if forced == "openai_chat" else [2, 4]
+    assert sorted({row["source_line"] for row in stored["traces"]}) == own
+    assert {row["source_format"] for row in stored["traces"]} == {forced}
+    assert sorted({row["source_line"] for row in stored["quarantine"]}) == sorted({1, 2, 3, 4} - set(own))
+    assert stored["summary"]["files"][0]["formats"] == {forced: 4}

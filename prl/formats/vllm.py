@@ -139,7 +139,7 @@ class _OpenAIReader(Format):
         ingest), every field but the token arrays set (those are placeholders); None where ``parse`` would
         read it otherwise: no ID or one that looks derived, no choices, a choice that is not an object or
         whose fields ``parse`` would refuse."""
-        request_id, choices = _plain_header(obj)
+        request_id, choices = _scalar_header(obj)
         if request_id is None:
             return None
         out: list[Sample] = []
@@ -148,7 +148,7 @@ class _OpenAIReader(Format):
                 return None
             index = opt_int(choice.get("index"))
             index = position if index is None else index
-            sample = _plain_sample(obj, request_id, index, choice, self._text(choice), options)
+            sample = _scalar_sample(obj, request_id, index, choice, self._text(choice), options)
             if sample is None:
                 return None
             out.append(sample)
@@ -182,7 +182,7 @@ _OPTIONAL_KEYS = frozenset({"session_id", "turn", "metadata", "sglext", "weight_
 responses carry none of them, and then session, turn and messages are None and the version is the choice's."""
 
 
-def _plain_header(obj: Any) -> tuple[str | None, list[Any]]:
+def _scalar_header(obj: Any) -> tuple[str | None, list[Any]]:
     """The request ID and choices of a record :meth:`_OpenAIReader.scalars` reads (None, [] for one ``parse``
     must read: no ID, an ID that looks derived, which read_record salts by position, or no choices)."""
     request_id = obj.get("id") if type(obj) is dict else None
@@ -194,7 +194,7 @@ def _plain_header(obj: Any) -> tuple[str | None, list[Any]]:
     return request_id, choices
 
 
-def _plain_sample(
+def _scalar_sample(
     obj: dict[str, Any], request_id: str, index: int, choice: dict[str, Any], text: Any, options: ParseOptions
 ) -> Sample | None:
     """A choice's sample with its token arrays left as placeholders, or None where ``parse`` would raise."""

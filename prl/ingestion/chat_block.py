@@ -22,7 +22,9 @@ per-record road, which reads it as always:
   other than null (their fields are ``null`` typed, so any value fails the read). Two of those formats claim a
   record by a key's presence alone, even with a null value, which Arrow cannot tell from absence: a line whose
   text holds ``custom_id`` or ``response`` anywhere is left to the per-record road, and so is one holding a
-  ``\\u00XX`` escape of an ASCII character (which could spell such a key).
+  ``\\u00XX`` escape of an ASCII character (which could spell such a key);
+- in a block holding text completions, its text does not set a ``prompt_token_ids`` to null (a text
+  completion's choice whose prompt is null has none for its reader, which Arrow cannot tell from absent).
 
 A line whose text names one of :data:`RECORD_KEYS` (a session, a turn, metadata, messages, a version, an
 agent) is read by Arrow all the same, and marked: the columnar road reads its record's own fields from the
@@ -137,8 +139,8 @@ class BlockLines:
 class ParsedBlock:
     """The lines of one block and what Arrow read of them: ``lines`` int64[T] are the indices of the lines
     Arrow read, in order, row ``i`` of ``table`` being line ``lines[i]``; ``marked`` bool[T]: the lines whose
-    text names one of :data:`RECORD_KEYS`; ``texts``: by row, the JSON text a marked record of many brackets is
-    decoded from (:meth:`Nesting.without_tokens`)."""
+    text names one of :data:`RECORD_KEYS`; ``texts``: by row, the JSON text a marked record is decoded from
+    where the block holds a line of many brackets (:meth:`Nesting.without_tokens`)."""
 
     text: BlockLines
     lines: np.ndarray

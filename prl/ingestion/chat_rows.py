@@ -44,6 +44,8 @@ from prl.schema import TIMESTAMP_MS, TIMESTAMP_US, TRACES
 
 CHAT_FORMAT = "openai_chat"
 TEXT_FORMAT = "openai_completions"
+CHAT_OBJECT = "chat.completion"
+TEXT_OBJECT = "text_completion"
 INT32_MIN = -(2**31)
 EXACT_DOUBLE = 2.0**53
 _REASONS = pa.array(list(FINISH_REASON_MAP))
@@ -54,7 +56,7 @@ _NORMALISED = pa.array(list(FINISH_REASON_MAP.values()))
 class ChatRows:
     """What a block's table gave: ``accepted`` bool[T] per table row (record); ``batch``: the ``traces`` rows of
     the accepted records' choices, in order (``group_id`` and ``record_digest`` set); ``record`` int64[R]: the
-    table row of each batch row; ``choice_index`` int32[R]."""
+    table row of each batch row."""
 
     accepted: np.ndarray
     batch: pa.RecordBatch
@@ -91,12 +93,13 @@ def _created_us(created: pa.Array) -> pa.Array:
     return pa.array(us, pa.int64(), mask=~valid).cast(TIMESTAMP_US)
 
 
-def _records_ok(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """(bool[T] records the road may take, bool[T] which of them are chat completions)."""
+def _records_ok(table: pa.Table, kinds: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(bool[T] records the road may take, bool[T] which of them are chat completions); ``kinds``: the
+    ``object`` types the source's reader reads (a forced format reads every record as its own)."""
     ids = _column(table, "id")
     kind = _column(table, "object")
-    chat = _np(pc.equal(kind, "chat.completion"), False)
-    ok = chat | _np(pc.equal(kind, "text_completion"), False)
+    chat = _np(pc.equal(kind, CHAT_OBJECT), False)
+    ok = _np(pc.is_in(kind, value_set=pa.array(kinds, pa.string())), False)
     ok &= _np(pc.greater(pc.binary_length(ids), 0), False)
     ok &= ~_np(pc.starts_with(ids, DERIVED_ID_PREFIX), True)
     ok &= _lengths(_column(table, "choices")) > 0
@@ -142,6 +145,7 @@ def chat_rows(
     lines: np.ndarray,
     marked: np.ndarray,
     samples_of: Callable[[int], list[Sample] | None],
+    kinds: tuple[str, ...],
     options: ParseOptions,
     uri: str,
     now_ms: int,
@@ -150,13 +154,13 @@ def chat_rows(
     ``lines``: int64[T] their source line numbers) that the per-record road would keep as they are. The
     fields of a ``marked`` record beyond a bare response (session, turn, version, messages, agent) are those
     of the samples ``samples_of(row)`` reads from it; a record it gives None for, or samples that do not
-    match its choices, is refused."""
+    match its choices, is refused. ``kinds``: the ``object`` types the source's reader reads."""
     records = table.num_rows
     choices = _column(table, "choices")
     flat = pc.list_flatten(choices)
     parent = _np(pc.list_parent_indices(choices), 0).astype(np.int64)
     first = offsets_of(_lengths(choices))[:-1]
-    accepted, chat_record = _records_ok(table)
+    accepted, chat_record = _records_ok(table, kinds)
     chat = chat_record[parent]
     ok = np.asarray(flat.is_valid()).copy()
 
@@ -318,4 +322,4 @@ def _assemble(
     return pa.RecordBatch.from_arrays(arrays, schema=TRACES)
 
 
-__all__ = ["CHAT_FORMAT", "TEXT_FORMAT", "ChatRows", "chat_rows"]
+__all__ = ["CHAT_FORMAT", "CHAT_OBJECT", "TEXT_FORMAT", "TEXT_OBJECT", "ChatRows", "chat_rows"]

@@ -26,7 +26,7 @@ from prl.formats.guard import apply_options, check_sample
 from prl.formats.registry import PerRecord
 from prl.formats.vllm import VllmChat, VllmCompletions
 from prl.ingestion.chat_block import BlockLines, ParsedBlock, parse_block
-from prl.ingestion.chat_rows import ChatRows, chat_rows
+from prl.ingestion.chat_rows import CHAT_OBJECT, TEXT_OBJECT, ChatRows, chat_rows
 from prl.io.sources import lines_of
 
 POOR_BLOCKS = 2
@@ -146,12 +146,22 @@ def _record_samples(fmt: Format, raw: bytes, options: ParseOptions) -> list[Samp
         obj = decode_json(raw)
         reader = fmt.reader(obj)
         samples = reader.scalars(obj, options) if isinstance(reader, VllmChat | VllmCompletions) else None
-        for sample in samples or ():
+        for sample in samples or ():  # apply_options only fills in, so checking after it checks the same
             if check_sample(apply_options(sample, options, obj)) is not sample:
                 return None
     except Exception:  # whatever would quarantine it, the per-record road says
         return None
     return samples
+
+
+def _kinds(fmt: Format) -> tuple[str, ...]:
+    """The ``object`` types of the records ``fmt`` reads as the road does: a named format reads every record
+    as its own kind (a record of the other kind is its reader's to refuse)."""
+    if isinstance(fmt, VllmChat):
+        return (CHAT_OBJECT,)
+    if isinstance(fmt, VllmCompletions):
+        return (TEXT_OBJECT,)
+    return (CHAT_OBJECT, TEXT_OBJECT)
 
 
 def _taken_items(
@@ -163,7 +173,7 @@ def _taken_items(
         text = parsed.texts.get(row)
         return _record_samples(fmt, parsed.text.raw(int(parsed.lines[row])) if text is None else text, options)
 
-    rows = chat_rows(parsed.table, first_line + parsed.lines, parsed.marked, samples, options, uri, now_ms)
+    rows = chat_rows(parsed.table, first_line + parsed.lines, parsed.marked, samples, _kinds(fmt), options, uri, now_ms)
     lines = parsed.lines[rows.accepted]
     yield from _block_items(fmt, first_line, parsed.text, lines, rows)
     return len(lines)

@@ -475,3 +475,27 @@ def test_a_named_format_reads_records_of_the_other_kind_as_its_own_on_both_roads
     assert {row["source_format"] for row in stored["traces"]} == {forced}
     assert sorted({row["source_line"] for row in stored["quarantine"]}) == sorted({1, 2, 3, 4} - set(own))
     assert stored["summary"]["files"][0]["formats"] == {forced: 4}
+
+
+def test_genuine_vllm_text_completions_store_the_same_on_both_roads(tmp_path, monkeypatch):
+    """Recorded vLLM /v1/completions answers (tests/fixtures/vllm_cpu/PROVENANCE.md) carry top-k heads, which
+    leave them to their reader; the same answers without heads (``top_logprobs`` null, as asked with no
+    ``logprobs`` heads) take the road. Both roads store the same rows either way."""
+    lines = (Path(__file__).parent / "fixtures/vllm_cpu/text.jsonl").read_bytes().splitlines()
+    assert _taken(lines) == 0
+    (tmp_path / "heads").mkdir()
+    (tmp_path / "bare").mkdir()
+    with_heads = _both_roads(tmp_path / "heads", lines, monkeypatch)
+    bare = []
+    for line in lines:
+        record = json.loads(line)
+        for choice in record["choices"]:
+            choice["logprobs"]["top_logprobs"] = None
+        bare.append(_text(record))
+    assert _taken(bare) == len(bare)
+    without = _both_roads(tmp_path / "bare", bare, monkeypatch)
+    assert len(without["traces"]) == len(with_heads["traces"]) > 0 and without["quarantine"] == []
+    assert [row["completion_token_ids"] for row in without["traces"]] == [
+        row["completion_token_ids"] for row in with_heads["traces"]
+    ]
+    assert {row["source_format"] for row in without["traces"]} == {"openai_completions"}

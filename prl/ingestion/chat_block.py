@@ -139,8 +139,8 @@ class BlockLines:
 class ParsedBlock:
     """The lines of one block and what Arrow read of them: ``lines`` int64[T] are the indices of the lines
     Arrow read, in order, row ``i`` of ``table`` being line ``lines[i]``; ``marked`` bool[T]: the lines whose
-    text names one of :data:`RECORD_KEYS`; ``texts``: by row, the JSON text a marked record is decoded from
-    where the block holds a line of many brackets (:meth:`Nesting.without_tokens`)."""
+    text names one of :data:`RECORD_KEYS`; ``texts``: by row, the JSON text a marked record of more than
+    :data:`MAX_DEPTH` openers is decoded from (:meth:`Nesting.without_tokens`)."""
 
     text: BlockLines
     lines: np.ndarray
@@ -159,9 +159,9 @@ def _line_bounds(data: bytes) -> tuple[np.ndarray, np.ndarray]:
     return starts, ends
 
 
-def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, Nesting | None]:
-    """bool[L]: lines Arrow may read (see the module docstring), judged on their bytes; and the block's
-    :class:`Nesting` where a line holds more than :data:`MAX_DEPTH` openers (else None)."""
+def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, Nesting | None]:
+    """bool[L]: lines Arrow may read (see the module docstring), judged on their bytes; bool[L]: lines holding
+    more than :data:`MAX_DEPTH` openers; and the block's :class:`Nesting` where one of those may be read."""
     bytes_ = np.frombuffer(data, dtype=np.uint8)
     nonempty = ends > starts
     first = bytes_[np.where(nonempty, starts, 0)]
@@ -182,7 +182,7 @@ def _candidates(data: bytes, starts: np.ndarray, ends: np.ndarray) -> tuple[np.n
             line = data[starts[i] : ends[i]]
             if any(n in line for n in needles) or (escapes and _ASCII_ESCAPE.search(line) is not None):
                 ok[i] = False
-    return ok, nesting
+    return ok, many, nesting
 
 
 _BLANKS = b" \t\n\r"
@@ -235,8 +235,8 @@ class Nesting:
     def without_tokens(self, data: bytes, start: int, end: int, line: int) -> bytes | None:
         """Line ``line`` (``data[start:end]``, a completion Arrow read) with its token lists emptied: the value
         of its ``prompt_token_ids`` and of each choice's ``token_ids`` and ``prompt_token_ids`` made ``[]``, of
-        each choice's ``logprobs`` ``{}``. Decoding that costs a fraction of the whole line, and gives every other field
-        as it is; None where the keys are not where a chat completion has them."""
+        each choice's ``logprobs`` ``{}``. Decoding that costs a fraction of the whole line and gives every
+        other field as it is; None where the keys are not where a completion has them."""
         a, b = np.searchsorted(self.line, [line, line + 1])
         at, depth, opens = self.at[a:b], self.depth[a:b], self.opens[a:b]
         cuts: list[tuple[int, int, bytes]] = []
@@ -364,7 +364,7 @@ def parse_block(data: bytes) -> ParsedBlock:
     """Arrow's reading of a block of whole lines (``data`` ends with ``\\n``); the lines it leaves out are for
     the per-record road."""
     starts, ends = _line_bounds(data)
-    ok, nesting = _candidates(data, starts, ends)
+    ok, many, nesting = _candidates(data, starts, ends)
     lines = np.flatnonzero(ok)
     pieces = _read_lines(data, starts, ends, lines) if len(lines) else []
     if not pieces:
@@ -385,7 +385,7 @@ def parse_block(data: bytes) -> ParsedBlock:
     marked = _matching(data, starts, read, _RECORD_KEY)
     texts = {}
     if nesting is not None:  # long records: decoded without their token lists
-        for row in np.flatnonzero(marked).tolist():
+        for row in np.flatnonzero(marked & many[read]).tolist():
             i = int(read[row])
             if (text := nesting.without_tokens(data, int(starts[i]), int(ends[i]), i)) is not None:
                 texts[row] = text
